@@ -1,0 +1,119 @@
+"""Drafters: anything that proposes the next K tokens.
+
+Terms
+-----
+committed sequence  the prompt plus every token emitted so far
+pending tokens      committed tokens the drafter has not yet run through its model (at least the
+                    last emitted token; after a round where all K drafts stood, also x_K, which
+                    was drafted but never fed back)
+propose(k)          draw k tokens one after another, each from the drafter's own distribution
+                    (after the same temperature / top-k / top-p as the target, via ``probs_fn``)
+                    with the given uniform draws; return the tokens and those distributions
+commit(n, t)        the verifier kept the first n drafts and emitted t: drop the rest from the
+                    drafter's cache (rollback) and remember what is now pending
+
+The decode loop only speaks this protocol, so a separate draft model and a head that reads the
+target's hidden states (EAGLE-style; ``needs_target_hidden = True``) are interchangeable.
+A draft whose head covers part of the vocabulary reports probability 0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+from .sampling import sample_with_uniforms
+
+__all__ = ["Drafter", "ModelDrafter", "model_vocab_size"]
+
+ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    vocab_size: int
+    needs_target_hidden: bool
+
+    def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
+        """input_ids (B, T): the prompt; target_hidden (B, T, d) or None."""
+
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """uniforms (B, k) -> tokens (B, k) long, probs (B, k, V)."""
+
+    def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
+        """Keep the first ``num_accepted`` proposals and append next_token (B,)."""
+
+
+def model_vocab_size(model: PreTrainedModel) -> int:
+    """Rows of the model's output head (may exceed the tokenizer's length by padding)."""
+    head = model.get_output_embeddings()
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
+
+
+class ModelDrafter:
+    """A Hugging Face causal LM used as the draft, with its own KV cache and rollback."""
+
+    needs_target_hidden = False
+
+    def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
+        self.model = model
+        self.vocab_size = vocab_size if vocab_size is not None else model_vocab_size(model)
+        self.device = model.device
+        self._cache: DynamicCache | None = None
+        self._cache_len = 0  # tokens in the cache
+        self._pending: Tensor | None = None  # (B, P) committed tokens not yet in the cache
+        self._proposed: Tensor | None = None  # (B, k) the last proposal
+        self._base = 0  # committed length when the last proposal started
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
+        self._cache = DynamicCache(config=self.model.config)
+        self._cache_len = 0
+        if input_ids.shape[1] > 1:
+            self.model(input_ids[:, :-1], past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+            self._cache_len = input_ids.shape[1] - 1
+        self._pending = input_ids[:, -1:]
+        self._proposed = None
+
+    @torch.inference_mode()
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        assert self._pending is not None, "prefill() first"
+        b = self._pending.shape[0]
+        self._base = self._cache_len + self._pending.shape[1]
+        tokens, probs = [], []
+        inp = self._pending  # (B, P)
+        for i in range(k):
+            logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+            pr = probs_fn(logits[:, -1, :])  # (B, V)
+            tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
+            tokens.append(tok)
+            probs.append(pr)
+            inp = tok.unsqueeze(-1)
+        if k == 0:
+            self._proposed = torch.empty((b, 0), dtype=torch.long, device=self.device)
+            return self._proposed, torch.empty((b, 0, self.vocab_size), device=self.device)
+        self._cache_len = self._base + k - 1  # x_k is drawn but not fed
+        self._proposed = torch.stack(tokens, dim=1)  # (B, k)
+        return self._proposed, torch.stack(probs, dim=1)  # (B, k), (B, k, V)
+
+    def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
+        assert self._proposed is not None and self._pending is not None, "propose() first"
+        k = self._proposed.shape[1]
+        nxt = next_token.reshape(-1, 1)  # (B, 1)
+        if k == 0:
+            self._pending = torch.cat([self._pending, nxt], dim=1)
+            return
+        keep = self._base + min(num_accepted, k - 1)
+        if self._cache_len > keep:
+            self._cache.crop(keep - self._cache_len)  # transformers 5: negative = drop the last n
+            self._cache_len = keep
+        if num_accepted == k:  # x_k stood but was never fed to the draft
+            self._pending = torch.cat([self._proposed[:, k - 1 :], nxt], dim=1)
+        else:
+            self._pending = nxt
+        self._proposed = None

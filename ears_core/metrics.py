@@ -1,0 +1,119 @@
+"""Metrics of one generation, and the theory they are compared with.
+
+Terms
+-----
+drafted               draft tokens put to the target (sum of K over rounds)
+acceptance rate a     drafts that stood (accepted + pardoned) / drafted
+pardon rate           pardoned / drafted
+mean acceptance len   tokens emitted per round = 1 + (drafts that stood) / rounds
+distortion            per position: TV(emitted distribution, P_target), exact (see verify.py);
+                      per generation: the mean over emitted tokens, and the sum, which bounds the
+                      TV distance of the whole sequence's distribution from the target's
+cost ratio c          one draft step's time / one target verify pass's time, as measured
+E(a, K)               expected tokens per round with independent acceptances at rate a:
+                      (1 - a^(K+1)) / (1 - a)  (K + 1 when a = 1)
+S(a, K, c)            the speedup theory predicts over target-only decoding: E / (K c + 1)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from .events import StepRecord, TokenEvent
+
+__all__ = ["GenerationStats", "summarize", "expected_tokens_per_step", "theoretical_speedup"]
+
+
+def expected_tokens_per_step(a: float, k: int) -> float:
+    """E = (1 - a^(K+1)) / (1 - a): expected tokens per round (seed 003)."""
+    if not 0.0 <= a <= 1.0:
+        raise ValueError(f"acceptance rate must be in [0, 1], got {a}")
+    if k < 0:
+        raise ValueError(f"K must be >= 0, got {k}")
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def theoretical_speedup(a: float, k: int, c: float) -> float:
+    """S = E / (K c + 1): predicted speedup over target-only decoding."""
+    if c < 0:
+        raise ValueError(f"cost ratio must be >= 0, got {c}")
+    return expected_tokens_per_step(a, k) / (k * c + 1.0)
+
+
+@dataclass
+class GenerationStats:
+    method: str
+    new_tokens: int
+    steps: int
+    drafted: int
+    accepted: int  # drafts that stood, pardoned included
+    pardoned: int
+    resampled: int
+    bonus: int
+    acceptance_rate: float | None
+    pardon_rate: float | None
+    mean_accept_length: float
+    wall_s: float
+    tokens_per_s: float
+    draft_ms: float
+    target_ms: float
+    mean_distortion: float
+    total_distortion: float
+    gamma: int
+    cost_ratio: float | None  # draft step / target verify pass
+    theory_tokens_per_step: float | None
+    theory_speedup: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summarize(
+    method: str,
+    events: Sequence[TokenEvent],
+    steps: Sequence[StepRecord],
+    wall_s: float,
+    gamma: int,
+) -> GenerationStats:
+    """Fold a generation's events and step records into its metrics."""
+    n_tok = len(events)
+    n_steps = len(steps)
+    drafted = sum(s.drafted for s in steps)
+    accepted = sum(s.accepted for s in steps)
+    pardoned = sum(s.pardoned for s in steps)
+    kinds = [e.kind for e in events]
+    draft_ms = sum(s.draft_ms for s in steps)
+    target_ms = sum(s.target_ms for s in steps)
+    total_dist = float(sum(e.distortion for e in events))
+    rate = accepted / drafted if drafted else None
+    cost = theory_e = theory_s = None
+    if drafted and n_steps and target_ms > 0:
+        cost = (draft_ms / drafted) / (target_ms / n_steps)
+        theory_e = expected_tokens_per_step(rate, gamma)
+        theory_s = theoretical_speedup(rate, gamma, cost)
+    return GenerationStats(
+        method=method,
+        new_tokens=n_tok,
+        steps=n_steps,
+        drafted=drafted,
+        accepted=accepted,
+        pardoned=pardoned,
+        resampled=kinds.count("resampled"),
+        bonus=kinds.count("bonus"),
+        acceptance_rate=rate,
+        pardon_rate=pardoned / drafted if drafted else None,
+        mean_accept_length=(1.0 + accepted / n_steps) if n_steps else 0.0,
+        wall_s=wall_s,
+        tokens_per_s=n_tok / wall_s if wall_s > 0 else 0.0,
+        draft_ms=draft_ms,
+        target_ms=target_ms,
+        mean_distortion=total_dist / n_tok if n_tok else 0.0,
+        total_distortion=total_dist,
+        gamma=gamma,
+        cost_ratio=cost,
+        theory_tokens_per_step=theory_e,
+        theory_speedup=theory_s,
+    )

@@ -1,0 +1,175 @@
+"""verify(): the vectorised accept / pardon / reject decision over B rows x K drafts.
+
+Terms
+-----
+draft tokens    x_1..x_K proposed by the draft for each row, each drawn from draft_probs[:, i]
+target probs    P_target at positions 0..K: position i judges x_{i+1}; position K is the bonus
+decision        per row and position a ``DraftKind``: ACCEPTED (r >= U), PARDONED (accepted
+                only thanks to the rule's tolerance), REJECTED (the first position that does not
+                stand), NOT_EVALUATED (everything after it; its draw is never looked at)
+num_accepted n  the length of the leading run of accepted or pardoned drafts, in 0..K
+next token      the one token every round emits after the n drafts: drawn from the rule's
+                residual at position n when n < K (a *resampled* token), or from the rule's
+                bonus distribution at position K when n == K (the *bonus* token)
+distortion      total-variation distance between P_target and the distribution a rule actually
+                emits at one verified position:
+                    emit(y) = q(y) a(y) + (1 - sum_x q(x) a(x)) res(y)
+                with a(x) the rule's acceptance probability. 0 for a lossless rule.
+
+All of it is tensor code on the probabilities' device: no loop over rows, positions or the
+vocabulary, and no host synchronisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+from torch import Tensor
+
+from .rules import Q_EPS, AcceptanceRule, RuleInputs
+from .sampling import sample_with_uniforms
+
+__all__ = ["DraftKind", "Verdict", "verify", "emitted_distribution"]
+
+
+class DraftKind(IntEnum):
+    ACCEPTED = 0
+    PARDONED = 1
+    REJECTED = 2
+    NOT_EVALUATED = 3
+
+
+@dataclass
+class Verdict:
+    """What verify() decided; every field is a tensor on the input device."""
+
+    num_accepted: Tensor  # (B,) long, 0..K
+    next_token: Tensor  # (B,) long: the resampled (n < K) or bonus (n == K) token
+    kinds: Tensor  # (B, K) int8, DraftKind values
+    p: Tensor  # (B, K) P_target of each draft token
+    q: Tensor  # (B, K) P_draft of each draft token
+    ratio: Tensor  # (B, K) p / max(q, 1e-10)
+    u: Tensor  # (B, K) the uniform draws used
+    tolerance: Tensor  # (B, K) the rule's tolerance at each position
+    max_p: Tensor  # (B, K + 1) max P_target at each position (bonus position included)
+    next_p: Tensor  # (B,) P_target(next_token) at its position
+    next_q: Tensor  # (B,) P_draft(next_token) at its position (0 for a bonus token)
+    distortion: Tensor | None  # (B, K) TV(emitted, P_target) per drafted position, if asked
+
+    @property
+    def is_bonus(self) -> Tensor:  # (B,) bool
+        return self.num_accepted == self.kinds.shape[1]
+
+
+def _check(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) -> tuple[int, int, int]:
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be (B, K), got shape {tuple(draft_tokens.shape)}")
+    b, k = draft_tokens.shape
+    if draft_tokens.dtype != torch.long:
+        raise ValueError(f"draft_tokens must be torch.long, got {draft_tokens.dtype}")
+    if target_probs.dim() != 3 or target_probs.shape[:2] != (b, k + 1):
+        raise ValueError(
+            f"target_probs must be (B, K+1, V) = ({b}, {k + 1}, V), got {tuple(target_probs.shape)}:"
+            " score the K drafts and the bonus position in one pass"
+        )
+    v = target_probs.shape[2]
+    if draft_probs.shape != (b, k, v):
+        raise ValueError(
+            f"draft_probs must be (B, K, V) = ({b}, {k}, {v}), got {tuple(draft_probs.shape)}: "
+            "draft and target must share one vocabulary"
+        )
+    return b, k, v
+
+
+def emitted_distribution(
+    rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor
+) -> Tensor:
+    """(B, K, V) distribution of the token that one verified position emits under ``rule``."""
+    a = rule.acceptance_prob(target_probs, draft_probs, tolerance)  # (B, K, V)
+    kept = draft_probs * a  # (B, K, V)
+    reject_mass = (1.0 - kept.sum(dim=-1, keepdim=True)).clamp(min=0.0)  # (B, K, 1)
+    return kept + reject_mass * rule.residual(target_probs, draft_probs)
+
+
+def verify(
+    target_probs: Tensor,
+    draft_probs: Tensor,
+    draft_tokens: Tensor,
+    rule: AcceptanceRule,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: Tensor | None = None,
+    sample_uniforms: Tensor | None = None,
+    with_distortion: bool = False,
+) -> Verdict:
+    """Decide B rows of K drafts at once.
+
+    target_probs (B, K+1, V), draft_probs (B, K, V), draft_tokens (B, K) long.
+    ``uniforms`` (B, K) are the acceptance draws U and ``sample_uniforms`` the draw for the
+    next token: (B,), or (B, K+1) with one draw per position the next token may land on (the one
+    at position n is used). Either one left out is drawn from ``generator`` (torch's default).
+    """
+    b, k, v = _check(target_probs, draft_probs, draft_tokens)
+    dev = target_probs.device
+    if uniforms is None:
+        uniforms = torch.rand((b, k), generator=generator, device=dev)
+    if sample_uniforms is None:
+        sample_uniforms = torch.rand((b,), generator=generator, device=dev)
+
+    judged = target_probs[:, :k]  # (B, K, V)
+    max_p = target_probs.max(dim=-1).values  # (B, K+1): computed once, reused below
+    p = judged.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
+    q = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
+    ratio = p / q.clamp(min=Q_EPS)  # (B, K)
+    tolerance = rule.tolerance(judged, max_p[:, :k])  # (B, K)
+    inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
+    accepted, pardoned = rule.decide(inputs, tolerance)  # (B, K) bool each
+
+    stands = (accepted | pardoned).to(torch.long)  # (B, K)
+    num_accepted = stands.cumprod(dim=-1).sum(dim=-1)  # (B,)
+    pos = torch.arange(k, device=dev).unsqueeze(0)  # (1, K)
+    n = num_accepted.unsqueeze(-1)  # (B, 1)
+    kinds = torch.where(
+        pos < n,
+        torch.where(accepted, int(DraftKind.ACCEPTED), int(DraftKind.PARDONED)),
+        torch.where(pos == n, int(DraftKind.REJECTED), int(DraftKind.NOT_EVALUATED)),
+    ).to(torch.int8)
+
+    # The next token: residual at position n (n < K) or the bonus distribution at K.
+    at_n = target_probs.gather(1, n.unsqueeze(-1).expand(b, 1, v)).squeeze(1)  # (B, V)
+    bonus = num_accepted == k  # (B,)
+    if k > 0:
+        n_draft = n.clamp(max=k - 1)  # (B, 1)
+        draft_at_n = draft_probs.gather(1, n_draft.unsqueeze(-1).expand(b, 1, v)).squeeze(1)
+        draft_at_n = torch.where(bonus.unsqueeze(-1), torch.zeros_like(draft_at_n), draft_at_n)
+        dist = torch.where(bonus.unsqueeze(-1), rule.bonus(at_n), rule.residual(at_n, draft_at_n))
+    else:
+        draft_at_n = torch.zeros_like(at_n)
+        dist = rule.bonus(at_n)
+    if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
+        sample_uniforms = sample_uniforms.gather(1, n).squeeze(1)
+    next_token = sample_with_uniforms(dist, sample_uniforms)  # (B,)
+    next_p = at_n.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+    next_q = draft_at_n.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+
+    distortion = None
+    if with_distortion:
+        emit = emitted_distribution(rule, judged, draft_probs, tolerance)  # (B, K, V)
+        distortion = 0.5 * (emit - judged).abs().sum(dim=-1)  # (B, K)
+
+    return Verdict(
+        num_accepted=num_accepted,
+        next_token=next_token,
+        kinds=kinds,
+        p=p,
+        q=q,
+        ratio=ratio,
+        u=uniforms,
+        tolerance=tolerance,
+        max_p=max_p,
+        next_p=next_p,
+        next_q=next_q,
+        distortion=distortion,
+    )
