@@ -1,0 +1,56 @@
+"""Tiny random Llama models built in memory: fast, deterministic, no files, no downloads."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tiny models: one thread avoids OpenMP overhead (and stalls when another process holds a core).
+torch.set_num_threads(1)
+
+
+def tiny_llama(seed: int, *, vocab: int = 96, layers: int = 2, hidden: int = 32, std: float = 0.3,
+               eos: int | None = None, max_pos: int = 256) -> LlamaForCausalLM:
+    """A seeded random Llama. A large init std makes its distributions peaked, like a real LM's."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+        initializer_range=std, bos_token_id=0, eos_token_id=eos, pad_token_id=None,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = eos
+    return model
+
+
+def perturbed_copy(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaForCausalLM:
+    """A draft that agrees with ``model`` often but not always: its weights plus seeded noise."""
+    draft = LlamaForCausalLM(model.config).eval()
+    draft.load_state_dict(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=gen))
+    draft.generation_config.eos_token_id = model.generation_config.eos_token_id
+    return draft
+
+
+@pytest.fixture(scope="session")
+def tiny_pair() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """(target, draft): the draft is the target with noise, so acceptance is neither 0 nor 1."""
+    target = tiny_llama(0)
+    return target, perturbed_copy(target, 0.03, seed=1)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_pair() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
+    """A 16-token pair for distribution tests through the decoder (large expected counts)."""
+    target = tiny_llama(3, vocab=16, std=0.1)
+    return target, perturbed_copy(target, 0.05, seed=4)
+
+
+PROMPTS = [[1, 5, 7, 9], [0, 42], [3, 17, 17, 60, 2, 88, 11, 4, 30], [77]]

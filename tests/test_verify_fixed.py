@@ -1,0 +1,157 @@
+"""verify(): hand-made p, q and U with known answers, one case per kind and guard.
+
+Values are dyadic (exact in binary) so that band edges are exact in float32.
+"""
+
+import pytest
+import torch
+
+from ears_core import DraftKind, EARSRule, GreedyRule, StandardRule, verify
+
+A, P, R, N = (int(k) for k in (DraftKind.ACCEPTED, DraftKind.PARDONED, DraftKind.REJECTED, DraftKind.NOT_EVALUATED))
+
+# One position over a 4-token vocabulary: the draft proposes token 0 with q = 0.5, p = 0.25, so
+# r = 0.5; max P_target = 0.5, so EARSRule(beta=0.25) has tolerance 0.25 * (1 - 0.5) = 0.125.
+T0 = [0.25, 0.5, 0.125, 0.125]
+D0 = [0.5, 0.25, 0.25, 0.0]
+BONUS = [0.0, 0.0, 0.0, 1.0]
+
+
+def one(target_rows, draft_rows, tokens, rule, u, su=0.0):
+    """verify() on a single row; target_rows has K+1 rows, draft_rows K."""
+    return verify(
+        torch.tensor([target_rows]), torch.tensor([draft_rows]), torch.tensor([tokens]), rule,
+        uniforms=torch.tensor([u]), sample_uniforms=torch.tensor([su]), with_distortion=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "u, rule, kind",
+    [
+        (0.5, StandardRule(), A),  # r == U: accepted
+        (0.5 + 2**-20, StandardRule(), R),  # just above r: the ordinary rule rejects
+        (0.5 + 2**-20, EARSRule(0.25), P),  # ... and EARS pardons
+        (0.625, EARSRule(0.25), P),  # U - tol == r exactly: the edge of the band is inside
+        (0.625 + 2**-20, EARSRule(0.25), R),  # just past the band: rejected
+        (0.625, EARSRule(0.0), R),  # beta = 0 is the ordinary rule
+        (0.3, EARSRule(0.25), A),  # r >= U: accepted, not pardoned
+    ],
+)
+def test_pardon_band_edges(u, rule, kind):
+    v = one([T0, BONUS], [D0], [0], rule, [u])
+    assert v.kinds.tolist() == [[kind]]
+    assert v.num_accepted.tolist() == [0 if kind == R else 1]
+    assert v.ratio.tolist() == [[0.5]]
+    assert v.tolerance.tolist() == [[0.125 if isinstance(rule, EARSRule) and rule.beta else 0.0]]
+    assert v.max_p.tolist() == [[0.5, 1.0]]
+
+
+def test_rejection_resamples_from_the_normalised_residual():
+    # residual = max(0, p - q) = [0, 0.25, 0, 0.125] -> norm [0, 2/3, 0, 1/3]
+    low = one([T0, BONUS], [D0], [0], StandardRule(), [0.9], su=0.6)
+    high = one([T0, BONUS], [D0], [0], StandardRule(), [0.9], su=0.7)
+    assert low.next_token.tolist() == [1] and high.next_token.tolist() == [3]
+    assert low.next_p.tolist() == [0.5] and low.next_q.tolist() == [0.25]
+    assert not low.is_bonus.item()
+
+
+def test_all_accepted_draws_the_bonus_from_the_last_position():
+    v = one([T0, BONUS], [D0], [0], StandardRule(), [0.1], su=0.3)
+    assert v.num_accepted.tolist() == [1] and v.is_bonus.tolist() == [True]
+    assert v.next_token.tolist() == [3]  # BONUS is one-hot on token 3
+    assert v.next_q.tolist() == [0.0]
+
+
+@pytest.mark.parametrize("rule, u", [(StandardRule(), 0.0), (EARSRule(1.0), 0.3), (EARSRule(1.0), 0.0)])
+def test_a_token_outside_the_target_support_is_never_accepted(rule, u):
+    # p = 0 gives r = 0; with U = 0 (or U - tol clamped to 0) the comparison r >= 0 holds,
+    # yet the token is outside the target's support (e.g. cut by top-k): it must be rejected.
+    t = [0.0, 0.5, 0.25, 0.25]
+    v = one([t, BONUS], [[0.5, 0.5, 0.0, 0.0]], [0], rule, [u], su=0.1)
+    assert v.kinds.tolist() == [[R]]
+    # residual = max(0, p - q) = [0, 0, .25, .25] -> norm [0, 0, .5, .5]
+    assert v.next_token.tolist() == [2]
+    v2 = one([t, BONUS], [[0.5, 0.5, 0.0, 0.0]], [0], rule, [u], su=0.6)
+    assert v2.next_token.tolist() == [3]
+
+
+def test_a_draft_token_with_q_zero_uses_the_guard_and_is_accepted():
+    # q = 0 (a draft that never should have proposed it): r = p / 1e-10, no division by zero.
+    v = one([T0, BONUS], [[0.0, 0.5, 0.5, 0.0]], [0], StandardRule(), [0.99])
+    assert v.kinds.tolist() == [[A]]
+    assert v.ratio.item() == pytest.approx(0.25 / 1e-10, rel=1e-6)
+
+
+def test_an_empty_residual_falls_back_to_the_target():
+    # q >= p everywhere (an over-confident, unnormalised draft): max(0, p - q) has no mass.
+    t = [0.0, 0.5, 0.25, 0.25]
+    v = one([t, BONUS], [[0.5, 0.5, 0.5, 0.5]], [0], StandardRule(), [0.5], su=0.6)
+    assert v.kinds.tolist() == [[R]]
+    assert v.next_token.tolist() == [2]  # CDF of P_target: [0, .5, .75, 1] at 0.6 -> token 2
+
+
+def test_greedy_rule_accepts_only_the_argmax_and_emits_the_argmax():
+    v = one([T0, T0, BONUS], [D0, D0], [1, 0], GreedyRule(), [0.99, 0.0], su=0.99)
+    assert v.kinds.tolist() == [[A, R]]
+    assert v.next_token.tolist() == [1]  # argmax of T0, whatever the draw
+    assert v.next_p.tolist() == [0.5]
+
+
+def test_k_equals_one_and_k_equals_eight():
+    # K = 1 was covered above; K = 8 with a rejection at position 5.
+    k = 8
+    t = [[0.25, 0.25, 0.25, 0.25]] * k + [BONUS]
+    d = [[0.25, 0.25, 0.25, 0.25]] * k  # r = 1 everywhere ...
+    u = [0.5] * k
+    toks = [0, 1, 2, 3, 0, 0, 2, 3]
+    t[5] = [0.0, 0.5, 0.25, 0.25]  # ... except at position 5, where token 0 has p = 0
+    v = one(t, d, toks, StandardRule(), u, su=0.1)
+    assert v.num_accepted.tolist() == [5]
+    assert v.kinds.tolist() == [[A, A, A, A, A, R, N, N]]
+    # residual at 5: max(0, [0, .5, .25, .25] - .25) = [0, .25, 0, 0] -> token 1
+    assert v.next_token.tolist() == [1]
+    allgood = one([[0.25] * 4] * k + [BONUS], d, toks, StandardRule(), u, su=0.1)
+    assert allgood.num_accepted.tolist() == [8] and allgood.next_token.tolist() == [3]
+
+
+def test_four_rows_stop_at_different_positions():
+    # K = 3; row b rejects at position b (row 3 accepts everything and takes the bonus).
+    k, b = 3, 4
+    good = [0.25, 0.25, 0.25, 0.25]
+    bad = [0.0, 0.5, 0.25, 0.25]  # token 0 has p = 0
+    target = torch.tensor([[bad if i == row else good for i in range(k)] + [BONUS] for row in range(b)])
+    draft = torch.full((b, k, 4), 0.25)
+    tokens = torch.zeros((b, k), dtype=torch.long)
+    v = verify(target, draft, tokens, EARSRule(0.1), uniforms=torch.full((b, k), 0.5), sample_uniforms=torch.full((b,), 0.1))
+    assert v.num_accepted.tolist() == [0, 1, 2, 3]
+    assert v.kinds.tolist() == [[R, N, N], [A, R, N], [A, A, R], [A, A, A]]
+    assert v.next_token.tolist() == [1, 1, 1, 3]
+    assert v.is_bonus.tolist() == [False, False, False, True]
+
+
+def test_distortion_is_zero_for_the_ordinary_rule_and_exact_for_ears():
+    ears = one([T0, BONUS], [D0], [0], EARSRule(0.25), [0.9])
+    std = one([T0, BONUS], [D0], [0], StandardRule(), [0.9])
+    assert std.distortion.item() == pytest.approx(0.0, abs=1e-7)
+    # By hand: a = min(1, p/q + 0.125) = [0.625, 1, 0.625, 0 (q = 0 -> ratio huge, 1? no: p > 0)]
+    # token 3 has q = 0 so q * a = 0 whatever a is. kept = q * a = [0.3125, 0.25, 0.15625, 0]
+    # reject mass = 1 - 0.71875 = 0.28125, residual norm = [0, 2/3, 0, 1/3]
+    emit = [0.3125, 0.25 + 0.28125 * 2 / 3, 0.15625, 0.28125 / 3]
+    tv = 0.5 * sum(abs(e - p) for e, p in zip(emit, T0))
+    assert ears.distortion.item() == pytest.approx(tv, abs=1e-6)
+    assert tv > 0.05
+
+
+def test_bad_shapes_raise_clear_errors():
+    with pytest.raises(ValueError, match="K\\+1"):
+        verify(torch.rand(1, 2, 4), torch.rand(1, 2, 4), torch.zeros(1, 2, dtype=torch.long), StandardRule())
+    with pytest.raises(ValueError, match="vocabulary"):
+        verify(torch.rand(1, 3, 4), torch.rand(1, 2, 5), torch.zeros(1, 2, dtype=torch.long), StandardRule())
+    with pytest.raises(ValueError, match="long"):
+        verify(torch.rand(1, 3, 4), torch.rand(1, 2, 4), torch.zeros(1, 2), StandardRule())
+
+
+@pytest.mark.parametrize("beta", [-0.1, float("nan"), "0.1"])
+def test_bad_beta_raises(beta):
+    with pytest.raises(ValueError, match="beta"):
+        EARSRule(beta)
