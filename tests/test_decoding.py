@@ -185,3 +185,40 @@ def test_speculative_first_token_follows_the_target_distribution(small_vocab_pai
         3000,
     )
     assert stats.chisquare(c, p / p.sum() * c.sum()).pvalue > 1e-3
+
+
+class RepeatDrafter:
+    """A Drafter that is no model: it always proposes token 7, deterministically (q = 1)."""
+
+    needs_target_hidden = False
+
+    def __init__(self, vocab_size):
+        self.vocab_size = vocab_size
+        self.commits = []
+
+    def prefill(self, input_ids, target_hidden):
+        self.prompt_len = input_ids.shape[1]
+
+    def propose(self, k, probs_fn, uniforms):
+        tokens = torch.full((1, k), 7, dtype=torch.long)
+        probs = torch.zeros(1, k, self.vocab_size)
+        probs[..., 7] = 1.0
+        return tokens, probs
+
+    def commit(self, num_accepted, next_token, target_hidden):
+        self.commits.append((num_accepted, int(next_token[0])))
+
+
+def test_any_drafter_plugs_into_the_loop(tiny_pair):
+    target, _ = tiny_pair
+    drafter = RepeatDrafter(96)
+    out = generate(target, drafter, PROMPTS[0], rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=30)
+    assert out.token_ids == hf_greedy(target, PROMPTS[0], 30)
+    assert [n for n, _ in drafter.commits] == [s.accepted for s in out.steps]
+    # At T > 0 with a one-hot draft the ordinary rule accepts token 7 with probability P_target(7).
+    out = generate(target, RepeatDrafter(96), PROMPTS[0], rule=StandardRule(), gamma=3, temperature=0.9, max_new_tokens=30)
+    for e in out.events:
+        if e.kind == "accepted":
+            assert e.token_id == 7 and e.q == 1.0 and e.ratio == pytest.approx(e.p)
+        if e.kind == "resampled":
+            assert e.rejected_token == 7 and e.token_id != 7  # the residual excludes the draft
