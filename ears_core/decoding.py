@@ -223,6 +223,9 @@ def _speculative_events(
         with torch.inference_mode():
             t0 = clock.mark()
             tokens, dprobs = drafter.propose(k, probs_fn, counter_uniforms(cfg.seed, pos[:k], Stream.DRAFT)[None])
+            if tokens.shape[1] < k:  # a drafter may stop early (no n-gram match, low confidence)
+                k = tokens.shape[1]
+                pos = pos[: k + 1]
             t1 = clock.mark()
             out = target(torch.cat([last, tokens], dim=1), past_key_values=cache, use_cache=True, logits_to_keep=k + 1)
             tprobs = probs_fn(out.logits)  # (1, k+1, V)

@@ -27,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "model_vocab_size"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -41,7 +41,8 @@ class Drafter(Protocol):
         """input_ids (B, T): the prompt; target_hidden (B, T, d) or None."""
 
     def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-        """uniforms (B, k) -> tokens (B, k) long, probs (B, k, V)."""
+        """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), with k' <= k (a drafter
+        may stop early)."""
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""
@@ -117,3 +118,51 @@ class ModelDrafter:
         else:
             self._pending = nxt
         self._proposed = None
+
+
+class NGramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the last ``n`` committed tokens (n
+    from ``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it.
+
+    No model and no training. The proposal is deterministic, so q is one-hot: the ordinary rule
+    then accepts x with probability P_target(x), and a rejection resamples from P_target with x
+    removed. When nothing matches it proposes nothing and the round is a plain target step.
+    Works for batch 1 (the decode loop's batch).
+    """
+
+    needs_target_hidden = False
+
+    def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.vocab_size = vocab_size
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        self._seq: list[int] = []
+        self._proposed: list[int] = []
+        self._device = torch.device("cpu")
+
+    def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
+        if input_ids.shape[0] != 1:
+            raise ValueError("NGramDrafter drafts for one sequence at a time")
+        self._seq = input_ids[0].tolist()
+        self._device = input_ids.device
+
+    def _lookup(self, k: int) -> list[int]:
+        seq = self._seq
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):  # latest match first
+                if seq[start : start + n] == tail:
+                    return seq[start + n : start + n + k]
+        return []
+
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        self._proposed = self._lookup(k)
+        tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
+        probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)
+        probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)  # (1, k', V) one-hot
+        return tokens, probs
+
+    def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
+        self._seq += self._proposed[:num_accepted] + [int(next_token.reshape(-1)[0])]
+        self._proposed = []

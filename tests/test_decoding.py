@@ -222,3 +222,20 @@ def test_any_drafter_plugs_into_the_loop(tiny_pair):
             assert e.token_id == 7 and e.q == 1.0 and e.ratio == pytest.approx(e.p)
         if e.kind == "resampled":
             assert e.rejected_token == 7 and e.token_id != 7  # the residual excludes the draft
+
+
+def test_ngram_drafter_copies_repeats_and_keeps_greedy_output(tiny_pair):
+    from ears_core.drafters import NGramDrafter
+
+    target, _ = tiny_pair
+    d = NGramDrafter(96, max_ngram=2)
+    d.prefill(torch.tensor([[5, 6, 7, 8, 5, 6]]))
+    toks, probs = d.propose(3, None, torch.zeros(1, 3))
+    assert toks.tolist() == [[7, 8, 5]] and probs[0, torch.arange(3), toks[0]].tolist() == [1.0, 1.0, 1.0]
+    d.commit(1, torch.tensor([9]))  # kept 7, then 9: no 2-gram [7, 9] or 1-gram [9] seen before
+    assert d.propose(3, None, torch.zeros(1, 3))[0].shape == (1, 0)
+    # In the loop: greedy output unchanged; rounds with no match draft nothing.
+    prompt = [3, 4, 5, 3, 4, 5, 3, 4]
+    out = generate(target, NGramDrafter(96), prompt, rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
+    assert out.token_ids == hf_greedy(target, prompt, 30)
+    assert out.stats.drafted > 0
