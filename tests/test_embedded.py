@@ -1,0 +1,44 @@
+"""The embedded target end to end: speculative greedy output equals its own greedy output."""
+
+import pytest
+import torch
+
+from ears_core import EARSRule, GreedyRule, autoregressive, generate
+from ears_core.drafters import NGramDrafter
+from ears_core.models import encode_prompt, load_pair
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    torch.set_num_threads(2)
+    yield load_pair("embedded", device="cpu")
+    torch.set_num_threads(1)
+
+
+@pytest.mark.slow
+def test_speculative_greedy_equals_the_targets_greedy_output(embedded):
+    pair = embedded
+    ids = encode_prompt(pair.tokenizer, "Repeat this list twice: apples, pears, plums, figs.")
+    ref = pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
+                               pad_token_id=pair.tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
+    out = generate(pair.target, NGramDrafter(pair.vocab_size), ids, rule=GreedyRule(), gamma=4, temperature=0,
+                   max_new_tokens=40, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size)
+    assert out.token_ids == ref
+    assert out.stats.accepted > 0  # the list repeats: prompt lookup gets drafts accepted
+    assert out.text == pair.tokenizer.decode(ref, skip_special_tokens=True)
+    base = autoregressive(pair.target, ids, temperature=0, max_new_tokens=40, vocab_size=pair.vocab_size)
+    assert base.token_ids == ref
+
+
+@pytest.mark.slow
+def test_ears_on_the_embedded_target_reports_pardons_and_distortion(embedded):
+    pair = embedded
+    ids = encode_prompt(pair.tokenizer, "Write a short poem about the sea, then repeat it.")
+    out = generate(pair.target, NGramDrafter(pair.vocab_size), ids, rule=EARSRule(0.5), gamma=4, temperature=1.0,
+                   max_new_tokens=48, seed=1, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size)
+    s = out.stats
+    assert s.new_tokens == len(out.token_ids) > 0 and s.drafted > 0
+    # A one-hot (n-gram) draft: r = p, so every accepted or pardoned event has ratio == p.
+    for e in out.events:
+        if e.kind in ("accepted", "pardoned"):
+            assert e.ratio == pytest.approx(e.p, rel=1e-5) and e.q == 1.0
