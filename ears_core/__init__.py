@@ -11,12 +11,12 @@ from .decoding import Generation, GenerationResult, autoregressive, autoregressi
 from .drafters import Drafter, ModelDrafter
 from .events import KINDS, DraftRecord, StepRecord, TokenEvent
 from .metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
-from .rules import AcceptanceRule, EARSRule, GreedyRule, StandardRule, rule_from_name
+from .rules import AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, StandardRule, TypicalRule, rule_from_name
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
 from .verify import DraftKind, Verdict, emitted_distribution, verify
 
 __all__ = [
-    "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "rule_from_name",
+    "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "TypicalRule", "EntropyEARSRule", "rule_from_name",
     "verify", "Verdict", "DraftKind", "emitted_distribution",
     "generate", "stream", "autoregressive", "autoregressive_stream", "Generation", "GenerationResult",
     "Drafter", "ModelDrafter",

@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(accepted green, pardoned magenta, resampled yellow, bonus cyan), then the metrics.",
     )
     p.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message (the chat template is applied)")
-    p.add_argument("--rule", default="ears", choices=["ears", "standard", "ordinary", "greedy"],
-                   help="acceptance rule: ears (with --beta), standard/ordinary (lossless), greedy")
+    p.add_argument("--rule", default="ears", choices=["ears", "standard", "ordinary", "greedy", "ears-entropy", "typical"],
+                   help="acceptance rule: ears (with --beta), standard/ordinary (lossless), greedy, ears-entropy (with --beta), typical (Medusa)")
     p.add_argument("--beta", type=float, default=0.1, help="EARS tolerance scale, >= 0 (0 = ordinary rule)")
     p.add_argument("--temperature", type=float, default=0.9, help=">= 0; 0 is greedy decoding")
     p.add_argument("--gamma", "-K", type=int, default=4, help="draft tokens per round (K), >= 1")

@@ -26,6 +26,7 @@ for every x in the vocabulary; metrics use it for the exact distortion of the ru
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +39,8 @@ __all__ = [
     "StandardRule",
     "EARSRule",
     "GreedyRule",
+    "TypicalRule",
+    "EntropyEARSRule",
     "rule_from_name",
 ]
 
@@ -167,13 +170,76 @@ class GreedyRule(AcceptanceRule):
         return self._one_hot_argmax(target_probs)
 
 
+def _entropy(probs: Tensor) -> Tensor:
+    """(..., V) -> (...,) Shannon entropy in nats, with 0 log 0 = 0."""
+    logp = torch.where(probs > 0, probs.log(), torch.zeros_like(probs))
+    return -(probs * logp).sum(dim=-1)
+
+
+class EntropyEARSRule(EARSRule):
+    """EARS with the paper's future-work uncertainty: tolerance = beta * H(P_target) / log V,
+    the entropy normalised to [0, 1], instead of 1 - max P_target."""
+
+    name = "ears-entropy"
+
+    def tolerance(self, target_probs: Tensor, max_p: Tensor) -> Tensor:
+        v = target_probs.shape[-1]
+        return self.beta * _entropy(target_probs) / math.log(v) if v > 1 else torch.zeros_like(max_p)
+
+    def describe(self) -> str:
+        return f"ears-entropy(beta={self.beta:g})"
+
+    def __repr__(self) -> str:
+        return f"EntropyEARSRule(beta={self.beta!r})"
+
+
+class TypicalRule(AcceptanceRule):
+    """Typical acceptance (Medusa): a draft stands iff p(x) > min(eps, delta * exp(-H(P_target))).
+
+    Deterministic given the distributions; after a rejection the token is drawn from P_target.
+    A standing token the ordinary test (r >= U) would have rejected is reported as pardoned.
+    """
+
+    name = "typical"
+    lossless = False
+
+    def __init__(self, eps: float = 0.09, delta: float = 0.3) -> None:
+        if not (0 < eps <= 1) or not (delta > 0):
+            raise ValueError(f"typical acceptance needs 0 < eps <= 1 and delta > 0, got eps={eps}, delta={delta}")
+        self.eps, self.delta = float(eps), float(delta)
+
+    def _threshold(self, target_probs: Tensor) -> Tensor:  # (B, K, V) -> (B, K)
+        return (self.delta * torch.exp(-_entropy(target_probs))).clamp(max=self.eps)
+
+    def decide(self, x: RuleInputs, tolerance: Tensor) -> tuple[Tensor, Tensor]:
+        stands = x.p > self._threshold(x.target_probs)
+        ordinary = (x.ratio >= x.u) & (x.p > 0)
+        return stands & ordinary, stands & ~ordinary
+
+    def acceptance_prob(self, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor) -> Tensor:
+        return (target_probs > self._threshold(target_probs).unsqueeze(-1)).to(target_probs.dtype)
+
+    def residual(self, target_probs: Tensor, draft_probs: Tensor) -> Tensor:
+        return target_probs
+
+    def describe(self) -> str:
+        return f"typical(eps={self.eps:g}, delta={self.delta:g})"
+
+    def __repr__(self) -> str:
+        return f"TypicalRule(eps={self.eps!r}, delta={self.delta!r})"
+
+
 def rule_from_name(name: str, beta: float = 0.1) -> AcceptanceRule:
-    """'standard' / 'ordinary', 'ears', 'greedy' -> a rule instance (for CLIs and the app)."""
+    """'standard' / 'ordinary', 'ears', 'ears-entropy', 'typical', 'greedy' -> a rule instance."""
     key = name.strip().lower()
     if key in ("standard", "ordinary", "lossless"):
         return StandardRule()
     if key == "ears":
         return EARSRule(beta)
+    if key == "ears-entropy":
+        return EntropyEARSRule(beta)
+    if key == "typical":
+        return TypicalRule()
     if key == "greedy":
         return GreedyRule()
-    raise ValueError(f"unknown rule {name!r}; choose one of: standard, ears, greedy")
+    raise ValueError(f"unknown rule {name!r}; choose one of: standard, ears, ears-entropy, typical, greedy")

@@ -1,0 +1,256 @@
+"""Plotly figures and HTML for the EARS Studio UI, built from a generation's records.
+
+Pure functions: records in, ``go.Figure`` (or an HTML / Markdown string) out. No gradio here, so
+the same figures work in a notebook, a report or the app.
+
+Terms (see events.py and metrics.py)
+------------------------------------
+event        a TokenEvent: one emitted token and how it was decided (accepted, pardoned,
+             resampled, bonus, target)
+draft        a DraftRecord: one drafted token put to the target, rejected ones included
+max P        max over the vocabulary of P_target at a position; the EARS tolerance is
+             beta * (1 - max P): wide where the target is unsure, ~0 where it is sure
+pardon band  U - tolerance <= r < U: a ratio r in this band fails the ordinary test but EARS
+             accepts it
+samples      throughput samples ``[(elapsed_s, tokens_so_far), ...]`` recorded while a run streams
+E, S         expected tokens per round and theoretical speedup (metrics.py)
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Mapping, Sequence
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .events import DraftRecord, StepRecord, TokenEvent
+from .metrics import GenerationStats, expected_tokens_per_step, theoretical_speedup
+
+__all__ = [
+    "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure",
+    "accept_length_figure", "theory_figure", "tokens_html", "legend_html", "summary_markdown",
+    "first_divergence",
+]
+
+# Strong colours for chart markers; the token HTML uses the same hues as backgrounds.
+KIND_COLOURS = {
+    "accepted": "#2e7d32",  # green
+    "pardoned": "#e6007e",  # magenta: the one that should catch the eye
+    "resampled": "#f59e0b",  # amber
+    "bonus": "#0284c7",  # blue
+    "target": "#6b7280",  # grey: target-only baseline
+    "rejected": "#dc2626",  # red: a draft that lost its test (charts only)
+}
+_TOKEN_STYLE = {  # (background, text colour, extra css)
+    "accepted": ("#c8f0cc", "#0b3d12", ""),
+    "pardoned": ("#e6007e", "#ffffff", "font-weight:700;"),
+    "resampled": ("#fde68a", "#5c3a00", ""),
+    "bonus": ("#bae6fd", "#063a5a", ""),
+    "target": ("#eceff3", "#1f2937", ""),
+}
+KIND_LABELS = {
+    "accepted": "accepted (ordinary rule)",
+    "pardoned": "pardoned by EARS",
+    "resampled": "resampled after a rejection",
+    "bonus": "bonus (all K stood)",
+    "target": "target-only",
+}
+_LAYOUT = dict(template="plotly_white", height=300, margin=dict(l=50, r=20, t=40, b=40),
+               legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+
+
+def _fig(title: str, x: str, y: str) -> go.Figure:
+    fig = go.Figure()
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), xaxis_title=x, yaxis_title=y, **_LAYOUT)
+    return fig
+
+
+def _tolerance(ev: TokenEvent, beta: float) -> float:
+    """The event's own tolerance when it had a test, else the one EARS would use there."""
+    return ev.tolerance if ev.tolerance is not None else beta * (1.0 - ev.max_p)
+
+
+# ----------------------------------------------------------------------------- per-position charts
+
+
+def confidence_figure(events: Sequence[TokenEvent], beta: float) -> go.Figure:
+    """max P_target per position, the tolerance beta * (1 - max P) shaded below it, and the
+    emitted token's p as markers coloured by kind. Traces: [max P, tolerance, one per kind]."""
+    fig = _fig("Target confidence and EARS tolerance", "position", "probability")
+    xs = [e.position for e in events]
+    fig.add_trace(go.Scatter(x=xs, y=[e.max_p for e in events], name="max P_target", mode="lines",
+                             line=dict(color="#111827", width=2)))
+    fig.add_trace(go.Scatter(x=xs, y=[_tolerance(e, beta) for e in events], name="tolerance β(1 − max P)",
+                             mode="lines", fill="tozeroy", line=dict(color=KIND_COLOURS["pardoned"], width=1),
+                             fillcolor="rgba(230,0,126,0.18)"))
+    for kind in ("accepted", "pardoned", "resampled", "bonus", "target"):
+        sel = [e for e in events if e.kind == kind]
+        if sel:
+            fig.add_trace(go.Scatter(x=[e.position for e in sel], y=[e.p for e in sel], mode="markers",
+                                     name=f"p ({kind})", marker=dict(color=KIND_COLOURS[kind], size=7)))
+    fig.update_yaxes(range=[0, 1.05])
+    return fig
+
+
+def _drafts(steps: Sequence[StepRecord]) -> list[DraftRecord]:
+    return [d for s in steps for d in s.drafts]
+
+
+def ratio_figure(steps: Sequence[StepRecord], r_cap: float = 1.5) -> go.Figure:
+    """Ratio r = p/q against the uniform U for every drafted token, with the pardon band
+    [max(U - tol, 0), U) drawn as a shaded bar at each token. r is drawn capped at ``r_cap``
+    (the hover shows the true value). Traces: [pardon band, U, one r trace per draft kind]."""
+    fig = _fig("Ratio r = p/q against U, per drafted token", "position", "r, U")
+    drafts = _drafts(steps)
+    xs = [d.position for d in drafts]
+    lows = [max(d.u - d.tolerance, 0.0) for d in drafts]
+    fig.add_trace(go.Bar(x=xs, y=[d.u - lo for d, lo in zip(drafts, lows)], base=lows, name="pardon band",
+                         marker=dict(color="rgba(230,0,126,0.25)", line=dict(width=0)), width=0.8,
+                         hovertemplate="band [%{base:.3f}, %{customdata:.3f})<extra></extra>",
+                         customdata=[d.u for d in drafts]))
+    fig.add_trace(go.Scatter(x=xs, y=[d.u for d in drafts], mode="markers", name="U",
+                             marker=dict(symbol="line-ew-open", size=14, color="#111827", line=dict(width=2))))
+    for kind in ("accepted", "pardoned", "rejected"):
+        sel = [d for d in drafts if d.kind == kind]
+        if sel:
+            fig.add_trace(go.Scatter(
+                x=[d.position for d in sel], y=[min(d.ratio, r_cap) for d in sel], mode="markers",
+                name=f"r ({kind})", marker=dict(color=KIND_COLOURS[kind], size=8),
+                customdata=[[d.ratio, d.u, d.tolerance] for d in sel],
+                hovertemplate="r=%{customdata[0]:.3f} U=%{customdata[1]:.3f} tol=%{customdata[2]:.3f}<extra></extra>"))
+    fig.update_layout(barmode="overlay")
+    fig.update_yaxes(range=[0, r_cap + 0.05])
+    return fig
+
+
+# ----------------------------------------------------------------------------- run-level charts
+
+
+def throughput_figure(runs: Mapping[str, Sequence[tuple[float, int]]]) -> go.Figure:
+    """Tokens/s so far (tokens_so_far / elapsed_s) against elapsed time, one line per run, e.g.
+    {"EARS": samples, "target-only": samples}. Samples with elapsed_s <= 0 are skipped."""
+    fig = _fig("Throughput: tokens/s so far", "elapsed (s)", "tokens / s")
+    palette = ["#e6007e", "#0284c7", "#6b7280", "#2e7d32"]
+    for i, (name, samples) in enumerate(runs.items()):
+        pts = [(t, n) for t, n in samples if t > 0]
+        colour = KIND_COLOURS["target"] if "target" in name else palette[i % len(palette)]
+        fig.add_trace(go.Scatter(x=[t for t, _ in pts], y=[n / t for t, n in pts], mode="lines", name=name,
+                                 line=dict(color=colour, width=2, dash="dash" if "target" in name else "solid")))
+    return fig
+
+
+def accept_length_figure(steps: Sequence[StepRecord], k: int) -> go.Figure:
+    """Histogram of drafts that stood per round (0..K), split into rounds with and without a
+    pardon (stacked). Traces: [without pardon, with pardon], x = 0..K, y = round counts."""
+    fig = _fig("Drafts that stood per round", "drafts accepted in the round", "rounds")
+    top = max([k] + [s.accepted for s in steps])
+    xs = list(range(top + 1))
+    plain, pardoned = [0] * (top + 1), [0] * (top + 1)
+    for s in steps:
+        (pardoned if s.pardoned else plain)[s.accepted] += 1
+    fig.add_trace(go.Bar(x=xs, y=plain, name="no pardon", marker_color=KIND_COLOURS["accepted"]))
+    fig.add_trace(go.Bar(x=xs, y=pardoned, name="with a pardon", marker_color=KIND_COLOURS["pardoned"]))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(dtick=1)
+    return fig
+
+
+def theory_figure(k: int, c: float, measured: tuple[float, float | None, float | None] | None = None,
+                  ks: Sequence[int] = (1, 2, 4, 8), n: int = 101) -> go.Figure:
+    """E(a, K) and S(a, K, c) against acceptance rate a (two panels), one curve per K in ks plus
+    the chosen ``k`` (drawn bold). ``measured`` = (a, tokens per round, measured speedup) of a run
+    (None entries are not drawn). Trace order: E curves, S curves, then measured points."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("E: expected tokens per round", f"S: speedup at c = {c:.3f}"))
+    a_grid = [i / (n - 1) for i in range(n)]
+    all_k = sorted(set(ks) | {k})
+    for col, fn in ((1, lambda a, kk: expected_tokens_per_step(a, kk)), (2, lambda a, kk: theoretical_speedup(a, kk, c))):
+        for kk in all_k:
+            bold = kk == k
+            fig.add_trace(go.Scatter(x=a_grid, y=[fn(a, kk) for a in a_grid], mode="lines", name=f"K={kk}",
+                                     legendgroup=f"K{kk}", showlegend=col == 1,
+                                     line=dict(width=3 if bold else 1, color="#e6007e" if bold else None),
+                                     opacity=1.0 if bold else 0.5), row=1, col=col)
+    if measured is not None:
+        a, e_meas, s_meas = measured
+        for col, y, label in ((1, e_meas, "measured tokens/round"), (2, s_meas, "measured speedup")):
+            if y is not None:
+                fig.add_trace(go.Scatter(x=[a], y=[y], mode="markers", name=label,
+                                         marker=dict(symbol="star", size=16, color="#111827")), row=1, col=col)
+    fig.add_hline(y=1.0, line=dict(dash="dot", color="#9ca3af"), row=1, col=2)
+    fig.update_xaxes(title_text="acceptance rate a", range=[0, 1])
+    fig.update_layout(template="plotly_white", height=340, margin=dict(l=50, r=20, t=50, b=40))
+    return fig
+
+
+# ----------------------------------------------------------------------------- HTML and text
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _token_title(e: TokenEvent) -> str:
+    lines = [f"{e.kind} · step {e.step} · position {e.position}", f"p = {_fmt(e.p)}   q = {_fmt(e.q)}",
+             f"ratio = {_fmt(e.ratio)}   U = {_fmt(e.u)}", f"tolerance = {_fmt(e.tolerance)}   max P = {_fmt(e.max_p)}"]
+    if e.rejected_token is not None:
+        lines.append(f"rejected draft id {e.rejected_token}")
+    return "\n".join(lines)
+
+
+def tokens_html(events: Sequence[TokenEvent], mark_position: int | None = None, cursor: bool = False) -> str:
+    """One <span> per token, coloured by kind, with a hover title (p, q, ratio, U, tolerance,
+    max P, step). Text is HTML-escaped; the wrapper keeps spaces and newlines (pre-wrap).
+    ``mark_position`` outlines one token (the race's first divergence)."""
+    parts = []
+    for e in events:
+        bg, fg, extra = _TOKEN_STYLE.get(e.kind, _TOKEN_STYLE["target"])
+        if e.position == mark_position:
+            extra += "outline:2px solid #111827;outline-offset:1px;"
+        text = e.text if e.text else "\u200b"  # an unfinished character still gets a (thin) span
+        parts.append(
+            f'<span class="tok tok-{e.kind}" data-kind="{e.kind}" data-pos="{e.position}" '
+            f'title="{html.escape(_token_title(e), quote=True)}" '
+            f'style="background:{bg};color:{fg};{extra}border-radius:3px;'
+            f'box-shadow:inset -1px 0 0 rgba(0,0,0,0.18);padding:1px 0">{html.escape(text)}</span>')
+    if cursor:
+        parts.append('<span class="tok-cursor" style="opacity:.6">▌</span>')
+    return ('<div class="ears-tokens" style="white-space:pre-wrap;word-break:break-word;line-height:1.7;'
+            f'font-size:15px;min-height:3em">{"".join(parts)}</div>')
+
+
+def legend_html(kinds: Sequence[str] = ("accepted", "pardoned", "resampled", "bonus")) -> str:
+    """The colour key for ``tokens_html``."""
+    items = []
+    for kind in kinds:
+        bg, fg, extra = _TOKEN_STYLE[kind]
+        items.append(f'<span class="legend-{kind}" style="background:{bg};color:{fg};{extra}border-radius:3px;'
+                     f'padding:2px 6px;margin-right:8px">{html.escape(KIND_LABELS[kind])}</span>')
+    return f'<div class="ears-legend" style="line-height:2">{"".join(items)}</div>'
+
+
+def summary_markdown(stats: GenerationStats, baseline_tps: float | None = None) -> str:
+    """The summary panel: rates, lengths, distortion, speed, speedup measured vs theory."""
+    speedup = stats.tokens_per_s / baseline_tps if baseline_tps else None
+    rows = [
+        ("rule", stats.method),
+        ("tokens / rounds", f"{stats.new_tokens} / {stats.steps}"),
+        ("acceptance rate", f"{_fmt(stats.acceptance_rate)} ({stats.accepted} of {stats.drafted} drafts stood)"),
+        ("mean acceptance length", f"{stats.mean_accept_length:.2f} tokens per round"),
+        ("pardon rate", f"{_fmt(stats.pardon_rate)} ({stats.pardoned} pardoned)"),
+        ("mean exact distortion (TV)", f"{stats.mean_distortion:.4f} per token"),
+        ("throughput", f"{stats.tokens_per_s:.1f} tokens/s"),
+        ("target-only", "not measured" if not baseline_tps else f"{baseline_tps:.1f} tokens/s"),
+        ("speedup, measured", "–" if speedup is None else f"{speedup:.2f}×"),
+        ("speedup, theory S = E/(Kc+1)", "–" if stats.theory_speedup is None else
+         f"{stats.theory_speedup:.2f}× (E = {stats.theory_tokens_per_step:.2f}, c = {stats.cost_ratio:.3f})"),
+    ]
+    return "| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
+
+
+def first_divergence(a: Sequence[TokenEvent], b: Sequence[TokenEvent]) -> int | None:
+    """The first position where two runs emitted different tokens (None if one is a prefix)."""
+    for ea, eb in zip(a, b):
+        if ea.token_id != eb.token_id:
+            return ea.position
+    return None
