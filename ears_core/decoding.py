@@ -210,11 +210,14 @@ def _speculative_events(
     def probs_fn(logits: Tensor) -> Tensor:
         return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
 
+    need_h = bool(getattr(drafter, "needs_target_hidden", False))  # an EAGLE-style head reads them
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
+        hidden = None
         if ids.shape[1] > 1:
-            target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
-        drafter.prefill(ids, None)
+            out = target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_h)
+            hidden = out.hidden_states[-1] if need_h else None  # (1, T-1, d)
+        drafter.prefill(ids, hidden)
     last = ids[:, -1:]  # (1, 1) the committed token the target has not seen
     produced, step = 0, 0
     while produced < cfg.max_new_tokens:
@@ -227,7 +230,8 @@ def _speculative_events(
                 k = tokens.shape[1]
                 pos = pos[: k + 1]
             t1 = clock.mark()
-            out = target(torch.cat([last, tokens], dim=1), past_key_values=cache, use_cache=True, logits_to_keep=k + 1)
+            out = target(torch.cat([last, tokens], dim=1), past_key_values=cache, use_cache=True, logits_to_keep=k + 1,
+                         output_hidden_states=need_h)
             tprobs = probs_fn(out.logits)  # (1, k+1, V)
             t2 = clock.mark()
             v = verify(
@@ -246,7 +250,7 @@ def _speculative_events(
         n = int(packed[0])
         if k > n:
             cache.crop(n - k)  # drop the target's positions for drafts that did not stand
-        drafter.commit(n, v.next_token, None)
+        drafter.commit(n, v.next_token, out.hidden_states[-1] if need_h else None)  # (1, k+1, d)
         last = v.next_token.view(1, 1)
         events, drafts = _round_records(packed, k, produced, step)
         stop = False

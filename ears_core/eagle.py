@@ -1,0 +1,162 @@
+"""An EAGLE-style draft head: it drafts from the target's own last hidden state.
+
+Terms
+-----
+feature f_t     the target's last hidden state (after its final norm) at token position t; the
+                target's output head turns f_t into P_target(x_{t+1}).
+head input      z_t = fc([f_t ; E(x_{t+1})]): the feature at t and the embedding of the token
+                that followed it (E is the target's own, frozen, input embedding).
+head            one Llama decoder layer and a norm over the z sequence (causal, with a KV cache);
+                its output at t is a predicted feature f^_{t+1}, so that W f^_{t+1} scores the
+                token x_{t+2} (W: the target's output head, restricted to ``vocab_ids``).
+drafting        after a round the head has consumed true features up to the last committed
+                token; the first draft comes from the head's last output, each further draft
+                feeds back the head's *predicted* feature with the drafted token.
+commit          drop the entries made from predicted features, then feed the target's true
+                features for the kept drafts and the new token (one small batched forward).
+vocab_ids       the N most frequent target tokens the head can propose; every other token gets
+                draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
+
+Only ``fc`` and the decoder layer are trained and shipped; E and W come from the target at load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
+
+from .sampling import sample_with_uniforms
+
+__all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
+
+
+def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
+    """A Llama config for the head: the target's widths, ``layers`` decoder layers, no vocabulary."""
+    c = target_config
+    return LlamaConfig(
+        vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=layers, num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads, head_dim=getattr(c, "head_dim", None),
+        rms_norm_eps=c.rms_norm_eps, rope_parameters=getattr(c, "rope_parameters", None),
+        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False,
+    )
+
+
+class DraftHead(nn.Module):
+    """fc + decoder layer(s) + norm: (features (B, T, d), token embeddings (B, T, d)) -> (B, T, d)."""
+
+    def __init__(self, config: LlamaConfig, vocab_ids: Tensor) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.config = config
+        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.body = LlamaModel(config)
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=True)  # (N,)
+
+    def forward(self, feats: Tensor, tok_emb: Tensor, cache: DynamicCache | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+        z = self.fc(torch.cat([feats, tok_emb], dim=-1))  # (B, T, d)
+        out = self.body(inputs_embeds=z, past_key_values=cache, use_cache=cache is not None,
+                        attention_mask=attention_mask)
+        return out.last_hidden_state  # (B, T, d) predicted next features
+
+    # ------------------------------------------------------------------ files
+    def save(self, folder: str | Path, meta: dict[str, Any] | None = None) -> None:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
+                 for k, v in self.state_dict().items() if not k.startswith("body.embed_tokens")}
+        save_file(state, str(folder / "head.safetensors"))
+        info = {"head_config": self.config.to_dict(), "meta": meta or {}}
+        (folder / "head.json").write_text(json.dumps(info, indent=1, default=str))
+
+    @classmethod
+    def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32) -> "DraftHead":
+        folder = Path(folder)
+        info = json.loads((folder / "head.json").read_text())
+        state = load_file(str(folder / "head.safetensors"))
+        head = cls(LlamaConfig.from_dict(info["head_config"]), state["vocab_ids"])
+        missing, unexpected = head.load_state_dict(state, strict=False)
+        bad = [m for m in missing if not m.startswith("body.embed_tokens")]
+        if bad or unexpected:
+            raise ValueError(f"draft head files in {folder} do not match the head: missing {bad}, unexpected {unexpected}")
+        return head.to(dtype).eval()
+
+
+@dataclass
+class _State:
+    cache: DynamicCache
+    cache_len: int  # head entries built from true features
+    next_feat: Tensor | None  # (B, d): the head's prediction that scores the next draft token
+    proposed: Tensor | None  # (B, k) the last proposal
+
+
+class EagleDrafter:
+    """The Drafter protocol around a DraftHead and the target's embedding and output head."""
+
+    needs_target_hidden = True
+
+    def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None) -> None:
+        self.head = head
+        self.embed = target.get_input_embeddings()
+        w = target.get_output_embeddings().weight  # (V, d)
+        self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
+        self.vocab_ids = head.vocab_ids.to(w.device)  # (N,)
+        self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
+        self._s: _State | None = None
+
+    def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
+        return self.head(feats.to(self.w_sub.dtype), self.embed(tokens), self._s.cache)  # (B, T, d)
+
+    @torch.inference_mode()
+    def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
+        self._s = _State(DynamicCache(config=self.head.config), 0, None, None)
+        t = input_ids.shape[1]
+        if target_hidden is not None and t >= 2:  # entries (f_j, x_{j+1}) for j = 0 .. T-2
+            out = self._head(target_hidden[:, : t - 1], input_ids[:, 1:t])
+            self._s.next_feat = out[:, -1]
+            self._s.cache_len = t - 1
+
+    @torch.inference_mode()
+    def propose(self, k: int, probs_fn: Any, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        s = self._s
+        assert s is not None, "prefill() first"
+        b = 1 if s.next_feat is None else s.next_feat.shape[0]
+        dev = self.w_sub.device
+        if s.next_feat is None or k == 0:
+            s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
+            return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
+        feat, tokens, probs = s.next_feat, [], []
+        for i in range(k):
+            logits = torch.full((b, self.vocab_size), float("-inf"), device=dev)
+            logits[:, self.vocab_ids] = (feat @ self.w_sub.T).float()  # (B, N) into (B, V)
+            pr = probs_fn(logits)  # (B, V), zero outside vocab_ids
+            tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
+            tokens.append(tok)
+            probs.append(pr)
+            if i < k - 1:
+                feat = self._head(feat.unsqueeze(1), tok.unsqueeze(1))[:, -1]
+        s.proposed = torch.stack(tokens, dim=1)  # (B, k)
+        return s.proposed, torch.stack(probs, dim=1)  # (B, k), (B, k, V)
+
+    @torch.inference_mode()
+    def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
+        s = self._s
+        assert s is not None and s.proposed is not None, "propose() first"
+        built = s.cache.get_seq_length()
+        if built > s.cache_len:  # entries made from predicted features
+            s.cache.crop(s.cache_len - built)
+        if target_hidden is None:
+            raise ValueError("EagleDrafter needs the target's hidden states (needs_target_hidden = True)")
+        kept = torch.cat([s.proposed[:, :num_accepted], next_token.reshape(-1, 1)], dim=1)  # (B, n+1)
+        out = self._head(target_hidden[:, : num_accepted + 1], kept)  # entries (f_L+j, x_L+j+1)
+        s.next_feat = out[:, -1]
+        s.cache_len += num_accepted + 1
+        s.proposed = None

@@ -1,0 +1,68 @@
+"""The EAGLE-style draft head: plumbing of the target's hidden states, cache alignment, files."""
+
+import pytest
+import torch
+
+from conftest import PROMPTS, tiny_llama
+from ears_core import EARSRule, GreedyRule, generate, stream
+from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+
+
+@pytest.fixture(scope="module")
+def target_and_head():
+    target = tiny_llama(0, vocab=96)
+    torch.manual_seed(5)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).eval()  # even ids only
+    return target, head
+
+
+def hf_greedy(model, prompt, n):
+    ids = torch.tensor([prompt])
+    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n,
+                          pad_token_id=0)[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_output_is_the_targets_with_a_head_draft(target_and_head, k):
+    target, head = target_and_head
+    for prompt in PROMPTS:  # PROMPTS[3] has one token: the first round has no feature to draft from
+        out = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), gamma=k, temperature=0,
+                       max_new_tokens=30)
+        assert out.token_ids == hf_greedy(target, prompt, 30)
+
+
+def test_the_head_proposes_only_its_vocabulary(target_and_head):
+    target, head = target_and_head
+    out = generate(target, EagleDrafter(head, target), PROMPTS[2], rule=EARSRule(0.2), gamma=4, temperature=1.0,
+                   max_new_tokens=40, seed=1)
+    drafted = [d for s in out.steps for d in s.drafts]
+    assert drafted and all(d.token_id % 2 == 0 for d in drafted)
+
+
+def test_incremental_head_state_equals_a_full_recompute(target_and_head):
+    # After rounds of drafting, rollback and commits, the head's next prediction must equal the
+    # head run once over the whole committed sequence with the target's true features.
+    target, head = target_and_head
+    drafter = EagleDrafter(head, target)
+    gen = stream(target, drafter, PROMPTS[2], rule=EARSRule(0.3), gamma=3, temperature=1.0, max_new_tokens=25, seed=4)
+    res = gen.result()
+    assert any(s.accepted < s.drafted for s in res.steps) and any(s.accepted > 0 for s in res.steps)
+    seq = torch.tensor([PROMPTS[2] + res.token_ids])  # (1, L+1)
+    with torch.no_grad():
+        feats = target(seq[:, :-1], output_hidden_states=True).hidden_states[-1]  # f_0 .. f_{L-1}
+        full = head(feats, target.get_input_embeddings()(seq[:, 1:]))  # entries (f_j, x_{j+1})
+    assert drafter._s.cache_len == seq.shape[1] - 1
+    assert torch.allclose(drafter._s.next_feat, full[:, -1], atol=1e-4)
+
+
+def test_save_and_load_round_trip(tmp_path, target_and_head):
+    target, head = target_and_head
+    head.save(tmp_path / "h", meta={"note": "test"})
+    back = DraftHead.load(tmp_path / "h")
+    assert torch.equal(back.vocab_ids, head.vocab_ids)
+    x, e = torch.randn(1, 5, 32), torch.randn(1, 5, 32)
+    with torch.no_grad():  # stored in bfloat16: close, not equal
+        assert torch.allclose(back(x, e), head(x, e), atol=0.1)
+    from safetensors.torch import load_file
+
+    assert not any("embed_tokens" in k for k in load_file(str(tmp_path / "h" / "head.safetensors")))
