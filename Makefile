@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast demo clean
+.PHONY: install browser test test-fast demo demo-cli clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,17 +21,27 @@ $(STAMP): requirements.txt pyproject.toml
 
 install: $(STAMP)
 
+# Debian's chromium for the browser tests (never `playwright install`).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then S=; else S=sudo; fi; \
+	  $$S apt-get update -qq && $$S env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+
 # The whole suite, slow tests included (what CI runs). pytest's exit code 5 (no tests) fails too.
-test: install
+test: install browser
 	$(PY) -m pytest
 
 # Skip the tests marked slow.
 test-fast: install
 	$(PY) -m pytest -m "not slow"
 
-# Terminal demo on the embedded pair; pass flags with ARGS='--prompt "..." --beta 0.2'.
-ARGS ?=
+# The Gradio app on the embedded pair at http://127.0.0.1:7860 (HOST / PORT override).
 demo: install
+	$(PY) app.py
+
+# The same in the terminal; flags with ARGS='--prompt "..." --beta 0.2'.
+ARGS ?=
+demo-cli: install
 	$(PY) -m ears_core.generate $(ARGS)
 
 clean:

@@ -285,8 +285,9 @@ def _round_records(packed: list[float], k: int, produced: int, step: int) -> tup
             step, produced + n, nxt, "", "resampled", next_p, next_q, ratio[n], u[n], tol[n], max_p[n], dst[n],
             rejected_token=int(toks[n]),
         ))
-    else:
-        events.append(TokenEvent(step, produced + n, nxt, "", "bonus", next_p, None, None, None, None, max_p[k], 0.0))
+    else:  # all k drafts stood; with k = 0 (nothing drafted) it is a plain target step
+        kind = "bonus" if k > 0 else "target"
+        events.append(TokenEvent(step, produced + n, nxt, "", kind, next_p, None, None, None, None, max_p[k], 0.0))
     drafts = [
         DraftRecord(produced + i, int(toks[i]), kind_of[i], p[i], q[i], ratio[i], u[i], tol[i], max_p[i])
         for i in range(min(n + 1, k))

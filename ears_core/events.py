@@ -7,7 +7,8 @@ TokenEvent   one emitted token. ``kind`` says how it was decided:
                pardoned   a draft token accepted only thanks to the rule's tolerance
                resampled  drawn from the residual after the draft at this position was rejected
                bonus      drawn from P_target after all K drafts of the round stood
-               target     plain target-only decoding (the baseline), no draft involved
+               target     drawn from P_target with no draft involved: target-only decoding, or a
+                          round in which the drafter proposed nothing
              ``p``/``q`` are P_target/P_draft of the emitted token at its position. ``ratio``,
              ``u`` and ``tolerance`` describe the test made at that position: for a resampled
              token it is the test the rejected draft (``rejected_token``) failed. Fields that do

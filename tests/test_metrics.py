@@ -41,7 +41,7 @@ def test_summary_of_a_speculative_run_matches_its_events(tiny_pair):
     assert s.acceptance_rate == pytest.approx(s.accepted / s.drafted)
     assert s.pardon_rate == pytest.approx(s.pardoned / s.drafted)
     assert s.mean_accept_length == pytest.approx(80 / s.steps)  # every round emits n + 1
-    assert s.resampled + s.bonus == s.steps
+    assert s.resampled + s.bonus + kinds.count("target") == s.steps  # one closing token per round
     assert s.mean_distortion == pytest.approx(np.mean([e.distortion for e in out.events]))
     assert s.mean_distortion > 0 and s.total_distortion == pytest.approx(80 * s.mean_distortion)
     assert s.tokens_per_s > 0 and s.cost_ratio > 0

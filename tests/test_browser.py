@@ -1,0 +1,112 @@
+"""The app in a real browser: Debian's chromium driven by Python playwright, on the embedded pair.
+
+Never `playwright install`: the browser is the system one (`apt-get install -y chromium`).
+Skipped only when /usr/bin/chromium is missing. Saves assets/screenshot.png for the README.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+COPY_PROMPT = "Copy this list exactly, twice: apples, pears, plums, figs, dates, limes."
+SCREENSHOT = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
+
+if not os.path.exists(CHROMIUM) and os.environ.get("CI"):
+    raise RuntimeError(f"{CHROMIUM} is missing in CI: `make test` installs it with apt-get; see the Makefile")
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is missing (install it with `apt-get install -y chromium`)", allow_module_level=True)
+
+pytestmark = pytest.mark.slow
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def url():
+    import app
+    demo = app.build_app()  # the embedded pair, as `python app.py` serves it
+    demo.ears_studio.backend()  # load before the browser opens (about a second from the cache)
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(url):
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1280, "height": 900})
+        pg.goto(url)
+        pg.wait_for_selector("#generate", timeout=30_000)
+        yield pg
+        browser.close()
+
+
+def _set_number(page, elem_id: str, value: str) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(value)
+    box.press("Tab")
+
+
+def _tokens(page) -> int:
+    return page.locator("#tokens span.tok").count()
+
+
+def test_generate_streams_coloured_tokens_and_charts(page):
+    rng = page.locator("#beta input[type=range]")
+    rng.focus()
+    for _ in range(20):  # 0.10 -> 0.30 in steps of 0.01, as a person would with the keyboard
+        rng.press("ArrowRight")
+    assert float(page.locator("#beta input[type=number]").input_value()) == pytest.approx(0.3)
+    # a prompt the n-gram drafter can copy from, so the screenshot shows accepted drafts
+    page.locator("#prompt textarea").fill(COPY_PROMPT)
+    _set_number(page, "max_new", "16")
+    page.locator("#generate").click()
+    page.wait_for_function("document.querySelectorAll('#tokens span.tok').length >= 1", timeout=60_000)
+    page.wait_for_function("document.querySelector('#summary') && "  # the last yield names the model
+                           "document.querySelector('#summary').innerText.includes('model:')", timeout=90_000)
+    assert _tokens(page) == 16
+    kinds = page.eval_on_selector_all("#tokens span.tok", "els => els.map(e => e.dataset.kind)")
+    assert set(kinds) <= {"accepted", "pardoned", "resampled", "bonus"}
+    bg = page.eval_on_selector("#tokens span.tok", "e => getComputedStyle(e).backgroundColor")
+    assert bg not in ("", "rgba(0, 0, 0, 0)")  # coloured
+    title = page.locator("#tokens span.tok").first.get_attribute("title")
+    assert "max P" in title and "step 0" in title
+    for plot in ("#conf_plot", "#ratio_plot", "#tput_plot", "#hist_plot"):
+        page.wait_for_selector(f"{plot} .js-plotly-plot .main-svg", timeout=30_000)
+    traces = page.eval_on_selector("#conf_plot .js-plotly-plot", "e => e.data.map(t => t.name)")
+    assert "max P_target" in traces
+    summary = page.locator("#summary").inner_text()
+    assert "ears(beta=0.3)" in summary and "×" in summary  # the moved slider reached the run; speedup shown
+    page.locator("#tokens").scroll_into_view_if_needed()
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert SCREENSHOT.stat().st_size > 20_000
+
+
+def test_stop_stops(page):
+    _set_number(page, "max_new", "300")
+    page.locator("#generate").click()
+    page.wait_for_function("document.querySelectorAll('#tokens span.tok').length >= 3 && "
+                           "!document.querySelector('#summary').innerText.includes('model:')",
+                           timeout=60_000)
+    page.locator("#stop").click()
+    page.wait_for_timeout(1500)  # a round already in flight may still land
+    n = _tokens(page)
+    page.wait_for_timeout(2500)
+    assert _tokens(page) == n < 300

@@ -1,0 +1,142 @@
+"""ears_core.viz: figures and HTML hold the data they claim to show (hand-made records + one real run)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import plotly.graph_objects as go
+import pytest
+
+from conftest import perturbed_copy, tiny_llama
+from ears_core import EARSRule, expected_tokens_per_step, generate, theoretical_speedup, viz
+from ears_core.events import DraftRecord, StepRecord, TokenEvent
+
+
+def ev(pos, kind, p=0.5, q=0.6, ratio=0.8, u=0.85, tol=0.1, max_p=0.5, step=0, text="x", rejected=None):
+    bonus = kind in ("bonus", "target")
+    return TokenEvent(step, pos, pos, text, kind, p, None if bonus else q, None if bonus else ratio,
+                      None if bonus else u, None if bonus else tol, max_p, 0.0, rejected)
+
+
+def dr(pos, kind, ratio, u, tol, p=0.4, q=0.5, max_p=0.6):
+    return DraftRecord(pos, pos, kind, p, q, ratio, u, tol, max_p)
+
+
+@pytest.fixture
+def records():
+    events = [ev(0, "accepted", max_p=0.9, tol=0.01), ev(1, "pardoned", max_p=0.4, tol=0.06),
+              ev(2, "resampled", max_p=0.7, tol=0.03, rejected=5), ev(3, "bonus", max_p=0.2, p=0.1)]
+    steps = [
+        StepRecord(0, 3, 2, 1, 3, 1.0, 2.0, [dr(0, "accepted", 0.9, 0.3, 0.01), dr(1, "pardoned", 0.5, 0.55, 0.06),
+                                             dr(2, "rejected", 2.7, 0.9, 0.5)]),  # r > cap, band clamped at 0
+        StepRecord(1, 3, 3, 0, 4, 1.0, 2.0, []),
+        StepRecord(2, 3, 0, 0, 1, 1.0, 2.0, []),
+        StepRecord(3, 3, 2, 0, 3, 1.0, 2.0, []),
+    ]
+    return events, steps
+
+
+def by_name(fig: go.Figure) -> dict[str, go.BaseTraceType]:
+    return {t.name: t for t in fig.data}
+
+
+def test_confidence_figure_traces(records):
+    events, _ = records
+    t = by_name(viz.confidence_figure(events, beta=0.1))
+    assert list(t["max P_target"].y) == [0.9, 0.4, 0.7, 0.2]
+    # the tolerance is the event's own, or beta * (1 - max P) for a bonus token (no test there)
+    assert list(t["tolerance β(1 − max P)"].y) == pytest.approx([0.01, 0.06, 0.03, 0.1 * 0.8])
+    assert t["tolerance β(1 − max P)"].fill == "tozeroy"
+    assert list(t["p (pardoned)"].x) == [1] and list(t["p (bonus)"].y) == [0.1]
+    assert t["p (pardoned)"].marker.color == viz.KIND_COLOURS["pardoned"]
+
+
+def test_ratio_figure_band_and_cap(records):
+    _, steps = records
+    t = by_name(viz.ratio_figure(steps, r_cap=1.5))
+    band = t["pardon band"]
+    assert list(band.x) == [0, 1, 2]
+    assert list(band.base) == pytest.approx([0.29, 0.49, 0.4])  # max(U - tol, 0)
+    assert list(band.y) == pytest.approx([0.01, 0.06, 0.5])  # heights: the band ends at U
+    assert list(t["U"].y) == [0.3, 0.55, 0.9]
+    assert list(t["r (pardoned)"].y) == [0.5]  # inside [U - tol, U): the pardon band
+    assert list(t["r (rejected)"].y) == [1.5]  # capped for drawing, true value kept for hover
+    assert t["r (rejected)"].customdata[0][0] == 2.7
+
+
+def test_accept_length_histogram(records):
+    _, steps = records
+    t = by_name(viz.accept_length_figure(steps, k=3))
+    assert list(t["no pardon"].x) == [0, 1, 2, 3]
+    assert list(t["no pardon"].y) == [1, 0, 1, 1]
+    assert list(t["with a pardon"].y) == [0, 0, 1, 0]
+
+
+def test_throughput_figure_rates():
+    fig = viz.throughput_figure({"EARS": [(0.0, 0), (0.5, 4), (1.0, 10)], "target-only": [(0.0, 0), (2.0, 10)]})
+    t = by_name(fig)
+    assert list(t["EARS"].x) == [0.5, 1.0] and list(t["EARS"].y) == [8.0, 10.0]
+    assert list(t["target-only"].y) == [5.0] and t["target-only"].line.dash == "dash"
+
+
+def test_theory_figure_matches_formulas():
+    fig = viz.theory_figure(3, 0.1, measured=(0.6, 2.0, 1.4), ks=(1, 8), n=11)
+    curves = [t for t in fig.data if t.mode == "lines"]
+    assert [t.name for t in curves] == ["K=1", "K=3", "K=8"] * 2
+    e3, s3 = curves[1], curves[4]
+    assert e3.line.width == 3  # the chosen K is bold
+    for a, e, s in zip(e3.x, e3.y, s3.y):
+        assert e == pytest.approx(expected_tokens_per_step(a, 3))
+        assert s == pytest.approx(theoretical_speedup(a, 3, 0.1))
+    assert e3.y[-1] == 4.0 and e3.y[0] == 1.0  # a = 1: K + 1 tokens; a = 0: one token
+    stars = [t for t in fig.data if t.mode == "markers"]
+    assert [(t.x[0], t.y[0]) for t in stars] == [(0.6, 2.0), (0.6, 1.4)]
+    assert len(viz.theory_figure(3, 0.1, measured=(0.6, 2.0, None), ks=(1, 8)).data) == 7  # 6 curves, one star
+
+
+def test_tokens_html_escapes_and_keeps_whitespace(records):
+    events, _ = records
+    events[0].text, events[1].text, events[2].text = "<b>&", " a\n", '"q"'
+    out = viz.tokens_html(events, mark_position=1)
+    assert "<b>" not in out and "&lt;b&gt;&amp;" in out
+    assert " a\n</span>" in out and "white-space:pre-wrap" in out
+    assert re.findall(r'data-kind="(\w+)"', out) == ["accepted", "pardoned", "resampled", "bonus"]
+    titles = re.findall(r'title="([^"]*)"', out)
+    assert "pardoned · step 0 · position 1" in titles[1] and "U = 0.850" in titles[1]
+    assert "tolerance = 0.060" in titles[1] and "max P = 0.400" in titles[1]
+    assert "rejected draft id 5" in titles[2] and "q = –" in titles[3]
+    assert out.count("outline:2px") == 1
+    assert "#e6007e" in out  # pardoned tokens get the eye-catching colour
+    legend = viz.legend_html()
+    assert all(f"legend-{k}" in legend for k in ("accepted", "pardoned", "resampled", "bonus"))
+
+
+def test_first_divergence(records):
+    events, _ = records
+    other = [ev(e.position, e.kind) for e in events]
+    assert viz.first_divergence(events, other) is None
+    other[2].token_id = 99
+    assert viz.first_divergence(events, other) == 2
+
+
+def test_figures_from_a_real_run():
+    """A tiny random pair through the decoder: the charts show exactly the run's records."""
+    target = tiny_llama(0)
+    draft = perturbed_copy(target, 0.03, seed=1)
+    res = generate(target, draft, [1, 5, 7, 9], rule=EARSRule(0.5), gamma=4, temperature=1.0, max_new_tokens=40, seed=3)
+    drafts = [d for s in res.steps for d in s.drafts]
+    t = by_name(viz.ratio_figure(res.steps))
+    shown = sum(len(t[f"r ({k})"].x) for k in ("accepted", "pardoned", "rejected") if f"r ({k})" in t)
+    assert shown == len(drafts) == sum(len(s.drafts) for s in res.steps) > 0
+    for d in drafts:  # every pardoned ratio lies inside its band, every accepted one at or above U
+        if d.kind == "pardoned":
+            assert max(d.u - d.tolerance, 0) <= d.ratio < d.u
+    h = by_name(viz.accept_length_figure(res.steps, 4))
+    assert sum(h["no pardon"].y) + sum(h["with a pardon"].y) == len(res.steps)
+    assert sum(x * (a + b) for x, a, b in zip(h["no pardon"].x, h["no pardon"].y, h["with a pardon"].y)) == res.stats.accepted
+    conf = by_name(viz.confidence_figure(res.events, 0.5))
+    assert len(conf["max P_target"].y) == res.stats.new_tokens
+    md = viz.summary_markdown(res.stats, baseline_tps=res.stats.tokens_per_s / 2)
+    assert "| speedup, measured | 2.00× |" in md and f"{res.stats.pardoned} pardoned" in md
+    assert not math.isnan(res.stats.mean_distortion)
