@@ -46,14 +46,17 @@ LAUNCH_KW: dict[str, Any] = dict(theme=gr.themes.Soft(primary_hue="pink"), css=C
 @dataclass
 class Backend:
     target: Any
-    draft_model: Any | None  # None: a fresh n-gram drafter per run (it is stateful)
+    draft_model: Any | None  # a model, a Drafter (copied per run: it is stateful), or None: n-gram
     tokenizer: Any
     vocab_size: int
     name: str
 
     def new_draft(self) -> Any:
         from ears_core.drafters import NGramDrafter
-        return self.draft_model if self.draft_model is not None else NGramDrafter(self.vocab_size)
+        if self.draft_model is None:
+            return NGramDrafter(self.vocab_size)
+        fresh = getattr(self.draft_model, "fresh", None)  # a stateful Drafter: one per run
+        return fresh() if fresh is not None else self.draft_model
 
     def encode(self, prompt: str) -> Any:
         from ears_core.models import encode_prompt
@@ -63,8 +66,8 @@ class Backend:
 def load_embedded() -> Backend:
     """The embedded target, with the trained embedded draft if present, else n-gram lookup
     (the same choice as ``python -m ears_core.generate --draft auto``)."""
-    from ears_core.models import EMBEDDED_DRAFT_DIR, load_pair
-    trained = (EMBEDDED_DRAFT_DIR / "config.json").is_file()
+    from ears_core.models import embedded_draft_available, load_pair
+    trained = embedded_draft_available()
     pair = load_pair("embedded", "embedded" if trained else None)
     return Backend(pair.target, pair.draft, pair.tokenizer, pair.vocab_size,
                    f"{pair.name}" + ("" if trained else " <- n-gram prompt lookup"))

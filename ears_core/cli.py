@@ -76,14 +76,14 @@ def print_stats(s: GenerationStats, base_tps: float | None, out=None) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .models import EMBEDDED_DRAFT_DIR, ModelLoadError, encode_prompt, load_pair
+    from .models import ModelLoadError, embedded_draft_available, encode_prompt, load_pair
 
     colour = not args.no_color and "NO_COLOR" not in os.environ and sys.stdout.isatty()
     try:
         rule = rule_from_name(args.rule, args.beta)
         draft_spec = args.draft
         if draft_spec == "auto":
-            draft_spec = "embedded" if args.target == "embedded" and (EMBEDDED_DRAFT_DIR / "config.json").is_file() else "ngram"
+            draft_spec = "embedded" if args.target == "embedded" and embedded_draft_available() else "ngram"
         pair = load_pair(args.target, None if draft_spec == "ngram" else draft_spec, device=args.device)
         draft = pair.draft if pair.draft is not None else NGramDrafter(pair.vocab_size)
         ids = encode_prompt(pair.tokenizer, args.prompt, chat=not args.no_chat, device=pair.device)

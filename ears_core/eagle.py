@@ -22,6 +22,7 @@ Only ``fc`` and the decoder layer are trained and shipped; E and W come from the
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,6 +112,12 @@ class EagleDrafter:
         self.vocab_ids = head.vocab_ids.to(w.device)  # (N,)
         self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
         self._s: _State | None = None
+
+    def fresh(self) -> "EagleDrafter":
+        """A drafter sharing these weights with no decode state: one per concurrent generation."""
+        other = copy.copy(self)
+        other._s = None
+        return other
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
         return self.head(feats.to(self.w_sub.dtype), self.embed(tokens), self._s.cache)  # (B, T, d)

@@ -12,7 +12,7 @@ embedded    the offline default target, SmolLM2-135M-Instruct, shipped as a Q4_1
             dependencies build a C++ runtime this project does not use). It is dequantised to
             float32 once and cached as safetensors in ``$EARS_CACHE/smollm2-135m-instruct``
             (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``); later loads read the cache.
-            The embedded draft is an HF folder in ``assets/embedded_draft/`` once it is trained.
+            The embedded draft is an EAGLE-style head in ``assets/embedded_draft/`` (eagle.py).
 vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
             are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
             to ``[..., :vocab_size]``.
@@ -53,7 +53,7 @@ class ModelLoadError(ValueError):
 @dataclass
 class ModelPair:
     target: torch.nn.Module  # transformers causal LM, eval mode
-    draft: torch.nn.Module | None  # None: target-only decoding
+    draft: Any  # a causal LM, a Drafter (the embedded EAGLE-style head), or None: target-only
     tokenizer: Any  # the target's tokenizer; the draft's maps the first vocab_size ids identically
     device: torch.device  # where input ids go (the target's input embeddings)
     dtype: torch.dtype
@@ -161,19 +161,28 @@ def _check_same_outputs(model: torch.nn.Module, tokenizer: Any, folder: Path) ->
     return {"max_abs_logit_diff": diff, "greedy_tokens": a[0, ids.shape[1]:].tolist()}
 
 
+def embedded_draft_available() -> bool:
+    """Whether the trained draft head ships in assets/embedded_draft/ (scripts/train_draft.py)."""
+    return (EMBEDDED_DRAFT_DIR / "head.json").is_file()
+
+
 def _embedded_draft_dir() -> Path:
-    """Hook for the shipped draft: an HF folder (config, weights, tokenizer) trained by scripts/."""
-    if not (EMBEDDED_DRAFT_DIR / "config.json").is_file():
+    """The shipped draft: an EAGLE-style head (head.json + head.safetensors) for the embedded target."""
+    if not embedded_draft_available():
         raise ModelLoadError(
-            f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no config.json): use "
-            "draft=None for target-only decoding, or a draft id / folder sharing the target's "
-            "tokenizer, or train it with the scripts in scripts/"
+            f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
+            "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
+            "target's tokenizer; or train it with scripts/make_draft_data.py and scripts/train_draft.py"
         )
     return EMBEDDED_DRAFT_DIR
 
 
-def _load_embedded_draft(device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    return _load_model(str(_embedded_draft_dir()), "draft", device, dtype, None, False, None)
+def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int) -> Any:
+    from .eagle import DraftHead, EagleDrafter
+
+    device = target_model.get_input_embeddings().weight.device
+    head = DraftHead.load(_embedded_draft_dir(), dtype=dtype).to(device)
+    return EagleDrafter(head, target_model, vocab_size)
 
 
 # ---------------------------------------------------------------- any spec: embedded, hub id, folder
@@ -294,7 +303,12 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str |
     dt = _resolve_dtype(dtype, dev)
     tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
     vocab_size = len(tokenizer)
-    if draft is not None:
+    if draft == EMBEDDED:  # the head reads the embedded target's own hidden states and tokens
+        if target != EMBEDDED:
+            raise ModelLoadError("the embedded draft is a head on SmolLM2-135M-Instruct's hidden states: "
+                                 "use it with target='embedded', or give a draft model sharing your target's tokenizer")
+        _embedded_draft_dir()  # fail before loading any weights
+    elif draft is not None:
         draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
@@ -302,10 +316,10 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str |
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model = None
     if draft is not None:
-        draft_model = (_load_embedded_draft(in_dev, dt) if draft == EMBEDDED else
+        draft_model = (_load_embedded_draft(target_model, dt, vocab_size) if draft == EMBEDDED else
                        _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None))
     for role, model in (("target", target_model), ("draft", draft_model)):
-        if model is not None and _head_size(model) < vocab_size:
+        if isinstance(model, torch.nn.Module) and _head_size(model) < vocab_size:
             raise ModelLoadError(f"the {role} model scores {_head_size(model)} tokens but the tokenizer "
                                  f"has {vocab_size}: the model and tokenizer files do not belong together")
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)

@@ -66,3 +66,12 @@ def test_save_and_load_round_trip(tmp_path, target_and_head):
     from safetensors.torch import load_file
 
     assert not any("embed_tokens" in k for k in load_file(str(tmp_path / "h" / "head.safetensors")))
+
+
+def test_fresh_drafters_share_weights_not_state(target_and_head):
+    target, head = target_and_head
+    a = EagleDrafter(head, target)
+    gen = stream(target, a, PROMPTS[0], gamma=3, temperature=0.9, max_new_tokens=6)
+    next(gen)
+    b = a.fresh()
+    assert b.head is a.head and b.w_sub is a.w_sub and b._s is None and a._s is not None

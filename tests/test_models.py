@@ -132,14 +132,26 @@ def test_missing_local_folder_and_bad_folder_name_the_problem(tmp_path: Path) ->
 
 
 def test_embedded_draft_hook(monkeypatch, tmp_path: Path, tiny) -> None:
-    folder, original = tiny
+    folder, _ = tiny
     monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", tmp_path / "assets" / "embedded_draft")
     with pytest.raises(ModelLoadError, match="embedded draft is not built yet"):
+        load_pair("embedded", "embedded", device="cpu")
+    with pytest.raises(ModelLoadError, match="use it with target='embedded'"):
         load_pair(str(folder), "embedded", device="cpu")
-    monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", folder)
-    pair = load_pair(str(folder), "embedded", device="cpu")
-    assert pair.name.endswith("<- embedded draft")
-    torch.testing.assert_close(pair.draft.lm_head.weight, original.lm_head.weight)
+
+
+@pytest.mark.slow
+def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+
+    config = AutoConfig.from_pretrained(em.prepare_embedded())
+    DraftHead(head_config_from_target(config), torch.arange(0, 4096)).save(tmp_path / "draft")
+    monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", tmp_path / "draft")
+    pair = load_pair("embedded", "embedded", device="cpu")
+    assert isinstance(pair.draft, EagleDrafter) and pair.name.endswith("<- embedded draft")
+    assert pair.draft.w_sub.shape == (4096, config.hidden_size)
 
 
 def test_encode_prompt_chat_template_and_empty_prompt() -> None:

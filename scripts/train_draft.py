@@ -1,0 +1,195 @@
+"""Step 2 of the embedded draft: train the EAGLE-style head (ears_core/eagle.py) on the shards
+written by make_draft_data.py, then save it to assets/embedded_draft/.
+
+What is learnt: fc and one decoder layer (initialised from the target's last layer) so that
+head(f_j, x_{j+1}) predicts f_{j+1}, the target's next feature. Losses, on answer positions:
+  cls  cross-entropy of the head's distribution over ``vocab_ids`` against P_target there
+  reg  smooth-L1 between the predicted and the true feature
+Both are applied twice: once from true (noised) input features, once from the head's own
+predictions fed back (what the second and later drafts of a round see at inference).
+
+    python scripts/train_draft.py [--minutes 12] [--vocab 6144] [--out assets/embedded_draft]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ears_core.eagle import DraftHead, head_config_from_target
+from ears_core.models import cache_root, load_pair
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_rows(folder: Path) -> list[dict]:
+    rows = []
+    for shard in sorted(folder.glob("shard-*.pt")):
+        rows += torch.load(shard)["rows"]
+    if not rows:
+        sys.exit(f"no shards in {folder}: run scripts/make_draft_data.py first")
+    return rows
+
+
+def pick_vocab(rows: list[dict], n: int, always: list[int]) -> tuple[torch.Tensor, float]:
+    counts = torch.zeros(49152, dtype=torch.long)
+    for r in rows:
+        counts += torch.bincount(r["ids"][r["prompt_len"] :].long(), minlength=49152)
+    top = counts.argsort(descending=True)[:n]
+    ids = torch.unique(torch.cat([top, torch.tensor(always)]))
+    return ids, float(counts[ids].sum() / counts.sum())
+
+
+def batches(rows: list[dict], max_tokens: int, rng: random.Random) -> list[list[dict]]:
+    order = sorted(rows, key=lambda r: len(r["ids"]))
+    out, cur = [], []
+    for r in order:
+        if cur and (len(cur) + 1) * len(r["ids"]) > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(r)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> feats (B, L+1, d) = f_0..f_L, tokens (B, L) = x_1..x_L, mask (B, L) for outputs j whose
+    target token x_{j+2} is an answer token and whose target feature f_{j+1} exists."""
+    lmax = max(len(r["ids"]) for r in batch) - 1  # feature count of the longest row
+    d = batch[0]["feats"].shape[1]
+    feats = torch.zeros(len(batch), lmax, d)
+    tokens = torch.zeros(len(batch), lmax - 1, dtype=torch.long)
+    mask = torch.zeros(len(batch), lmax - 1, dtype=torch.bool)
+    for i, r in enumerate(batch):
+        n = len(r["ids"]) - 1  # features f_0 .. f_{n-1}
+        feats[i, :n] = r["feats"].float()
+        tokens[i, : n - 1] = r["ids"][1:n].long()
+        j = torch.arange(n - 1)
+        mask[i, : n - 1] = j + 2 >= r["prompt_len"]
+    return feats, tokens, mask
+
+
+def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float):
+    f_in, f_tgt = feats[:, :-1], feats[:, 1:]  # (B, L, d) each
+    with torch.no_grad():
+        logp_t = torch.log_softmax(f_tgt @ w_sub.T, dim=-1)  # (B, L, N) target over the head's vocabulary
+        p_t = logp_t.exp()
+        emb = embed(tokens)
+    losses, preds = [], None
+    for unroll in range(2):
+        if unroll == 0:
+            x = f_in + noise * torch.randn_like(f_in)
+        else:  # the head's own predictions as inputs, as for the 2nd+ drafts of a round
+            x = torch.cat([f_in[:, :1], preds[:, :-1]], dim=1)
+        preds = head(x, emb)  # (B, L, d)
+        logq = torch.log_softmax(preds @ w_sub.T, dim=-1)
+        cls = -(p_t * logq).sum(-1)[mask].mean()
+        reg = F.smooth_l1_loss(preds[mask], f_tgt[mask])
+        top1 = (logq.argmax(-1) == logp_t.argmax(-1))[mask].float().mean()
+        losses.append((cls, reg, top1))
+    return losses
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=None, help="default: $EARS_CACHE/draft_data")
+    ap.add_argument("--out", default=str(ROOT / "assets" / "embedded_draft"))
+    ap.add_argument("--minutes", type=float, default=12.0)
+    ap.add_argument("--vocab", type=int, default=6144)
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--batch-tokens", type=int, default=3072)
+    ap.add_argument("--noise", type=float, default=0.1)
+    ap.add_argument("--holdout", type=float, default=0.05, help="fraction of rows kept for validation")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    rng = random.Random(0)
+    rows = load_rows(Path(args.data) if args.data else cache_root() / "draft_data")
+    rng.shuffle(rows)
+    n_val = max(1, int(len(rows) * args.holdout))
+    val, train = rows[:n_val], rows[n_val:]
+    pair = load_pair("embedded", device="cpu")
+    target, tok = pair.target, pair.tokenizer
+    for p in target.parameters():
+        p.requires_grad_(False)
+    vocab_ids, coverage = pick_vocab(train, args.vocab, [tok.eos_token_id])
+    positions = sum(len(r["ids"]) - r["prompt_len"] for r in train)
+    print(f"{len(train)} train / {len(val)} val answers, {positions} answer positions; "
+          f"vocab {len(vocab_ids)} covers {coverage:.3f} of answer tokens", flush=True)
+
+    head = DraftHead(head_config_from_target(target.config), vocab_ids)
+    head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+    head.body.norm.load_state_dict(target.model.norm.state_dict())
+    d = target.config.hidden_size
+    with torch.no_grad():  # start near "the next feature is this one": z = f / w_norm, small layer update
+        w_norm = target.model.norm.weight.detach().float()
+        head.fc.weight.zero_()
+        head.fc.weight[:, :d] = torch.diag(1.0 / w_norm)
+        head.fc.weight[:, d:] = 0.02 * torch.randn(d, d)
+        head.fc.bias.zero_()
+        head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
+        head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
+    embed = target.get_input_embeddings()
+    w_sub = target.get_output_embeddings().weight.detach()[vocab_ids]  # (N, d)
+    params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+
+    def evaluate() -> tuple[float, float]:
+        head.eval()
+        accs = [[], []]
+        with torch.no_grad():
+            for b in batches(val, args.batch_tokens, random.Random(1)):
+                for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b), noise=0.0)):
+                    accs[i].append(float(top1))
+        head.train()
+        return sum(accs[0]) / len(accs[0]), sum(accs[1]) / len(accs[1])
+
+    print(f"before training: val top-1 agreement step1 {evaluate()[0]:.3f}", flush=True)
+    t0, step, epoch = time.perf_counter(), 0, 0
+    budget = args.minutes * 60
+    est_steps = None
+    while time.perf_counter() - t0 < budget:
+        for b in batches(train, args.batch_tokens, rng):
+            el = time.perf_counter() - t0
+            if el > budget:
+                break
+            frac = min(1.0, el / budget)
+            for g in opt.param_groups:  # warm-up then cosine, by elapsed time
+                g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            (c1, r1, a1), (c2, r2, a2) = step_losses(head, embed, w_sub, *collate(b), noise=args.noise)
+            loss = c1 + 0.5 * r1 + c2 + 0.5 * r2
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            if step % 25 == 0:
+                c1, c2, r1, r2 = (float(x.detach()) for x in (c1, c2, r1, r2))
+                print(f"epoch {epoch} step {step} {el / 60:.1f} min: cls {c1:.3f}/{c2:.3f} "
+                      f"reg {r1:.3f}/{r2:.3f} top1 {float(a1):.3f}/{float(a2):.3f}", flush=True)
+            step += 1
+        epoch += 1
+    v1, v2 = evaluate()
+    minutes = (time.perf_counter() - t0) / 60
+    print(f"done: {step} steps, {epoch} epochs, {minutes:.1f} min; val top-1 agreement step1 {v1:.3f} step2 {v2:.3f}")
+    meta = {"train_answers": len(train), "val_answers": len(val), "answer_positions": positions,
+            "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": epoch,
+            "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
+            "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens}
+    head.eval()
+    head.save(args.out, meta=meta)
+    (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))
+    print(f"saved to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
