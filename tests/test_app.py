@@ -68,7 +68,7 @@ def test_generate_returns_kinds_and_metrics(client):
     d = r["details"]
     kinds = re.findall(r'data-kind="(\w+)"', r["tokens"])
     assert kinds == d["kinds"] and len(kinds) == 24
-    assert set(kinds) <= {"accepted", "pardoned", "resampled", "bonus"}
+    assert set(kinds) <= {"accepted", "pardoned", "resampled", "bonus", "target"}
     s = d["stats"]
     assert s["new_tokens"] == 24 and s["method"].startswith("ears")
     assert s["accepted"] == kinds.count("accepted") + kinds.count("pardoned")
@@ -154,3 +154,17 @@ def test_export_writes_the_last_run(client):
     with open(json_path, encoding="utf-8") as f:
         run = json.load(f)
     assert run["stats"] == d["stats"] and run["settings"]["K"] == 4 and len(run["steps"]) == d["stats"]["steps"]
+
+
+def test_two_clients_at_once_both_get_their_answers(client):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(call, client, seed=s, max_new=16, baseline=False) for s in (1, 2)]
+        results = [f.result(timeout=120) for f in futures]
+    for seed, r in zip((1, 2), results):
+        assert r["message"] == "" and r["details"]["stats"]["new_tokens"] == 16
+        # Concurrent runs share no decode state: each equals the same seed run alone.
+        alone = call(client, seed=seed, max_new=16, baseline=False)
+        assert re.findall(r"data-kind", r["tokens"]) and r["details"]["kinds"] == alone["details"]["kinds"]
+        assert r["details"]["stats"]["accepted"] == alone["details"]["stats"]["accepted"]
