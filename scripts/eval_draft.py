@@ -1,0 +1,94 @@
+"""Step 3 of the embedded draft: held-out acceptance and speed on this machine.
+
+For each held-out prompt (assets/prompts.json, never used in training) it runs, interleaved:
+target-only decoding, and speculative decoding with the embedded draft at T = 0 (greedy rule)
+and T = 0.9 (ordinary rule, EARS beta = 0.1). Acceptance is pooled over prompts (stood /
+drafted); speed is total tokens / total decode time per method, as a ratio to target-only at the
+same temperature. Greedy speculative output is checked against target-only greedy output.
+
+    python scripts/eval_draft.py [--prompts 12] [--max-new-tokens 64] [--gamma 4] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from draft_prompts import held_out_prompts  # noqa: E402
+
+from ears_core import EARSRule, GreedyRule, StandardRule, autoregressive, generate  # noqa: E402
+from ears_core.models import encode_prompt, load_pair  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=12, help="how many held-out prompts (spread over the tasks)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    torch.set_num_threads(2)
+    pair = load_pair("embedded", "embedded", device="cpu")
+    prompts = held_out_prompts()
+    by_task = defaultdict(list)
+    for p in prompts:
+        by_task[p["task"]].append(p["prompt"])
+    chosen = [x for group in zip(*by_task.values()) for x in group][: args.prompts]
+    kw = dict(max_new_tokens=args.max_new_tokens, vocab_size=pair.vocab_size, seed=0)
+    methods = {
+        "target T=0": (None, 0.0), "greedy spec T=0": (GreedyRule(), 0.0),
+        "target T=0.9": (None, 0.9), "ordinary spec T=0.9": (StandardRule(), 0.9), "EARS 0.1 T=0.9": (EARSRule(0.1), 0.9),
+    }
+    tot = {m: defaultdict(float) for m in methods}
+    autoregressive(pair.target, encode_prompt(pair.tokenizer, "Hello"), temperature=0, **kw)  # warm-up
+    mismatches = 0
+    for i, text in enumerate(chosen):
+        ids = encode_prompt(pair.tokenizer, text)
+        outs = {}
+        for name, (rule, temp) in methods.items():
+            if rule is None:
+                r = autoregressive(pair.target, ids, temperature=temp, **kw)
+            else:
+                r = generate(pair.target, pair.draft.fresh(), ids, rule=rule, gamma=args.gamma, temperature=temp, **kw)
+            outs[name] = r
+            s, t = r.stats, tot[name]
+            t["tokens"] += s.new_tokens
+            t["seconds"] += s.wall_s
+            t["drafted"] += s.drafted
+            t["stood"] += s.accepted
+            t["pardoned"] += s.pardoned
+            t["distortion"] += s.total_distortion
+            t["draft_ms"] += s.draft_ms
+            t["target_ms"] += s.target_ms
+            t["steps"] += s.steps
+        mismatches += outs["greedy spec T=0"].token_ids != outs["target T=0"].token_ids
+        print(f"[{i + 1}/{len(chosen)}] greedy acceptance so far "
+              f"{tot['greedy spec T=0']['stood'] / max(1, tot['greedy spec T=0']['drafted']):.3f}", flush=True)
+    report = {}
+    for name, t in tot.items():
+        base = tot["target T=0" if name.endswith("T=0") else "target T=0.9"]
+        tps = t["tokens"] / t["seconds"]
+        row = {"tokens_per_s": round(tps, 2), "ratio_to_target_only": round(tps / (base["tokens"] / base["seconds"]), 3)}
+        if t["drafted"]:
+            row.update(acceptance=round(t["stood"] / t["drafted"], 3), pardon_rate=round(t["pardoned"] / t["drafted"], 4),
+                       mean_accept_length=round(t["tokens"] / t["steps"], 3),
+                       mean_distortion=round(t["distortion"] / t["tokens"], 4),
+                       cost_ratio=round((t["draft_ms"] / t["drafted"]) / (t["target_ms"] / t["steps"]), 4))
+        report[name] = row
+        print(f"{name:22s} {row}")
+    report["greedy_mismatches"] = mismatches
+    report["prompts"] = len(chosen)
+    print(f"greedy speculative == target greedy on {len(chosen) - mismatches}/{len(chosen)} prompts")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
