@@ -42,3 +42,22 @@ def test_ears_on_the_embedded_target_reports_pardons_and_distortion(embedded):
     for e in out.events:
         if e.kind in ("accepted", "pardoned"):
             assert e.ratio == pytest.approx(e.p, rel=1e-5) and e.q == 1.0
+
+
+@pytest.mark.slow
+def test_the_shipped_draft_head_keeps_greedy_output():
+    from ears_core.eagle import EagleDrafter
+
+    torch.set_num_threads(2)
+    try:
+        pair = load_pair("embedded", "embedded", device="cpu")
+        assert isinstance(pair.draft, EagleDrafter)
+        ids = encode_prompt(pair.tokenizer, "Why is the sky blue?")
+        ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
+        out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), gamma=3, temperature=0,
+                       max_new_tokens=32, vocab_size=pair.vocab_size)
+        assert out.token_ids == ref.token_ids
+        assert out.stats.accepted > 0  # the trained head gets some drafts through
+        assert all(d.token_id in set(pair.draft.vocab_ids.tolist()) for s in out.steps for d in s.drafts)
+    finally:
+        torch.set_num_threads(1)
