@@ -7,6 +7,7 @@ Skipped only when /usr/bin/chromium is missing. Saves assets/screenshot.png for 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -80,9 +81,10 @@ def test_generate_streams_coloured_tokens_and_charts(page):
     page.wait_for_function("document.querySelectorAll('#tokens span.tok').length >= 1", timeout=60_000)
     page.wait_for_function("document.querySelector('#summary') && "  # the last yield names the model
                            "document.querySelector('#summary').innerText.includes('model:')", timeout=90_000)
-    assert _tokens(page) == 16
+    n = _tokens(page)  # 16, or fewer when the answer ends (end-of-sequence) first
+    assert 1 <= n <= 16
     kinds = page.eval_on_selector_all("#tokens span.tok", "els => els.map(e => e.dataset.kind)")
-    assert set(kinds) <= {"accepted", "pardoned", "resampled", "bonus"}
+    assert set(kinds) <= {"accepted", "pardoned", "resampled", "bonus", "target"}
     bg = page.eval_on_selector("#tokens span.tok", "e => getComputedStyle(e).backgroundColor")
     assert bg not in ("", "rgba(0, 0, 0, 0)")  # coloured
     title = page.locator("#tokens span.tok").first.get_attribute("title")
@@ -92,6 +94,7 @@ def test_generate_streams_coloured_tokens_and_charts(page):
     traces = page.eval_on_selector("#conf_plot .js-plotly-plot", "e => e.data.map(t => t.name)")
     assert "max P_target" in traces
     summary = page.locator("#summary").inner_text()
+    assert re.search(rf"\b{n} / \d+", summary)  # the table counts the tokens shown
     assert "ears(beta=0.3)" in summary and "×" in summary  # the moved slider reached the run; speedup shown
     page.locator("#tokens").scroll_into_view_if_needed()
     SCREENSHOT.parent.mkdir(exist_ok=True)
