@@ -1,0 +1,403 @@
+"""`python -m ears_core.bench`: is speculative decoding faster here, does it change the output, and why.
+
+Terms
+-----
+method      one way to decode: target-only; speculative with a rule (ordinary = lossless, EARS beta,
+            typical acceptance, entropy tolerance); transformers' assisted generation
+config      a method at a temperature T and a draft length K: the unit whose runs are pooled
+run         one config on one prompt with one seed (one CSV row)
+section     main     every method at T0, K0 on the benchmark prompts
+            sweep    target-only, ordinary and EARS at every beta, for each T (the beta x T frontier)
+            k        ordinary and EARS (the headline beta) for K in the K list, at T0
+            fidelity target-only, ordinary and EARS on the math prompts with several seeds: final-answer
+                     exact match against the answer key and against target-only under the same seed
+ratio       a config's pooled tokens/s (total tokens / total seconds) over target-only's pooled
+            tokens/s at the same T on the same prompts and seeds, both measured in this process with
+            the configs of one prompt run back to back in a rotating order (interleaved); a warm-up
+            run of each method comes first and is not counted
+theory S    E(a, K) / (K c + 1) (seed 003) from the pooled acceptance rate a and cost ratio c
+cost-model  E(a, K) t_step / (K t_draft + t_verify): theory with the measured price of a verify pass
+            (t_verify) instead of one target step (t_step); on a CPU a pass over K+1 tokens costs
+            more than one step, which is most of the gap between theory S and the measured ratio
+log-prob    the target's mean log-probability (at T = 1) of the tokens a run emitted
+
+Outputs in --out: runs.csv (one row per run), summary.json (pooled rows per section and config,
+the machine and the command), report.html (self-contained plotly report), and a table on stdout.
+The aggregation, files and figures live in ``bench_report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from .decoding import autoregressive, generate
+from .drafters import NGramDrafter
+from .rules import AcceptanceRule, EARSRule, EntropyEARSRule, StandardRule, TypicalRule
+
+__all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
+SECTIONS = ("main", "sweep", "k", "fidelity")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One decoding setup. ``method`` is one of target, ordinary, ears, typical, entropy, assisted."""
+
+    method: str
+    temperature: float
+    gamma: int = 0  # 0 for target-only
+    beta: float = 0.0
+
+    @property
+    def label(self) -> str:
+        if self.method in ("ears", "entropy"):
+            return f"{self.method} {self.beta:g}"
+        return self.method
+
+    @property
+    def key(self) -> str:
+        return f"{self.label} T={self.temperature:g} K={self.gamma}"
+
+    def rule(self) -> AcceptanceRule:
+        rules = {"ordinary": StandardRule, "typical": TypicalRule}
+        if self.method in rules:
+            return rules[self.method]()
+        if self.method == "ears":
+            return EARSRule(self.beta)
+        if self.method == "entropy":
+            return EntropyEARSRule(self.beta)
+        raise ValueError(f"{self.method} is not a speculative rule")
+
+
+@dataclass
+class BenchSettings:
+    target: str = "embedded"
+    draft: str = "auto"
+    device: str | None = None
+    prompts_file: Path = PROMPTS_FILE
+    prompts: int = 12  # main section: spread over the tasks
+    sweep_prompts: int = 6  # sweep and k sections
+    max_new_tokens: int = 48
+    fidelity_tokens: int = 96
+    temperature: float = 0.9  # T0
+    gamma: int = 4  # K0
+    betas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
+    headline_beta: float = 0.1
+    temperatures: tuple[float, ...] = (0.3, 0.6, 0.9, 1.2)
+    gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    fidelity_seeds: int = 4
+    fidelity_betas: tuple[float, ...] = (0.1, 0.3)
+    sections: tuple[str, ...] = SECTIONS
+    assisted: bool = True
+    out: Path = Path("bench_out")
+    threads: int | None = None
+    images: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1 or self.fidelity_tokens < 1:
+            raise ValueError("--max-new-tokens and --fidelity-tokens must be >= 1")
+        if self.prompts < 1 or self.sweep_prompts < 1:
+            raise ValueError("--prompts and --sweep-prompts must be >= 1")
+        if self.gamma < 1 or any(k < 1 for k in self.gammas):
+            raise ValueError("K must be >= 1 (--gamma, --gammas)")
+        if self.temperature <= 0 or any(t <= 0 for t in self.temperatures):
+            raise ValueError("benchmark temperatures must be > 0 (sampling; the greedy check is in the tests)")
+        if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
+            raise ValueError("beta must be >= 0")
+        unknown = set(self.sections) - set(SECTIONS)
+        if unknown:
+            raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
+
+
+# ------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Job:
+    """A run to do: a config on prompt ``prompt_id`` with ``seed``, in the given sections."""
+
+    config: Config
+    prompt_id: int
+    seed: int
+    max_new_tokens: int
+
+
+def load_prompts(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    prompts = data["prompts"] if isinstance(data, dict) else data
+    if len(prompts) == 0:
+        raise ValueError(f"{path} holds no prompts")
+    return [dict(p, id=i) for i, p in enumerate(prompts)]
+
+
+def spread(prompts: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first n prompts taking the tasks in turn (creative, qa, math, creative, ...)."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for p in prompts:
+        by_task.setdefault(p.get("task", "other"), []).append(p)
+    out: list[dict[str, Any]] = []
+    for i in range(max(len(v) for v in by_task.values())):
+        out += [group[i] for group in by_task.values() if i < len(group)]
+    return out[:n]
+
+
+def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Config]:
+    t0, k0, hb = s.temperature, s.gamma, s.headline_beta
+    if section == "main":
+        cfgs = [Config("target", t0), Config("ordinary", t0, k0)]
+        cfgs += [Config("ears", t0, k0, b) for b in s.betas]
+        cfgs += [Config("typical", t0, k0), Config("entropy", t0, k0, hb)]
+        return cfgs + ([Config("assisted", t0, k0)] if assisted else [])
+    if section == "sweep":
+        return [c for t in s.temperatures for c in
+                [Config("target", t), Config("ordinary", t, k0), *(Config("ears", t, k0, b) for b in s.betas)]]
+    if section == "k":
+        return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k), Config("ears", t0, k, hb))]
+    if section == "fidelity":
+        return [Config("target", t0), Config("ordinary", t0, k0)] + [Config("ears", t0, k0, b) for b in s.fidelity_betas]
+    raise ValueError(section)
+
+
+def build_plan(s: BenchSettings, prompts: list[dict[str, Any]], assisted: bool) -> tuple[list[Job], dict[str, list[Job]]]:
+    """Every job once (sections share runs), grouped by (prompt, seed); and each section's jobs."""
+    by_section: dict[str, list[Job]] = {}
+    for sec in s.sections:
+        if sec == "fidelity":
+            chosen = [p for p in prompts if p.get("answer") is not None]
+            seeds, tokens = range(s.fidelity_seeds), s.fidelity_tokens
+        else:
+            chosen = spread(prompts, s.prompts if sec == "main" else s.sweep_prompts)
+            seeds, tokens = range(1), s.max_new_tokens
+        by_section[sec] = [Job(c, p["id"], seed, tokens) for p in chosen for seed in seeds
+                           for c in section_configs(s, sec, assisted)]
+    unique = list(dict.fromkeys(j for jobs in by_section.values() for j in jobs))
+    groups: dict[tuple[int, int, int], list[Job]] = {}
+    for j in unique:
+        groups.setdefault((j.prompt_id, j.seed, j.max_new_tokens), []).append(j)
+    ordered: list[Job] = []
+    for g, jobs in enumerate(groups.values()):  # rotate the order inside each group: interleaving
+        r = g % len(jobs)
+        ordered += jobs[r:] + jobs[:r]
+    return ordered, by_section
+
+
+# ---------------------------------------------------------------------------------- running
+
+
+@dataclass
+class Bench:
+    """The loaded models and how each method is run on them."""
+
+    target: PreTrainedModel
+    tokenizer: Any
+    vocab_size: int
+    draft: Any  # a causal LM, a Drafter with .fresh() (the embedded head), or "ngram"
+    draft_label: str
+
+    def drafter(self) -> Any:
+        if self.draft == "ngram":
+            return NGramDrafter(self.vocab_size)
+        return self.draft.fresh() if hasattr(self.draft, "fresh") else self.draft
+
+    @property
+    def assisted_label(self) -> str:
+        if isinstance(self.draft, PreTrainedModel):
+            return "transformers assisted generation (assistant_model = the draft)"
+        return "transformers prompt lookup (prompt_lookup_num_tokens = K; the draft is not a transformers model)"
+
+    def run(self, cfg: Config, ids: torch.Tensor, seed: int, max_new: int) -> dict[str, Any]:
+        kw = dict(temperature=cfg.temperature, max_new_tokens=max_new, seed=seed, vocab_size=self.vocab_size,
+                  tokenizer=self.tokenizer)
+        if cfg.method == "target":
+            res = autoregressive(self.target, ids, **kw)
+        elif cfg.method == "assisted":
+            return self._assisted(cfg, ids, seed, max_new)
+        else:
+            res = generate(self.target, self.drafter(), ids, rule=cfg.rule(), gamma=cfg.gamma, **kw)
+        s = res.stats
+        return dict(token_ids=res.token_ids, text=res.text, new_tokens=s.new_tokens, wall_s=s.wall_s,
+                    steps=s.steps, drafted=s.drafted, accepted=s.accepted, pardoned=s.pardoned,
+                    draft_ms=s.draft_ms, target_ms=s.target_ms, total_distortion=s.total_distortion)
+
+    def _assisted(self, cfg: Config, ids: torch.Tensor, seed: int, max_new: int) -> dict[str, Any]:
+        extra: dict[str, Any] = ({"assistant_model": self.draft, "num_assistant_tokens": cfg.gamma,
+                                  "num_assistant_tokens_schedule": "constant"}
+                                 if isinstance(self.draft, PreTrainedModel) else {"prompt_lookup_num_tokens": cfg.gamma})
+        torch.manual_seed(seed)
+        eos = self.tokenizer.eos_token_id
+        t0 = time.perf_counter()
+        out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                   do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0,
+                                   pad_token_id=eos, **extra)
+        wall = time.perf_counter() - t0
+        new = out[0, ids.shape[1]:].tolist()
+        if eos is not None and eos in new:  # pads after an early stop are not tokens
+            new = new[: new.index(eos) + 1]
+        return dict(token_ids=new, text=self.tokenizer.decode(new, skip_special_tokens=True), new_tokens=len(new),
+                    wall_s=wall, steps=0, drafted=0, accepted=0, pardoned=0, draft_ms=0.0, target_ms=0.0,
+                    total_distortion=0.0)
+
+    @torch.no_grad()
+    def mean_logprob(self, ids: torch.Tensor, new: list[int]) -> float:
+        """The target's mean log P(token | prefix) at T = 1 over the emitted tokens."""
+        if not new:
+            return float("nan")
+        full = torch.cat([ids, torch.tensor([new], device=ids.device)], dim=1)  # (1, T + N)
+        logits = self.target(full).logits[0, ids.shape[1] - 1 : -1, : self.vocab_size].float()  # (N, V)
+        lp = torch.log_softmax(logits, dim=-1).gather(-1, full[0, ids.shape[1]:, None])  # (N, 1)
+        return float(lp.mean())
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_answer(text: str) -> str | None:
+    """The last number in the text, commas dropped and trailing .0 removed ("1,200.0" -> "1200")."""
+    found = NUMBER.findall(text.replace(",", ""))
+    if not found:
+        return None
+    x = found[-1]
+    return x[:-2] if x.endswith(".0") else x
+
+
+def load_bench(s: BenchSettings) -> Bench:
+    from .models import embedded_draft_available, load_pair
+
+    draft = s.draft
+    if draft == "auto":
+        draft = "embedded" if s.target == "embedded" and embedded_draft_available() else "ngram"
+    if draft != "ngram" and s.target != "embedded" and draft == "embedded":
+        raise ValueError("the embedded draft only drafts for --target embedded; give --draft ngram or a model")
+    pair = load_pair(s.target, None if draft == "ngram" else draft, device=s.device)
+    return Bench(pair.target, pair.tokenizer, pair.vocab_size, "ngram" if draft == "ngram" else pair.draft,
+                 "n-gram prompt lookup" if draft == "ngram" else draft)
+
+
+def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run every job of the plan and write the outputs; returns the summary."""
+    from . import bench_report
+    from .models import encode_prompt
+
+    s.check()
+    torch.set_grad_enabled(False)
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    bench = bench or load_bench(s)
+    prompts = load_prompts(s.prompts_file)
+    assisted = s.assisted and bench.draft is not None
+    jobs, by_section = build_plan(s, prompts, assisted)
+    ids = {p["id"]: encode_prompt(bench.tokenizer, p["prompt"], device=bench.target.device) for p in prompts}
+    warm = ids[jobs[0].prompt_id]
+    for cfg in {j.config.method: j.config for j in jobs}.values():  # warm-up, one short run per method
+        bench.run(cfg, warm, 0, 8)
+    rows: dict[Job, dict[str, Any]] = {}
+    t_start = time.perf_counter()
+    for n, job in enumerate(jobs, 1):
+        p = prompts[job.prompt_id]
+        r = bench.run(job.config, ids[job.prompt_id], job.seed, job.max_new_tokens)
+        r["logprob"] = bench.mean_logprob(ids[job.prompt_id], r["token_ids"])
+        r["answer"] = final_answer(r["text"]) if p.get("answer") is not None else None
+        r["correct"] = None if r["answer"] is None and p.get("answer") is None else r["answer"] == str(p["answer"])
+        rows[job] = r
+        if progress and (sys.stderr.isatty() or n % max(1, len(jobs) // 20) == 0 or n == len(jobs)):
+            el = time.perf_counter() - t_start
+            line = f"[{n}/{len(jobs)}] {el:5.0f} s, ~{el / n * (len(jobs) - n):4.0f} s left  {job.config.key:28s}"
+            print("\r" + line if sys.stderr.isatty() else line, end="" if sys.stderr.isatty() else "\n",
+                  file=sys.stderr, flush=True)
+    if progress and sys.stderr.isatty():
+        print(file=sys.stderr)
+    meta = dict(target=s.target, draft=bench.draft_label, assisted=bench.assisted_label if assisted else None,
+                machine=machine(bench.target), settings={k: (str(v) if isinstance(v, Path) else v)
+                                                         for k, v in asdict(s).items()},
+                wall_s=round(time.perf_counter() - t_start, 1))
+    return bench_report.write_all(s, prompts, rows, by_section, meta)
+
+
+def machine(model: torch.nn.Module) -> dict[str, Any]:
+    dev = next(model.parameters()).device
+    info = dict(device=str(dev), torch=torch.__version__, python=platform.python_version(),
+                threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine())
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+    return info
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = BenchSettings()
+    p = argparse.ArgumentParser(prog="python -m ears_core.bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--target", default=d.target, help="'embedded', a Hugging Face id or a local folder")
+    p.add_argument("--draft", default=d.draft, help="'auto' (the embedded head for the embedded target, else "
+                   "n-gram), 'ngram', 'embedded', a Hugging Face id or a local folder")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--prompts-file", type=Path, default=d.prompts_file, help="JSON prompt set (task, prompt, answer)")
+    p.add_argument("--prompts", type=int, default=d.prompts, help="prompts in the main section, tasks in turn")
+    p.add_argument("--sweep-prompts", type=int, default=d.sweep_prompts, help="prompts in the sweep and k sections")
+    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    p.add_argument("--fidelity-tokens", type=int, default=d.fidelity_tokens, help="max new tokens for math answers")
+    p.add_argument("--temperature", type=float, default=d.temperature, help="T0 of the main, k and fidelity sections")
+    p.add_argument("--gamma", "-K", type=int, default=d.gamma, help="K0: drafts per round")
+    p.add_argument("--betas", type=_floats, default=d.betas, help="EARS betas, comma-separated")
+    p.add_argument("--headline-beta", type=float, default=d.headline_beta, help="EARS beta of the k section")
+    p.add_argument("--temperatures", type=_floats, default=d.temperatures, help="the sweep's temperatures")
+    p.add_argument("--gammas", type=_ints, default=d.gammas, help="the k section's K values")
+    p.add_argument("--fidelity-seeds", type=int, default=d.fidelity_seeds)
+    p.add_argument("--fidelity-betas", type=_floats, default=d.fidelity_betas)
+    p.add_argument("--sections", default=",".join(d.sections), help=f"any of {', '.join(SECTIONS)}")
+    p.add_argument("--no-assisted", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--images", action="store_true", help="also write the figures as PNG (needs kaleido + chromium)")
+    p.add_argument("--out", type=Path, default=d.out, help="folder for runs.csv, summary.json, report.html")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    s = BenchSettings(target=a.target, draft=a.draft, device=a.device, prompts_file=a.prompts_file, prompts=a.prompts,
+                      sweep_prompts=a.sweep_prompts, max_new_tokens=a.max_new_tokens, fidelity_tokens=a.fidelity_tokens,
+                      temperature=a.temperature, gamma=a.gamma, betas=a.betas, headline_beta=a.headline_beta,
+                      temperatures=a.temperatures, gammas=a.gammas, fidelity_seeds=a.fidelity_seeds,
+                      fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
+                      assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
+                      extra={"argv": list(sys.argv[1:] if argv is None else argv)})
+    from .models import ModelLoadError
+
+    try:
+        s.check()
+        summary = run_bench(s)
+    except (ValueError, ModelLoadError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from .bench_report import format_table
+
+    print(format_table(summary))
+    print(f"\nwrote {s.out / 'runs.csv'}, {s.out / 'summary.json'}, {s.out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""The benchmark's aggregation and outputs: pooled rows per section and config, runs.csv,
+summary.json, a self-contained plotly report.html (and PNGs), and the text table.
+
+Terms are those of ``bench``. Pooling is over runs, never a mean of per-run ratios: tokens/s is
+total tokens / total seconds, the acceptance rate is total drafts that stood / total drafted, the
+distortion is total exact TV / total tokens. A confidence interval is Wilson's at 95 %.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from scipy.stats import binomtest
+
+from .metrics import expected_tokens_per_step, theoretical_speedup
+
+__all__ = ["pool", "write_all", "format_table", "wilson"]
+
+RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "sections", "prompt_id", "task", "seed",
+              "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
+              "draft_ms", "target_ms", "total_distortion", "logprob", "expected", "answer", "correct", "text"]
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    if n == 0:
+        return (math.nan, math.nan)
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return (ci.low, ci.high)
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
+
+
+def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One pooled row per config over the given jobs, with ratios to target-only at the same T."""
+    groups: dict[Any, list[Any]] = defaultdict(list)
+    for j in jobs:
+        groups[j.config].append(j)
+    base = {c.temperature: c for c in groups if c.method == "target"}
+    target_answer = {(j.prompt_id, j.seed): rows[j]["answer"] for j in jobs if j.config.method == "target"}
+    out = []
+    for cfg, js in groups.items():
+        rs = [rows[j] for j in js]
+        tot = {k: sum(r[k] for r in rs) for k in ("new_tokens", "wall_s", "steps", "drafted", "accepted", "pardoned",
+                                                  "draft_ms", "target_ms", "total_distortion")}
+        tps = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] > 0 else math.nan
+        row: dict[str, Any] = dict(config=cfg.key, method=cfg.method, label=cfg.label, temperature=cfg.temperature,
+                                   gamma=cfg.gamma, beta=cfg.beta, runs=len(rs), tokens=tot["new_tokens"],
+                                   seconds=_r(tot["wall_s"], 2), tokens_per_s=_r(tps, 2))
+        b = base.get(cfg.temperature)
+        if b is not None:
+            bt = sum(rows[j]["new_tokens"] for j in groups[b]) / max(1e-9, sum(rows[j]["wall_s"] for j in groups[b]))
+            row["ratio"] = _r(tps / bt, 3)
+            t_step = sum(rows[j]["target_ms"] for j in groups[b]) / max(1, sum(rows[j]["steps"] for j in groups[b]))
+        else:
+            row["ratio"], t_step = None, None
+        lps = [r["logprob"] for r in rs if not math.isnan(r["logprob"])]
+        row["logprob"] = _r(sum(lps) / len(lps)) if lps else None
+        if tot["drafted"]:
+            a = tot["accepted"] / tot["drafted"]
+            t_draft, t_verify = tot["draft_ms"] / tot["drafted"], tot["target_ms"] / max(1, tot["steps"])
+            c = t_draft / t_verify
+            e = expected_tokens_per_step(a, cfg.gamma)
+            row.update(acceptance=_r(a), pardon_rate=_r(tot["pardoned"] / tot["drafted"]),
+                       accept_length=_r(tot["new_tokens"] / max(1, tot["steps"]), 3),
+                       distortion=_r(tot["total_distortion"] / max(1, tot["new_tokens"]), 5), cost_ratio=_r(c),
+                       theory_E=_r(e, 3), theory_S=_r(theoretical_speedup(a, cfg.gamma, c), 3),
+                       verify_steps=_r(t_verify / t_step, 3) if t_step else None,
+                       cost_model_S=_r(e * t_step / (t_draft * tot["drafted"] / tot["steps"] + t_verify), 3)
+                       if t_step else None)
+        if any(r["correct"] is not None for r in rs):
+            n_ok = sum(bool(r["correct"]) for r in rs)
+            agree = [r["answer"] == target_answer.get((j.prompt_id, j.seed)) for j, r in zip(js, rs)
+                     if (j.prompt_id, j.seed) in target_answer]
+            row.update(accuracy=_r(n_ok / len(rs), 3), accuracy_ci=[_r(x, 3) for x in wilson(n_ok, len(rs))],
+                       agreement=_r(sum(agree) / len(agree), 3) if agree else None,
+                       agreement_ci=[_r(x, 3) for x in wilson(sum(agree), len(agree))] if agree else None)
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- files
+
+
+def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, Any]],
+              by_section: dict[str, list[Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    out = Path(s.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sections_of: dict[Any, list[str]] = defaultdict(list)
+    for sec, jobs in by_section.items():
+        for j in jobs:
+            sections_of[j].append(sec)
+    with open(out / "runs.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=RUN_FIELDS)
+        w.writeheader()
+        for j, r in rows.items():
+            p = prompts[j.prompt_id]
+            w.writerow(dict(method=j.config.method, label=j.config.label, temperature=j.config.temperature,
+                            gamma=j.config.gamma, beta=j.config.beta, sections=" ".join(sections_of[j]),
+                            prompt_id=j.prompt_id, task=p.get("task"), seed=j.seed, max_new_tokens=j.max_new_tokens,
+                            tokens_per_s=round(r["new_tokens"] / r["wall_s"], 3) if r["wall_s"] else None,
+                            expected=p.get("answer"), **{k: r[k] for k in RUN_FIELDS if k in r}))
+    summary = dict(meta, sections={sec: pool(jobs, rows) for sec, jobs in by_section.items()})
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    figs = figures(summary)
+    write_html(out / "report.html", summary, figs)
+    if s.images:
+        for name, fig in figs.items():
+            fig.write_image(out / f"{name}.png", width=900, height=450, scale=1)
+    return summary
+
+
+COLUMNS = [("config", "config", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"), ("ratio", "vs target", "{:.2f}x"),
+           ("acceptance", "accept", "{:.3f}"), ("accept_length", "tok/round", "{:.2f}"),
+           ("pardon_rate", "pardon", "{:.3f}"), ("distortion", "distortion", "{:.4f}"),
+           ("cost_ratio", "c", "{:.3f}"), ("theory_S", "theory S", "{:.2f}x"),
+           ("cost_model_S", "cost-model S", "{:.2f}x"), ("logprob", "log-prob", "{:.3f}"),
+           ("accuracy", "math exact", "{:.2f}"), ("agreement", "= target", "{:.2f}")]
+
+
+def _cells(row: dict[str, Any], cols: list[tuple[str, str, str]]) -> list[str]:
+    out = []
+    for key, _, fmt in cols:
+        v = row.get(key)
+        cell = "" if v is None else fmt.format(v)
+        ci = row.get(f"{key}_ci")
+        if ci and None not in ci:
+            cell += f" [{ci[0]:.2f}, {ci[1]:.2f}]"
+        out.append(cell)
+    return out
+
+
+def _cols(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [c for c in COLUMNS if any(r.get(c[0]) is not None for r in rows)]
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    """Fixed-width text tables, one per section."""
+    parts = [f"target {summary['target']}, draft {summary['draft']}, {summary['machine']['device']}"]
+    for sec, rows in summary["sections"].items():
+        cols = _cols(rows)
+        body = [[h for _, h, _ in cols]] + [_cells(r, cols) for r in rows]
+        widths = [max(len(line[i]) for line in body) for i in range(len(cols))]
+        parts.append(f"\n[{sec}]")
+        parts += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+                  for line in body]
+    return "\n".join(parts)
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    cols = _cols(rows)
+    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cells(r, cols)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_html(path: Path, summary: dict[str, Any], figs: dict[str, go.Figure]) -> None:
+    head = (f"<h1>EARS Studio benchmark</h1><p>target <b>{summary['target']}</b>, draft <b>{summary['draft']}</b>, "
+            f"device {summary['machine']['device']}, torch {summary['machine']['torch']}, "
+            f"{summary['machine']['threads']} threads; {summary['wall_s']} s of runs.</p>")
+    if summary.get("assisted"):
+        head += f"<p>assisted = {summary['assisted']}</p>"
+    body = []
+    for i, (name, fig) in enumerate(figs.items()):
+        body.append(fig.to_html(full_html=False, include_plotlyjs="inline" if i == 0 else False, div_id=name))
+    tables = []
+    for sec, rows in summary["sections"].items():
+        cols = _cols(rows)
+        th = "".join(f"<th>{h}</th>" for _, h, _ in cols)
+        trs = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in _cells(r, cols)) + "</tr>" for r in rows)
+        tables.append(f"<h2>{sec}</h2><table><tr>{th}</tr>{trs}</table>")
+    style = ("<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>")
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>EARS benchmark</title>{style}</head>"
+                    f"<body>{head}{''.join(body)}{''.join(tables)}</body></html>", encoding="utf-8")
+
+
+# -------------------------------------------------------------------------------------- figures
+
+
+def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
+    secs = summary["sections"]
+    figs: dict[str, go.Figure] = {}
+    if "main" in secs:
+        rows = [r for r in secs["main"] if r["method"] != "target"]
+        fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[r["ratio"] for r in rows], name="measured"))
+        for key, sym in (("theory_S", "diamond"), ("cost_model_S", "x")):
+            fig.add_scatter(x=[r["label"] for r in rows], y=[r.get(key) for r in rows], mode="markers",
+                            marker=dict(symbol=sym, size=11), name=key.replace("_", " "))
+        fig.add_hline(y=1.0, line_dash="dot")
+        fig.update_layout(title="Speed against target-only decoding (same run, interleaved)",
+                          yaxis_title="tokens/s ratio")
+        figs["speed"] = fig
+    if "sweep" in secs:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
+        for t in sorted({r["temperature"] for r in secs["sweep"]}):
+            pts = sorted((r for r in secs["sweep"] if r["temperature"] == t and r["method"] != "target"),
+                         key=lambda r: r["beta"])
+            xs, lab = [r["distortion"] for r in pts], [f"β={r['beta']:g}" for r in pts]
+            fig.add_scatter(x=xs, y=[r["acceptance"] for r in pts], text=lab, mode="lines+markers",
+                            name=f"T={t:g}", legendgroup=str(t), row=1, col=1)
+            fig.add_scatter(x=xs, y=[r["ratio"] for r in pts], text=lab, mode="lines+markers", name=f"T={t:g}",
+                            legendgroup=str(t), showlegend=False, row=1, col=2)
+        fig.update_xaxes(title_text="mean exact distortion (TV per token)")
+        fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
+        fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
+        fig.update_layout(title="beta x temperature: the speed-distortion frontier (beta 0 = ordinary)")
+        figs["frontier"] = fig
+    if "k" in secs:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s vs target-only", "tokens per round"))
+        for m in ("ordinary", "ears"):
+            pts = sorted((r for r in secs["k"] if r["method"] == m), key=lambda r: r["gamma"])
+            if not pts:
+                continue
+            ks, name = [r["gamma"] for r in pts], pts[0]["label"]
+            fig.add_scatter(x=ks, y=[r["ratio"] for r in pts], mode="lines+markers", name=f"{name} measured",
+                            row=1, col=1)
+            fig.add_scatter(x=ks, y=[r.get("cost_model_S") for r in pts], mode="lines", line_dash="dash",
+                            name=f"{name} cost model", row=1, col=1)
+            fig.add_scatter(x=ks, y=[r["accept_length"] for r in pts], mode="lines+markers", name=f"{name} measured",
+                            showlegend=False, row=1, col=2)
+            fig.add_scatter(x=ks, y=[r["theory_E"] for r in pts], mode="lines", line_dash="dash",
+                            name=f"{name} E(a, K)", row=1, col=2)
+        fig.update_xaxes(title_text="K")
+        fig.update_layout(title="Draft length K")
+        figs["k"] = fig
+    if "fidelity" in secs:
+        rows = secs["fidelity"]
+        fig = go.Figure()
+        for key, name in (("accuracy", "exact match with the answer key"), ("agreement", "same answer as target-only")):
+            pts = [r for r in rows if r.get(key) is not None]
+            fig.add_bar(x=[r["label"] for r in pts], y=[r[key] for r in pts], name=name,
+                        error_y=dict(type="data", symmetric=False,
+                                     array=[r[f"{key}_ci"][1] - r[key] for r in pts],
+                                     arrayminus=[r[key] - r[f"{key}_ci"][0] for r in pts]))
+        fig.update_layout(title="Math final answers (Wilson 95% intervals)", yaxis_range=[0, 1], barmode="group")
+        figs["fidelity"] = fig
+    return figs

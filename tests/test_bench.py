@@ -1,0 +1,166 @@
+"""ears_core.bench: the command on a tiny random pair saved to folders (the path a hub id takes),
+the plan, the pooling arithmetic on known numbers, answer extraction and bad input."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ears_core import bench
+from ears_core.bench import BenchSettings, Config, Job, build_plan, final_answer, spread
+from ears_core.bench_report import RUN_FIELDS, pool, wilson
+from test_models import _save_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("bench_pair")
+    _save_tiny(root / "target", seed=0)
+    _save_tiny(root / "draft", seed=0)
+    draft = AutoModelForCausalLM.from_pretrained(root / "draft")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # the draft is the target plus a little noise: high but not full acceptance
+        for p in draft.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+    draft.save_pretrained(root / "draft")
+    return root / "target", root / "draft"
+
+
+def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys) -> None:
+    target, draft = tiny_folders
+    out = tmp_path / "out"
+    rc = bench.main(["--target", str(target), "--draft", str(draft), "--device", "cpu", "--prompts", "3",
+                     "--sweep-prompts", "2", "--max-new-tokens", "10", "--fidelity-tokens", "10",
+                     "--fidelity-seeds", "2", "--betas", "0.1,0.5", "--temperatures", "0.6,1.2",
+                     "--gammas", "1,2", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    for section in ("[main]", "[sweep]", "[k]", "[fidelity]"):
+        assert section in printed
+    assert "vs target" in printed and "cost-model S" in printed
+
+    with open(out / "runs.csv", newline="") as f:
+        runs = list(csv.DictReader(f))
+    assert list(runs[0].keys()) == RUN_FIELDS
+    assert {r["method"] for r in runs} == {"target", "ordinary", "ears", "typical", "entropy", "assisted"}
+    for r in runs:
+        assert 1 <= int(r["new_tokens"]) <= 10 and float(r["wall_s"]) > 0 and r["sections"]
+        assert float(r["logprob"]) < 0
+    spec = [r for r in runs if r["method"] in ("ordinary", "ears", "typical", "entropy")]
+    assert all(int(r["drafted"]) > 0 and 0 <= int(r["accepted"]) <= int(r["drafted"]) for r in spec)
+    math_rows = [r for r in runs if r["expected"]]
+    assert math_rows and all(r["correct"] in ("True", "False") for r in math_rows)
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity"}
+    main = {r["config"]: r for r in summary["sections"]["main"]}
+    assert set(main) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.1 T=0.9 K=4", "ears 0.5 T=0.9 K=4",
+                         "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4", "assisted T=0.9 K=4"}
+    assert main["target T=0.9 K=0"]["ratio"] == 1.0
+    for key in ("ordinary T=0.9 K=4", "ears 0.5 T=0.9 K=4", "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4"):
+        row = main[key]
+        for col in ("tokens_per_s", "ratio", "acceptance", "accept_length", "pardon_rate", "distortion",
+                    "cost_ratio", "theory_S", "cost_model_S", "logprob"):
+            assert row[col] is not None, (key, col)
+        assert 0 <= row["acceptance"] <= 1 and row["theory_S"] > 0
+    assert main["ordinary T=0.9 K=4"]["distortion"] < 1e-5 and main["ordinary T=0.9 K=4"]["pardon_rate"] == 0
+    assert main["ears 0.5 T=0.9 K=4"]["distortion"] > 0.01  # tiny random models are flat: a wide band
+    assert main["ears 0.5 T=0.9 K=4"]["acceptance"] >= main["ordinary T=0.9 K=4"]["acceptance"]
+    assert main["assisted T=0.9 K=4"]["ratio"] > 0
+    assert {r["temperature"] for r in summary["sections"]["sweep"]} == {0.6, 1.2}
+    assert {r["gamma"] for r in summary["sections"]["k"]} == {0, 1, 2}
+    fid = {r["config"]: r for r in summary["sections"]["fidelity"]}
+    assert fid["target T=0.9 K=0"]["agreement"] == 1.0  # target-only agrees with itself
+    assert all(len(r["accuracy_ci"]) == 2 for r in fid.values())
+    assert summary["assisted"].startswith("transformers assisted generation")
+
+    html = (out / "report.html").read_text()
+    assert html.count("<table>") == 4 and "plotly" in html
+    for div in ("speed", "frontier", "k", "fidelity"):
+        assert f'id="{div}"' in html
+
+
+def test_plan_shares_runs_between_sections_and_interleaves() -> None:
+    prompts = bench.load_prompts(bench.PROMPTS_FILE)
+    assert len(prompts) >= 30 and {p["task"] for p in prompts} == {"creative", "qa", "math"}
+    s = BenchSettings(prompts=6, sweep_prompts=3, betas=(0.1,), temperatures=(0.9, 1.2), gammas=(2, 4),
+                      fidelity_seeds=2, fidelity_betas=(0.1,))
+    jobs, by_section = build_plan(s, prompts, assisted=False)
+    assert len(jobs) == len(set(jobs))
+    assert set(jobs) == {j for js in by_section.values() for j in js}
+    ordinary = Job(Config("ordinary", 0.9, 4), spread(prompts, 3)[0]["id"], 0, s.max_new_tokens)
+    assert all(ordinary in by_section[sec] for sec in ("main", "sweep", "k"))  # one run, three sections
+    assert [p["task"] for p in spread(prompts, 6)] == ["creative", "qa", "math"] * 2
+    assert all(prompts[j.prompt_id].get("answer") for j in by_section["fidelity"])
+    assert {j.seed for j in by_section["fidelity"]} == {0, 1}
+    firsts = [jobs[0].config]  # each (prompt, seed) group starts at a rotating config
+    for a, b in zip(jobs, jobs[1:]):
+        if (a.prompt_id, a.seed, a.max_new_tokens) != (b.prompt_id, b.seed, b.max_new_tokens):
+            firsts.append(b.config)
+    assert len(set(firsts)) > 1
+
+
+class _J:
+    def __init__(self, config, prompt_id=0, seed=0):
+        self.config, self.prompt_id, self.seed = config, prompt_id, seed
+
+
+def _row(**kw):
+    base = dict(new_tokens=0, wall_s=0.0, steps=0, drafted=0, accepted=0, pardoned=0, draft_ms=0.0, target_ms=0.0,
+                total_distortion=0.0, logprob=-1.0, answer=None, correct=None)
+    return base | kw
+
+
+def test_pooling_arithmetic_on_known_numbers() -> None:
+    tgt, spec = Config("target", 0.9), Config("ears", 0.9, 4, 0.1)
+    jobs = [_J(tgt, 0), _J(tgt, 1), _J(spec, 0), _J(spec, 1)]
+    rows = {jobs[0]: _row(new_tokens=10, wall_s=1.0, steps=10, target_ms=1000.0, answer="14", correct=True),
+            jobs[1]: _row(new_tokens=10, wall_s=1.0, steps=10, target_ms=1000.0, answer="8", correct=True),
+            # 20 tokens in 2 s over 8 rounds, 32 drafted, 12 stood (3 pardoned), draft 5 ms/token, verify 150 ms
+            jobs[2]: _row(new_tokens=12, wall_s=1.0, steps=4, drafted=16, accepted=8, pardoned=2, draft_ms=80.0,
+                          target_ms=600.0, total_distortion=0.6, answer="14", correct=True),
+            jobs[3]: _row(new_tokens=8, wall_s=1.0, steps=4, drafted=16, accepted=4, pardoned=1, draft_ms=80.0,
+                          target_ms=600.0, total_distortion=0.2, answer="9", correct=False)}
+    out = {r["method"]: r for r in pool(jobs, rows)}
+    e = out["ears"]
+    assert e["tokens_per_s"] == 10.0 and e["ratio"] == 1.0
+    assert e["acceptance"] == 0.375 and e["pardon_rate"] == pytest.approx(3 / 32, abs=1e-4)
+    assert e["accept_length"] == 2.5 and e["distortion"] == 0.04
+    assert e["cost_ratio"] == pytest.approx(5 / 150, abs=1e-4)
+    a = 0.375
+    big_e = (1 - a ** 5) / (1 - a)
+    assert e["theory_E"] == pytest.approx(big_e, abs=1e-3)
+    assert e["theory_S"] == pytest.approx(big_e / (4 * 5 / 150 + 1), abs=1e-3)
+    assert e["verify_steps"] == 1.5  # a 150 ms pass against a 100 ms target-only step
+    assert e["cost_model_S"] == pytest.approx(big_e * 100 / (5 * 4 + 150), abs=1e-3)
+    assert e["accuracy"] == 0.5 and e["agreement"] == 0.5
+    assert out["target"]["agreement"] == 1.0 and out["target"]["ratio"] == 1.0
+    lo, hi = wilson(1, 2)
+    assert e["accuracy_ci"] == [round(lo, 3), round(hi, 3)] and 0 < lo < 0.5 < hi < 1
+
+
+def test_wilson_interval_known_value() -> None:
+    lo, hi = wilson(8, 10)  # textbook: 0.490 .. 0.943
+    assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("She spends 3 * 4 + 2 = 14 dollars.", "14"), ("The answer is 1,200.", "1200"), ("It takes 15.0 minutes", "15"),
+    ("about 2.5 litres", "2.5"), ("no number here", None), ("-3 degrees", "-3"),
+])
+def test_final_answer_is_the_last_number(text, answer) -> None:
+    assert final_answer(text) == answer
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sections", "main,nonsense"], "unknown section"), (["--gamma", "0"], "K must be >= 1"),
+    (["--temperatures", "0,0.9"], "temperatures must be > 0"), (["--betas", "-0.1"], "beta must be >= 0"),
+    (["--max-new-tokens", "0"], "must be >= 1"),
+])
+def test_bad_settings_fail_before_loading_models(args, needle, capsys) -> None:
+    assert bench.main(["--target", "/nonexistent/folder", *args]) == 2
+    assert needle in capsys.readouterr().err
