@@ -34,6 +34,7 @@ from .metrics import GenerationStats, summarize
 from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
 from .text import Detokenizer
+from .timing import StepClock as _Clock  # CUDA events on a GPU, read after the round's sync
 from .verify import DraftKind, verify
 
 __all__ = ["GenerationResult", "Generation", "generate", "stream", "autoregressive"]
@@ -178,23 +179,6 @@ def _shared_vocab(target: PreTrainedModel, draft_vocab: int, vocab_size: int | N
             "vocab_size=len(tokenizer)"
         )
     return target_vocab
-
-
-class _Clock:
-    """Wall time on CPU; CUDA events on a GPU (read after the round's one sync)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-
-    def mark(self) -> Any:
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            return ev
-        return time.perf_counter()
-
-    def ms(self, a: Any, b: Any) -> float:
-        return float(a.elapsed_time(b)) if self.cuda else (b - a) * 1000.0
 
 
 # ----------------------------------------------------------------------------- speculative

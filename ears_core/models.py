@@ -50,6 +50,63 @@ class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message names the problem and the fix."""
 
 
+@dataclass(frozen=True)
+class Preset:
+    """A named target / draft pair sharing one tokenizer (the app's model picker lists these).
+
+    label: what the picker shows; target, draft: specs for ``load_pair``; note: size and needs.
+    """
+
+    label: str
+    target: str
+    draft: str
+    note: str = ""
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset("Embedded: SmolLM2-135M-Instruct + EAGLE head (CPU, offline)", EMBEDDED, EMBEDDED,
+           "ships with the app; runs anywhere"),
+    Preset("Qwen2.5-1.5B-Instruct <- Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct",
+           "Qwen/Qwen2.5-0.5B-Instruct", "about 4 GB in bfloat16"),
+    Preset("Qwen2.5-7B-Instruct <- Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
+           "Qwen/Qwen2.5-0.5B-Instruct", "about 16 GB in bfloat16: a GPU"),
+    Preset("Qwen3-8B <- Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "about 18 GB in bfloat16: a GPU"),
+    Preset("SmolLM2-1.7B-Instruct <- SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-1.7B-Instruct",
+           "HuggingFaceTB/SmolLM2-135M-Instruct", "about 4 GB in bfloat16"),
+    Preset("Llama-3.1-8B-Instruct <- Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct",
+           "meta-llama/Llama-3.2-1B-Instruct", "about 19 GB in bfloat16: a GPU; gated (accept the licence, "
+           "set HF_TOKEN)"),
+)
+
+
+def default_draft(target: str) -> str | None:
+    """The draft to pair with ``target`` when none is named: the embedded head for the embedded
+    target, a preset's draft for a preset target, else None (n-gram prompt lookup)."""
+    for preset in PRESETS:
+        if preset.target == target:
+            return preset.draft
+    return None
+
+
+def describe_device(model: torch.nn.Module) -> str:
+    """Where a loaded model runs, for people: 'cpu (float32)', 'cuda:0 NVIDIA H100 (bfloat16)',
+    or 'cuda:0, cuda:1 via accelerate's device map (bfloat16)'."""
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    placed = getattr(model, "hf_device_map", None) or {}
+    devices = sorted({str(d) for d in placed.values()}) or [str(next(model.parameters()).device)]
+    devices = [f"cuda:{d}" if d.isdigit() else d for d in devices]
+    if len(devices) > 1:
+        return f"{', '.join(devices)} via accelerate's device map ({dtype})"
+    dev = torch.device(devices[0])
+    if dev.type == "cuda":
+        return f"{dev} {torch.cuda.get_device_name(dev)} ({dtype})"
+    return f"{dev} ({dtype})"
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(exc).lower()
+
+
 @dataclass
 class ModelPair:
     target: torch.nn.Module  # transformers causal LM, eval mode
@@ -300,7 +357,49 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str |
     """
     dev = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {str(dev)!r} was asked for but no CUDA GPU is visible: use device 'cpu' "
+                             "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
     dt = _resolve_dtype(dtype, dev)
+    try:
+        return _load_pair(target, draft, dev, dt, cache_dir, allow_download)
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        if not _is_out_of_memory(exc):
+            raise
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        where = "GPU" if dev.type == "cuda" else "RAM"
+        raise ModelLoadError(f"out of memory ({where}) while loading {target!r}"
+                             f"{'' if draft is None else f' with the draft {draft!r}'}: pick a smaller pair, "
+                             "use a machine with more memory, or device 'cuda' (no index) so accelerate's device "
+                             "map spreads the target over every GPU") from exc
+
+
+def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.PathLike | None = None,
+               allow_download: bool = False) -> int:
+    """Load only the tokenizers (seconds, no weights) and compare them; return the shared vocab size.
+
+    A pair that is not cached offline, misspelt or mismatched fails here with the same
+    ModelLoadError ``load_pair`` would raise, before a caller frees the pair it holds.
+    """
+    if target == EMBEDDED:  # its tokenizer lives in the prepared cache: preparing it is the check
+        if draft not in (None, EMBEDDED):
+            raise ModelLoadError("the embedded target pairs with the embedded draft or n-gram lookup; a "
+                                 "draft model needs a target from its own family")
+        return len(_load_tokenizer(target, "target", cache_dir, allow_download))
+    if draft == EMBEDDED:
+        raise ModelLoadError("the embedded draft is a head on SmolLM2-135M-Instruct's hidden states: "
+                             "use it with target='embedded', or give a draft model sharing your target's tokenizer")
+    tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
+    if draft is None:
+        return len(tokenizer)
+    return check_tokenizers(tokenizer, _load_tokenizer(draft, "draft", cache_dir, allow_download))
+
+
+def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtype, cache_dir: Any,
+               allow_download: bool) -> ModelPair:
     tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
     vocab_size = len(tokenizer)
     if draft == EMBEDDED:  # the head reads the embedded target's own hidden states and tokens
