@@ -1,0 +1,1 @@
+"""Speculative sampling for temporal point processes (seed 001, second half)."""
