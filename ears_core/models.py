@@ -103,7 +103,8 @@ def describe_device(model: torch.nn.Module) -> str:
     return f"{dev} ({dtype})"
 
 
-def _is_out_of_memory(exc: BaseException) -> bool:
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether exc is running out of GPU or host memory (torch raises several kinds)."""
     return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(exc).lower()
 
 
@@ -366,7 +367,7 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str |
     except ModelLoadError:
         raise
     except Exception as exc:
-        if not _is_out_of_memory(exc):
+        if not is_out_of_memory(exc):
             raise
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -76,7 +76,7 @@ class Settings:
                                    ("EARS_MAX_PROMPT_CHARS", self.max_prompt_chars, 1, 1_000_000),
                                    ("EARS_QUEUE_SIZE", self.queue_size, 1, 10_000),
                                    ("EARS_CONCURRENCY", self.concurrency, 1, 64),
-                                   ("EARS_TIMEOUT_S", self.timeout_s, 1, 86_400)):
+                                   ("EARS_TIMEOUT_S", self.timeout_s, 0.001, 86_400)):
             if not lo <= value <= hi:
                 raise SettingsError(f"{var}={value!r} is out of range: set it between {lo} and {hi}, or unset it "
                                     "for the default")
