@@ -17,10 +17,12 @@ Closed forms (derived here; the seed's exponential ratio has the exponent's sign
 - Gaussian in y (log-normal in x = e^y; the Jacobians cancel): log r(y) = A y^2 + B y + C with
   A = 1/(2 s_P^2) - 1/(2 s_T^2). A < 0 (s_T < s_P): maximum at y* = -B / (2A), i.e.
   x* = exp((mu_T s_P^2 - mu_P s_T^2) / (s_P^2 - s_T^2)); otherwise unbounded (unless identical).
-- Gaussian / log-normal mixtures (the model's decoder): the exact log ratio on a grid over the target's
-  bulk D plus a Lipschitz correction per cell (the slope of a log mixture is bounded by its components'
-  |y - mu_k| / s_k^2), and closed-form quadratic sups on the two tails against the proposal's heavy
-  tail. Every piece is a true upper bound, so M never falls below the supremum.
+- Gaussian / log-normal mixtures (the model's decoder): per-cell interval bounds on a grid over the
+  target's bulk D (a Gaussian's max on a cell is at its clamped mean, its min at an end), and
+  closed-form quadratic sups on the two tails against the proposal's heavy
+  tail; with paired components (same K, as in the sampler), also the global mediant bound
+  max_k min(w_k N_k / (v_k N'_k), N_k / (eps h)) (ratio of sums <= largest ratio of terms), tight when the
+  two mixtures are close. Every piece is a true upper bound, so M never falls below the supremum.
 - anything else: the seed's piecewise envelope (Algorithms 2 and 3): a grid from target quantiles,
   tangent lines at cell mid-points, upper bounds for the target and lower bounds for the proposal. A
   tangent/chord bound holds on cells where the density is convex or concave; the grid must be fine
@@ -61,7 +63,8 @@ def quad_sup(A, B, C, lo, hi):
         return torch.where(torch.isfinite(y), A * y * y + B * y + C, neg)
 
     a_neg = A < 0
-    ystar = torch.where(a_neg, -B / (2 * torch.where(a_neg, A, -torch.ones_like(A))), torch.where(torch.isfinite(lo), lo, hi))
+    finite_end = torch.where(torch.isfinite(lo), lo, torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi)))
+    ystar = torch.where(a_neg, -B / (2 * torch.where(a_neg, A, -torch.ones_like(A))), finite_end)
     yc = torch.minimum(torch.maximum(ystar, lo), hi)
     best = torch.maximum(torch.maximum(q(lo), q(hi)), q(yc))
     grows_right = (A > 0) | ((A == 0) & (B > 0))
@@ -84,28 +87,18 @@ def _log_normal_pdf(y, mu, sd):
     return -0.5 * z * z - torch.log(sd) - HALF_LOG_2PI
 
 
-def _mix_log_pdf(y, lw, mu, sd):
-    """log sum_k w_k N(y; mu_k, sd_k): y (..., G), components (..., K) -> (..., G)."""
-    return torch.logsumexp(lw.unsqueeze(-2) + _log_normal_pdf(y.unsqueeze(-1), mu.unsqueeze(-2), sd.unsqueeze(-2)), -1)
-
-
-def _slope_bound(a, b, mu, sd):
-    """max over y in [a, b] of |d/dy log mixture| <= max_k max(|a - mu_k|, |b - mu_k|) / sd_k^2: (..., G)."""
-    a, b, mu, iv = a.unsqueeze(-1), b.unsqueeze(-1), mu.unsqueeze(-2), (1 / (sd * sd)).unsqueeze(-2)
-    return (torch.maximum((a - mu).abs(), (b - mu).abs()) * iv).amax(-1)
-
-
-def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 128, z: float = 4.0):
+def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 128, z: float = 4.0,
+                      mediant: bool = True):
     """log M for Gaussian mixtures in y (log-normal mixtures in tau = e^y), batched.
 
     tw, tmu, tsd: target log-weights, locations, scales (..., K); pw, pmu, psd: proposal (..., J);
     heavy: optional (log_eps, mu_h, sd_h), each (...), an extra proposal component.
-    Inside D = [min_k mu_k - z sd_k, max_k mu_k + z sd_k] (``cells`` equal cells of width d): log r is
-    L-Lipschitz on a cell with L = (slope bound of the target) + (slope bound of the proposal), because
-    d/dy log(mixture) is a responsibility-weighted mean of -(y - mu_k)/sd_k^2; so on [a, b]
-    log r <= (log r(a) + log r(b) + L d) / 2, the meeting point of the two lines through the ends.
+    Inside D = [min_k mu_k - z sd_k, max_k mu_k + z sd_k], cut in ``cells`` equal cells [a, b]: interval
+    bounds, exact per component because a Gaussian is unimodal: target <= sum_k w_k N_k(clamp(mu_k, a, b)),
+    proposal >= sum_j v_j min(N_j(a), N_j(b)) (heavy tail included).
     Tails y < lo, y > hi: sum_k w_k N_k / (eps h) with each term's quadratic sup in closed form (or, with
     no heavy tail and paired components, the mediant max_k w_k N_k / (v_k N'_k)).
+    ``mediant=False`` skips the mediant bound (fewer tensor calls; the sampler's fine grid is tight already).
     Returns (log_M, lo, hi, mass_outside, truncated), each (...): where a tail has no finite bound,
     log_M covers D only and mass_outside is the target's mass outside D.
     """
@@ -113,16 +106,17 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     hi = (tmu + z * tsd).amax(-1)
     frac = torch.linspace(0, 1, cells + 1, dtype=tmu.dtype, device=tmu.device)
     y = lo.unsqueeze(-1) + (hi - lo).unsqueeze(-1) * frac  # (..., G+1) grid
-    log_q = _mix_log_pdf(y, pw, pmu, psd)
     pm, ps = pmu, psd
     if heavy is not None:
-        le, mh, sh = heavy
-        log_q = torch.logaddexp(log_q, le.unsqueeze(-1) + _log_normal_pdf(y, mh.unsqueeze(-1), sh.unsqueeze(-1)))
-        pm, ps = torch.cat([pmu, mh.unsqueeze(-1)], -1), torch.cat([psd, sh.unsqueeze(-1)], -1)
-    lr = _mix_log_pdf(y, tw, tmu, tsd) - log_q  # (..., G+1) exact log ratio on the grid
-    a, b = y[..., :-1], y[..., 1:]
-    L = _slope_bound(a, b, tmu, tsd) + _slope_bound(a, b, pm, ps)  # (..., G)
-    inner = ((lr[..., :-1] + lr[..., 1:] + L * (b - a)) / 2).amax(-1)  # (...)
+        pm, ps = torch.cat([pmu, heavy[1].unsqueeze(-1)], -1), torch.cat([psd, heavy[2].unsqueeze(-1)], -1)
+    a, b = y[..., :-1].unsqueeze(-1), y[..., 1:].unsqueeze(-1)  # (..., G, 1) cell ends
+    # each Gaussian is unimodal: its max on [a, b] is at clamp(mu, a, b), its min at an end
+    top = _log_normal_pdf(torch.minimum(torch.maximum(tmu.unsqueeze(-2), a), b), tmu.unsqueeze(-2), tsd.unsqueeze(-2))
+    num = torch.logsumexp(tw.unsqueeze(-2) + top, -1)  # (..., G)
+    bot = torch.minimum(_log_normal_pdf(a, pm.unsqueeze(-2), ps.unsqueeze(-2)), _log_normal_pdf(b, pm.unsqueeze(-2), ps.unsqueeze(-2)))
+    pwh = pw if heavy is None else torch.cat([pw, heavy[0].unsqueeze(-1)], -1)
+    den = torch.logsumexp(pwh.unsqueeze(-2) + bot, -1)  # (..., G)
+    inner = (num - den).amax(-1)  # (...)
     # tails, stacked as two segments (..., 2, 1): (-inf, lo] and [hi, inf)
     inf = torch.full_like(lo, INF)
     ta = torch.stack([-inf, hi], -1).unsqueeze(-1)
@@ -137,7 +131,17 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
         tails = inf.unsqueeze(-1)
     tail = tails.amax(-1)
     truncated = ~torch.isfinite(tail)
-    log_m = torch.maximum(inner, torch.where(truncated, -inf, tail)) + LOG_SAFETY
+    log_m = torch.maximum(inner, torch.where(truncated, -inf, tail))
+    if mediant and pw.shape[-1] == tw.shape[-1]:  # paired components: the global mediant bound, tight when T ~ P
+        med = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), -inf.unsqueeze(-1).unsqueeze(-1),
+                       inf.unsqueeze(-1).unsqueeze(-1))  # (..., 1, K)
+        if heavy is not None:
+            med = torch.minimum(med, quad_sup(*_pair_coeffs(torch.zeros_like(T[0]), T[1], T[2], *hv),
+                                              -inf.unsqueeze(-1).unsqueeze(-1), inf.unsqueeze(-1).unsqueeze(-1)))
+        med = med.amax(-1).squeeze(-1)  # (...)
+        log_m = torch.where(truncated & torch.isfinite(med), med, torch.minimum(log_m, med))
+        truncated = truncated & ~torch.isfinite(med)
+    log_m = log_m + LOG_SAFETY
     outside = torch.zeros_like(lo)
     if bool(truncated.any()):
         cdf = torch.special.ndtr
