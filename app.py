@@ -233,7 +233,9 @@ def public_error(exc: BaseException) -> str:
 
 def _fail(exc: BaseException) -> str:
     """Log exc with its traceback on the server; return the page's message for it."""
-    if not isinstance(exc, InputError):
+    if isinstance(exc, ValueError):  # bad input, a model that cannot load: the message says it all
+        LOG.info("request refused: %s", exc)
+    else:  # unexpected: the traceback goes to the server log, never to the page
         LOG.warning("request failed", exc_info=exc)
     return _message(public_error(exc))
 
