@@ -112,20 +112,27 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     a, b = y[..., :-1].unsqueeze(-1), y[..., 1:].unsqueeze(-1)  # (..., G, 1) cell ends
     # each Gaussian is unimodal: its max on [a, b] is at clamp(mu, a, b), its min at an end
     top = _log_normal_pdf(torch.minimum(torch.maximum(tmu.unsqueeze(-2), a), b), tmu.unsqueeze(-2), tsd.unsqueeze(-2))
-    num = torch.logsumexp(tw.unsqueeze(-2) + top, -1)  # (..., G)
-    bot = torch.minimum(_log_normal_pdf(a, pm.unsqueeze(-2), ps.unsqueeze(-2)), _log_normal_pdf(b, pm.unsqueeze(-2), ps.unsqueeze(-2)))
     pwh = pw if heavy is None else torch.cat([pw, heavy[0].unsqueeze(-1)], -1)
-    den = torch.logsumexp(pwh.unsqueeze(-2) + bot, -1)  # (..., G)
-    inner = (num - den).amax(-1)  # (...)
-    # tails, stacked as two segments (..., 2, 1): (-inf, lo] and [hi, inf)
+    m_t, m_p = tw.amax(-1, keepdim=True), pwh.amax(-1, keepdim=True)  # shift weights: no overflow
+    num = (torch.exp(tw - m_t).unsqueeze(-2) * torch.exp(top)).sum(-1)  # (..., G)
+    pm2, ps2 = pm.unsqueeze(-2), ps.unsqueeze(-2)
+    bot = torch.exp(torch.minimum(_log_normal_pdf(a, pm2, ps2), _log_normal_pdf(b, pm2, ps2)))  # (..., G, J)
+    den = (torch.exp(pwh - m_p).unsqueeze(-2) * bot).sum(-1)  # (..., G); > 0 inside D (the widest part covers it)
+    inner = torch.log((num / den).amax(-1)) + (m_t - m_p).squeeze(-1)  # (...)
     inf = torch.full_like(lo, INF)
-    ta = torch.stack([-inf, hi], -1).unsqueeze(-1)
-    tb = torch.stack([lo, inf], -1).unsqueeze(-1)
-    T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, K)
-    if heavy is not None:
-        hv = [h.unsqueeze(-1).unsqueeze(-1) for h in heavy]  # (..., 1, 1)
-        tails = torch.logsumexp(quad_sup(*_pair_coeffs(*T, *hv), ta, tb), -1)  # (..., 2)
+    if heavy is not None:  # tails against the heavy tail alone: log(w_k N_k / (eps h)) = A y^2 + B y + C
+        le, mh, sh = (v.unsqueeze(-1) for v in heavy)  # (..., 1)
+        ik, ih = 1 / (tsd * tsd), 1 / (sh * sh)
+        A, B = 0.5 * (ih - ik), tmu * ik - mh * ih  # (..., K); A < 0 iff the component is narrower than h
+        C = tw - le + torch.log(sh / tsd) - 0.5 * tmu * tmu * ik + 0.5 * mh * mh * ih
+        ystar = -B / (2 * torch.where(A < 0, A, -torch.ones_like(A)))
+        yt = torch.stack([torch.minimum(ystar, lo.unsqueeze(-1)), torch.maximum(ystar, hi.unsqueeze(-1))], -2)  # (..., 2, K)
+        vals = torch.where((A < 0).unsqueeze(-2), A.unsqueeze(-2) * yt * yt + B.unsqueeze(-2) * yt + C.unsqueeze(-2), INF)
+        tails = torch.logsumexp(vals, -1)  # (..., 2)
     elif pw.shape[-1] == tw.shape[-1]:
+        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, K)
+        ta = torch.stack([-inf, hi], -1).unsqueeze(-1)  # (..., 2, 1): (-inf, lo] and [hi, inf)
+        tb = torch.stack([lo, inf], -1).unsqueeze(-1)
         tails = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), ta, tb).amax(-1)
     else:
         tails = inf.unsqueeze(-1)
@@ -133,9 +140,11 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     truncated = ~torch.isfinite(tail)
     log_m = torch.maximum(inner, torch.where(truncated, -inf, tail))
     if mediant and pw.shape[-1] == tw.shape[-1]:  # paired components: the global mediant bound, tight when T ~ P
+        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, K)
         med = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), -inf.unsqueeze(-1).unsqueeze(-1),
                        inf.unsqueeze(-1).unsqueeze(-1))  # (..., 1, K)
         if heavy is not None:
+            hv = [h.unsqueeze(-1).unsqueeze(-1) for h in heavy]  # (..., 1, 1)
             med = torch.minimum(med, quad_sup(*_pair_coeffs(torch.zeros_like(T[0]), T[1], T[2], *hv),
                                               -inf.unsqueeze(-1).unsqueeze(-1), inf.unsqueeze(-1).unsqueeze(-1)))
         med = med.amax(-1).squeeze(-1)  # (...)

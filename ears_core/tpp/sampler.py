@@ -9,17 +9,21 @@ proposal q      one law for all l positions of a step: the target at position 1 
                 the widest component) and a uniform mixed into the type law (weight eps), so that
                 p*_j / q is bounded everywhere for every position (see constants.py)
 M_j             rejection constant of position j: M_time (mixture bound) x M_type (largest type ratio)
-step            draw l proposals from q in one batch; read them with one encoder call; decode all l
+step            draw l proposals from q in one batch; read them with one encoder call; decode all l + 1
                 targets in one batch; keep proposal j with probability p*_j(e_j) / (M_j q(e_j)); the first
-                rejection ends the step: everything after it is discarded and that position is drawn
-                afresh from its target p*_j, which the parallel pass already computed
+                rejection ends the step: everything after it is discarded, and the next step starts at that
+                position with state and proposal updated to that position's target (Algorithm 1, lines 14-15)
 accepted        an event that is a kept proposal
-resampled       an event drawn from the target after its position's proposal was rejected
+resampled       the event at a position whose first proposal was rejected, drawn at the start of the next
+                step from a proposal built on that position's own target
 target          an event of the plain autoregressive sampler
 
-Why it is exact: given the history, a kept proposal is distributed as p*_j (ordinary rejection
-sampling, because M_j >= sup p*_j / q and M_j depends on the history only); a rejected position is a
-fresh independent draw from p*_j. Either way event j ~ p*_j, so the sequence has the model's law. Where
+Why it is exact: given the history, every trial at position j keeps a proposal with probability
+p*_j / (M_j q), M_j >= sup p*_j / q depending on the history only, so a kept proposal is distributed as
+p*_j whichever proposal the trial used (ordinary rejection sampling); a rejected trial is simply retried
+at the next step. So event j ~ p*_j given the history, and the sequence has the model's law. At position
+1 the proposal is (1 - eps) p*_1 + eps (...), so M_1 = 1/(1 - eps)^2 exactly and each step keeps at
+least one event with probability about (1 - eps)^2. Where
 a time law has no finite bound (a target component wider than the heavy tail), M covers the target's
 central range and that step's ``mass_outside`` bounds the distortion; it is recorded and reported.
 """
@@ -195,13 +199,15 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
     t0 = _time.perf_counter()
     h, t = _start(model, history)  # (1, H)
     times, types, kinds, steps = [], [], [], []
+    dist0 = model.decode(h[0])  # target at position 1, leading shape ()
+    after_rejection = False
     while not _done(len(times), t, n_events, t_end):
-        dist0 = model.decode(h[0])  # target at position 1, leading shape ()
         comps, heavy, type_lp = proposal_law(dist0, cfg)
         y, x, log_q = _draw_proposals(comps, heavy, type_lp, l, gen)  # (l,)
         hs = model.encode(torch.exp(y).unsqueeze(0), x.unsqueeze(0), h)[0]  # (l, H) one encoder call
-        states = torch.cat([h, hs[:-1]])  # (l, H): the state before each position
-        tgt = model.decode(states)  # targets p*_j, leading shape (l,)
+        states = torch.cat([h, hs])  # (l+1, H): the state before each position, and after the last
+        tgt_all = model.decode(states)  # targets p*_j for j = 1..l+1, leading shape (l+1,)
+        tgt = tgt_all[:l]
         log_p = tgt.log_prob_y(y) + tgt.type_log_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (l,)
         exp = lambda v: v.unsqueeze(0).expand(l, *v.shape)  # noqa: E731  (K,) -> (l, K)
         log_m_time, _, _, outside, _ = mixture_log_bound(tgt.log_w, tgt.mu, tgt.sd, *(exp(c) for c in comps),
@@ -215,24 +221,14 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
         n_acc = int(keep.long().cumprod(0).sum())  # proposals before the first rejection
         steps.append(StepRecord(torch.exp(y).tolist(), x.tolist(), torch.exp(log_a).tolist(),
                                 torch.exp(log_m).tolist(), n_acc, float(outside.max())))
-        for tau_j, x_j in zip(torch.exp(y[:n_acc]).tolist(), x[:n_acc].tolist()):
+        for j, (tau_j, x_j) in enumerate(zip(torch.exp(y[:n_acc]).tolist(), x[:n_acc].tolist())):
             t += tau_j
             if _done(len(times), t, n_events, t_end):
                 break
             times.append(t)
             types.append(x_j)
-            kinds.append("accepted")
-        if _done(len(times), t, n_events, t_end):
-            break
-        if n_acc == l:
-            h = hs[-1:]
-            continue
-        tau_r, x_r = tgt[n_acc].sample(1, gen)  # (1,) fresh draw from the target at the rejected position
-        t += float(tau_r)
-        if _done(len(times), t, n_events, t_end):
-            break
-        times.append(t)
-        types.append(int(x_r))
-        kinds.append("resampled")
-        h = model.encode(tau_r.unsqueeze(0), x_r.unsqueeze(0), states[n_acc:n_acc + 1])[:, -1]  # (1, H)
+            kinds.append("resampled" if j == 0 and after_rejection else "accepted")
+        # the next step starts at the first rejected position (or after the last proposal), from its own target
+        after_rejection = n_acc < l
+        h, dist0 = states[n_acc:n_acc + 1], tgt_all[n_acc]
     return SampleResult(times, types, kinds, steps, seconds=_time.perf_counter() - t0)
