@@ -474,11 +474,27 @@ def model_status(studio: Studio) -> str:
     return f"**Chosen:** {_public_name(pair)} · loads on the first request, on {where}"
 
 
+def picker_labels(studio: Studio) -> tuple[list[str], str]:
+    """(the picker's choices, the one shown first): the presets, the server's configured pair when
+    it is not a preset (EARS_TARGET / EARS_DRAFT), and free text when custom models are on."""
+    from ears_core.models import PRESETS
+    labels = [p.label for p in PRESETS]
+    default = next((p.label for p in PRESETS if studio._same((p.target, p.draft), studio.default)), None)
+    if default is None:
+        target, draft = studio.default
+        default = f"Server default: {_public_name(target if draft is None else f'{target} <- {draft}')}"
+        labels.insert(0, default)
+    return labels + ([CUSTOM] if studio.settings.custom_models else []), default
+
+
 def _pick(studio: Studio, label: str, target: str | None, draft: str | None) -> tuple[str, str | None]:
     """(target, draft) from the picker: a preset, or the free-text fields when custom models are on.
     An empty draft field means the target's default (the preset's draft, else n-gram lookup)."""
     from ears_core.models import PRESETS
     preset = next((p for p in PRESETS if p.label == label), None)
+    own = preset is None and label != CUSTOM and label == picker_labels(studio)[1]  # the server's own pair
+    if own and (not studio.settings.custom_models or not (target or "").strip()):
+        return studio.default
     if not studio.settings.custom_models:
         if preset is None:
             raise InputError("This server offers the listed pairs only: pick one from the list.")
@@ -535,17 +551,16 @@ def build_app(pair_loader: Callable[[], Backend] | None = None, settings: Settin
                     seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="seed")
                 with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
         with gr.Accordion("Model pair", open=False, elem_id="picker"):
-            default = next((p.label for p in PRESETS if (p.target, p.draft) == studio.default
-                            or (p.target == studio.default[0] and studio.default[1] is None)), CUSTOM)
-            labels = [p.label for p in PRESETS] + ([CUSTOM] if settings.custom_models else [])
+            labels, default = picker_labels(studio)
             with gr.Row():
                 pick = gr.Dropdown(labels, value=default, label="Pair (target <- draft, one shared tokenizer)",
                                    elem_id="pick", scale=3)
                 load_btn = gr.Button("Load", elem_id="load", scale=1)
             with gr.Row(visible=settings.custom_models):
-                pick_target = gr.Textbox(studio.default[0], label="target: Hugging Face id or folder", max_length=300,
-                                         elem_id="pick_target")
-                pick_draft = gr.Textbox(studio.default[1] or "", label="draft: id or folder (empty: the default; "
+                own = not any(p.label == default for p in PRESETS)  # a configured pair may be a folder
+                pick_target = gr.Textbox("" if own else studio.default[0], label="target: Hugging Face id or folder",
+                                         max_length=300, elem_id="pick_target")
+                pick_draft = gr.Textbox("" if own else studio.default[1] or "", label="draft: id or folder (empty: the default; "
                                         "'ngram': prompt lookup)", max_length=300, elem_id="pick_draft")
             gr.Markdown("The embedded pair runs anywhere, offline. The others come from the Hugging Face hub and "
                         "need a GPU for the 7B / 8B targets; one pair is in memory at a time.")
@@ -554,7 +569,11 @@ def build_app(pair_loader: Callable[[], Backend] | None = None, settings: Settin
 
             def fill(label):
                 p = next((p for p in PRESETS if p.label == label), None)
-                return (p.target, p.draft) if p else (gr.skip(), gr.skip())
+                if p is not None:
+                    return p.target, p.draft
+                if label == default and label != CUSTOM:  # the server's own pair: no path in the page
+                    return "", ""
+                return gr.skip(), gr.skip()
 
             pick.change(fill, pick, [pick_target, pick_draft], api_name=False)
             load_btn.click(make_load(studio), [pick, pick_target, pick_draft], [pair_status, pair_message],

@@ -230,3 +230,21 @@ def test_the_cuda_step_clock_uses_events():
     b = clock.mark()
     torch.cuda.synchronize()
     assert clock.cuda and isinstance(a, torch.cuda.Event) and clock.ms(a, b) > 0.0
+
+
+def test_the_picker_lists_presets_the_servers_own_pair_and_free_text():
+    import app
+    labels, default = app.picker_labels(app.Studio(settings=Settings()))
+    assert default == labels[0] == em.PRESETS[0].label and labels[-1] == app.CUSTOM
+    qwen = app.Studio(settings=Settings(target="Qwen/Qwen2.5-1.5B-Instruct"))
+    assert app.picker_labels(qwen)[1] == em.PRESETS[1].label  # a preset target gets the preset's draft
+    own = Settings(target="/srv/models/my-model", draft=NGRAM, custom_models=False)
+    studio = app.Studio(settings=own)
+    labels, default = app.picker_labels(studio)
+    assert default == labels[0] == "Server default: my-model <- ngram" and app.CUSTOM not in labels
+    assert not any("/srv" in label for label in labels)
+    assert app._pick(studio, default, "", "") == ("/srv/models/my-model", NGRAM)
+    demo = app.build_app(pair_loader=lambda: None, settings=own)
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    assert by_id["pick"].value == default and by_id["pick_target"].value == ""  # no path in the page
+    assert "my-model" in by_id["pair_status"].value and "/srv" not in by_id["pair_status"].value
