@@ -310,7 +310,6 @@ def make_generate(studio: Studio) -> Callable:
 
     def _generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline):
         """Stream one generation: token HTML per token, charts every PLOT_EVERY_S, then the summary."""
-        deadline = time.perf_counter() + studio.settings.timeout_s
         try:
             prompt, beta, temperature, k, max_new, seed = _check(prompt, beta, temperature, k, max_new, seed,
                                                                  **_limits(studio))
@@ -327,6 +326,7 @@ def make_generate(studio: Studio) -> Callable:
             yield _pack(message=_fail(exc))
             return
         yield _pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*")
+        deadline = time.perf_counter() + studio.settings.timeout_s  # decoding time: loading is not counted
         last_plot, timed = time.perf_counter(), _Timed(gen, deadline)
         base_key = (prompt, temperature, max_new, seed)
         base = studio.baselines.get(base_key)
@@ -390,7 +390,6 @@ def make_race(studio: Studio) -> Callable:
     def _race(prompt, beta, temperature, k, max_new, seed):
         """EARS, the ordinary rule and target-only on the same prompt and seed, one after another."""
         empty = viz.tokens_html([])
-        deadline = time.perf_counter() + studio.settings.timeout_s
         try:
             prompt, beta, temperature, k, max_new, seed = _check(prompt, beta, temperature, k, max_new, seed,
                                                                  **_limits(studio))
@@ -401,6 +400,7 @@ def make_race(studio: Studio) -> Callable:
             return
         kw = dict(temperature=temperature, max_new_tokens=max_new, seed=seed, tokenizer=be.tokenizer,
                   vocab_size=be.vocab_size)
+        deadline = time.perf_counter() + studio.settings.timeout_s  # decoding time: loading is not counted
         names = [f"EARS β={beta:g}", "ordinary", "target-only"]
         html, runs, results = [empty] * 3, {}, []
         for i, name in enumerate(names):

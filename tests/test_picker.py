@@ -248,3 +248,12 @@ def test_the_picker_lists_presets_the_servers_own_pair_and_free_text():
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
     assert by_id["pick"].value == default and by_id["pick_target"].value == ""  # no path in the page
     assert "my-model" in by_id["pair_status"].value and "/srv" not in by_id["pair_status"].value
+
+
+def test_a_race_stops_at_the_timeout():
+    import app
+    race = app.make_race(app.Studio(tiny_backend, Settings(timeout_s=0.001)))
+    outs = list(race("the water is long and the", 0.1, 1.0, 4, 200, 0))
+    ears_html, ordinary_html, _, md, _ = outs[-1]
+    assert "Stopped after 0.001 s" in md and "(during EARS β=0.1)" in md
+    assert 1 <= ears_html.count("data-kind=") < 200 and "data-kind=" not in ordinary_html
