@@ -619,6 +619,8 @@ def build_app(pair_loader: Callable[[], Backend] | None = None, settings: Settin
                     theory_k = gr.Slider(1, 8, value=4, step=1, label="K")
                     theory_c = gr.Slider(0, 1, value=0.05, step=0.005, label="cost ratio c")
                 theory = gr.Plot(viz.theory_figure(4, 0.05), label="theory", elem_id="theory_plot")
+            from tpp_tab import build_tpp_tab  # the "Point processes" tab (seed 001): tpp_tab.py
+            build_tpp_tab()
         state = gr.State(None)
         outs = dict(tokens=tokens, message=message, summary=summary, conf=conf, ratio=ratio, tput=tput, hist=hist,
                     details=details, state=state, theory=theory, theory_k=theory_k, theory_c=theory_c)

@@ -40,7 +40,7 @@ from .constants import LOG_SAFETY, mixture_log_bound
 from .model import EventDist, NeuralTPP
 
 __all__ = ["SpecConfig", "StepRecord", "SampleResult", "autoregressive_sample", "speculative_sample",
-           "proposal_law", "check_history"]
+           "proposal_law", "check_history", "step_laws"]
 
 
 @dataclass
@@ -232,3 +232,33 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
         after_rejection = n_acc < l
         h, dist0 = states[n_acc:n_acc + 1], tgt_all[n_acc]
     return SampleResult(times, types, kinds, steps, seconds=_time.perf_counter() - t0)
+
+
+@torch.no_grad()
+def step_laws(model: NeuralTPP, result: SampleResult, step: int, position: int, cfg: SpecConfig | None = None,
+              history=None) -> dict:
+    """Recompute, for display, the time laws of one speculative position (1-based) of a finished run:
+    proposal and target components (log w, mu, sd) in y = log tau, M_time, M_type, the proposed tau and
+    whether it was kept. Step s starts after the events kept by steps 0..s-1."""
+    cfg = cfg or SpecConfig()
+    if not 0 <= step < len(result.steps) or not 1 <= position <= len(result.steps[step].tau):
+        raise ValueError(f"step must be in 0..{len(result.steps) - 1} and position in 1..l")
+    start = sum(s.num_accepted for s in result.steps[:step])
+    times, types = check_history(model, history)
+    taus = [*torch.diff(times, prepend=torch.zeros(1)).tolist(), *result.taus[:start]]
+    xs = [*types.tolist(), *result.types[:start]]
+    rec = result.steps[step]
+    h = model.start(1)
+    if taus:
+        h = model.encode(torch.tensor([taus]), torch.tensor([xs]), h)[:, -1]
+    comps, heavy, type_lp = proposal_law(model.decode(h[0]), cfg)
+    if position > 1:
+        h = model.encode(torch.tensor([rec.tau[:position - 1]]), torch.tensor([rec.types[:position - 1]]), h)[:, -1]
+    tgt = model.decode(h[0])
+    log_m, *_ = mixture_log_bound(tgt.log_w, tgt.mu, tgt.sd, *comps, heavy, cells=cfg.cells, z=cfg.z)
+    prop_w = torch.cat([comps[0], heavy[0].reshape(1)])
+    return dict(step=step, position=position, target=(tgt.log_w.tolist(), tgt.mu.tolist(), tgt.sd.tolist()),
+                proposal=(prop_w.tolist(), torch.cat([comps[1], heavy[1].reshape(1)]).tolist(),
+                          torch.cat([comps[2], heavy[2].reshape(1)]).tolist()),
+                M_time=float(torch.exp(log_m)), M_type=float(torch.exp((tgt.type_log_probs - type_lp).amax())),
+                tau=rec.tau[position - 1], kept=position <= rec.num_accepted, M_recorded=rec.M[position - 1])
