@@ -54,8 +54,8 @@ def laws_figure(laws: dict) -> go.Figure:
     """laws: ``step_laws`` output (sampler.py): proposal / target components, M_time, M_type, the proposal."""
     t_w, t_mu, t_sd = laws["target"]
     p_w, p_mu, p_sd = laws["proposal"]
-    lo = min(min(t_mu) - 4 * max(t_sd), min(p_mu) - 3 * max(p_sd))
-    hi = max(max(t_mu) + 4 * max(t_sd), max(p_mu) + 3 * max(p_sd))
+    lo = min(m - 4 * s for m, s in zip(t_mu, t_sd))  # the target's bulk (the heavy tail spreads much wider)
+    hi = max(m + 4 * s for m, s in zip(t_mu, t_sd))
     y = np.linspace(lo, hi, 600)
     q, p = _mix_pdf(y, p_w, p_mu, p_sd), _mix_pdf(y, t_w, t_mu, t_sd)
     fig = go.Figure()
