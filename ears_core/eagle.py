@@ -14,6 +14,10 @@ drafting        after a round the head has consumed true features up to the last
                 feeds back the head's *predicted* feature with the drafted token.
 commit          drop the entries made from predicted features, then feed the target's true
                 features for the kept drafts and the new token (one small batched forward).
+min_confidence  dynamic draft length: a round stops drafting at the first token whose raw
+                (T = 1) draft probability is below it (possibly before the first, making the round a plain
+                target step). The rule still sees q, so verification stays exact; on a CPU, where
+                every extra verified position costs, it drops drafts that were unlikely to stand.
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
 
@@ -43,7 +47,7 @@ def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
     c = target_config
     return LlamaConfig(
         vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=layers, num_attention_heads=c.num_attention_heads,
+        num_hidden_layers=layers, bos_token_id=None, eos_token_id=None, pad_token_id=None, num_attention_heads=c.num_attention_heads,
         num_key_value_heads=c.num_key_value_heads, head_dim=getattr(c, "head_dim", None),
         rms_norm_eps=c.rms_norm_eps, rope_parameters=getattr(c, "rope_parameters", None),
         max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False,
@@ -88,6 +92,7 @@ class DraftHead(nn.Module):
         bad = [m for m in missing if not m.startswith("body.embed_tokens")]
         if bad or unexpected:
             raise ValueError(f"draft head files in {folder} do not match the head: missing {bad}, unexpected {unexpected}")
+        head.meta = info.get("meta", {})  # training record and inference settings (min_confidence)
         return head.to(dtype).eval()
 
 
@@ -104,13 +109,19 @@ class EagleDrafter:
 
     needs_target_hidden = True
 
-    def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None) -> None:
+    def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None,
+                 min_confidence: float | None = None) -> None:
+        if min_confidence is not None and not 0.0 <= min_confidence < 1.0:
+            raise ValueError(f"min_confidence must be in [0, 1) or None, got {min_confidence}")
         self.head = head
+        self.min_confidence = min_confidence
         self.embed = target.get_input_embeddings()
         w = target.get_output_embeddings().weight  # (V, d)
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
         self.vocab_ids = head.vocab_ids.to(w.device)  # (N,)
         self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
+        self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
+        self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self._s: _State | None = None
 
     def fresh(self) -> "EagleDrafter":
@@ -142,16 +153,30 @@ class EagleDrafter:
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         feat, tokens, probs = s.next_feat, [], []
         for i in range(k):
+            sub = (feat @ self.w_sub.T).float()  # (B, N)
             logits = torch.full((b, self.vocab_size), float("-inf"), device=dev)
-            logits[:, self.vocab_ids] = (feat @ self.w_sub.T).float()  # (B, N) into (B, V)
+            logits[:, self.vocab_ids] = sub  # (B, V)
             pr = probs_fn(logits)  # (B, V), zero outside vocab_ids
             tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
+            if self.min_confidence is not None and self._unsure(sub, tok):
+                break  # a draft this unsure costs a wider verify pass more than it is likely to win
             tokens.append(tok)
             probs.append(pr)
             if i < k - 1:
                 feat = self._head(feat.unsqueeze(1), tok.unsqueeze(1))[:, -1]
-        s.proposed = torch.stack(tokens, dim=1)  # (B, k)
-        return s.proposed, torch.stack(probs, dim=1)  # (B, k), (B, k, V)
+        if not tokens:
+            s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
+            return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
+        s.proposed = torch.stack(tokens, dim=1)  # (B, k') with k' <= k
+        return s.proposed, torch.stack(probs, dim=1)  # (B, k'), (B, k', V)
+
+    def _unsure(self, sub_logits: Tensor, tok: Tensor) -> bool:
+        """Every row's drafted token has a raw (T = 1) draft probability below ``min_confidence``.
+        Raw, not after temperature: at T = 0 the sampling distribution is one-hot and says nothing.
+        One host read per draft step, only with dynamic draft length, which needs it to decide."""
+        raw = torch.softmax(sub_logits, dim=-1)  # (B, N)
+        conf = raw.gather(-1, self._slot[tok].unsqueeze(-1)).squeeze(-1)  # (B,)
+        return bool((conf < self.min_confidence).all())
 
     @torch.inference_mode()
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
