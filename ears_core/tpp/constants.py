@@ -106,19 +106,23 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     hi = (tmu + z * tsd).amax(-1)
     frac = torch.linspace(0, 1, cells + 1, dtype=tmu.dtype, device=tmu.device)
     y = lo.unsqueeze(-1) + (hi - lo).unsqueeze(-1) * frac  # (..., G+1) grid
-    pm, ps = pmu, psd
+    pm, ps, pwh = pmu, psd, pw
     if heavy is not None:
         pm, ps = torch.cat([pmu, heavy[1].unsqueeze(-1)], -1), torch.cat([psd, heavy[2].unsqueeze(-1)], -1)
+        pwh = torch.cat([pw, heavy[0].unsqueeze(-1)], -1)
+    # each Gaussian is unimodal: its max on a cell [a, b] is at clamp(mu, a, b), its min at an end.
+    # Linear space, weights shifted by their max (the common 1/sqrt(2 pi) cancels in the ratio).
+    m_t, m_p = tw.amax(-1, keepdim=True), pwh.amax(-1, keepdim=True)
+    ct = (torch.exp(tw - m_t) / tsd).unsqueeze(-1)  # (..., K, 1) weight / scale
+    cp = (torch.exp(pwh - m_p) / ps).unsqueeze(-1)  # (..., J, 1)
     a, b = y[..., :-1].unsqueeze(-1), y[..., 1:].unsqueeze(-1)  # (..., G, 1) cell ends
-    # each Gaussian is unimodal: its max on [a, b] is at clamp(mu, a, b), its min at an end
-    top = _log_normal_pdf(torch.minimum(torch.maximum(tmu.unsqueeze(-2), a), b), tmu.unsqueeze(-2), tsd.unsqueeze(-2))
-    pwh = pw if heavy is None else torch.cat([pw, heavy[0].unsqueeze(-1)], -1)
-    m_t, m_p = tw.amax(-1, keepdim=True), pwh.amax(-1, keepdim=True)  # shift weights: no overflow
-    num = (torch.exp(tw - m_t).unsqueeze(-2) * torch.exp(top)).sum(-1)  # (..., G)
-    pm2, ps2 = pm.unsqueeze(-2), ps.unsqueeze(-2)
-    bot = torch.exp(torch.minimum(_log_normal_pdf(a, pm2, ps2), _log_normal_pdf(b, pm2, ps2)))  # (..., G, J)
-    den = (torch.exp(pwh - m_p).unsqueeze(-2) * bot).sum(-1)  # (..., G); > 0 inside D (the widest part covers it)
-    inner = torch.log((num / den).amax(-1)) + (m_t - m_p).squeeze(-1)  # (...)
+    mu_t, mu_p = tmu.unsqueeze(-2), pm.unsqueeze(-2)  # (..., 1, K), (..., 1, J)
+    zt = (torch.minimum(torch.maximum(mu_t, a), b) - mu_t) / tsd.unsqueeze(-2)  # (..., G, K)
+    num = (torch.exp(-0.5 * zt * zt) @ ct).squeeze(-1)  # (..., G) target upper bound per cell
+    zp = (y.unsqueeze(-1) - mu_p) / ps.unsqueeze(-2)  # (..., G+1, J) at the grid points
+    ep = torch.exp(-0.5 * zp * zp)
+    den = (torch.minimum(ep[..., :-1, :], ep[..., 1:, :]) @ cp).squeeze(-1)  # (..., G) proposal lower bound
+    inner = torch.log((num / den).amax(-1)) + (m_t - m_p).squeeze(-1)  # (...); den > 0 inside D
     inf = torch.full_like(lo, INF)
     if heavy is not None:  # tails against the heavy tail alone: log(w_k N_k / (eps h)) = A y^2 + B y + C
         le, mh, sh = (v.unsqueeze(-1) for v in heavy)  # (..., 1)
