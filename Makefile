@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browser test test-fast demo demo-cli clean
+.PHONY: install browser test test-fast demo demo-cli bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,10 @@ demo: install
 ARGS ?=
 demo-cli: install
 	$(PY) -m ears_core.generate $(ARGS)
+
+# The benchmark on the embedded pair into bench_out/ (see docs/benchmarks.md); flags with ARGS=.
+bench: install
+	$(PY) -m ears_core.bench --out bench_out $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache
