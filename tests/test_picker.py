@@ -257,3 +257,17 @@ def test_a_race_stops_at_the_timeout():
     ears_html, ordinary_html, _, md, _ = outs[-1]
     assert "Stopped after 0.001 s" in md and "(during EARS β=0.1)" in md
     assert 1 <= ears_html.count("data-kind=") < 200 and "data-kind=" not in ordinary_html
+
+
+def test_describe_device_names_every_device_of_a_device_map():
+    model = tiny_llama(0)
+    model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": "cpu"}
+    assert em.describe_device(model) == "cuda:0, cuda:1, cpu via accelerate's device map (float32)"
+
+
+def test_check_pair_refuses_cross_family_embedded_pairs_before_loading_weights(folders):
+    with pytest.raises(em.ModelLoadError, match="embedded target pairs with the embedded draft or n-gram"):
+        em.check_pair("embedded", str(folders / "tiny-draft"))
+    with pytest.raises(em.ModelLoadError, match="embedded draft is a head on SmolLM2"):
+        em.check_pair(str(folders / "tiny-target"), "embedded")
+    assert em.check_pair(str(folders / "tiny-target"), str(folders / "tiny-draft")) == 100
