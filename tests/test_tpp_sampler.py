@@ -157,3 +157,14 @@ def test_untrained_model_is_still_sampled_exactly():
     for j in (0, 2):
         assert stats.ks_2samp(_gap(a, j), _gap(b, j)).pvalue > P_MIN
     assert stats.ks_2samp([len(r.times) for r in a], [len(r.times) for r in b]).pvalue > P_MIN
+
+
+def test_tolerance_beyond_the_seed_is_off_by_default_and_raises_acceptance(model):
+    """beta = 0 is the exact sampler draw for draw; beta > 0 keeps more proposals (and is not exact)."""
+    exact = speculative_sample(model, l=8, n_events=300, seed=4)
+    zero = speculative_sample(model, l=8, n_events=300, seed=4, cfg=SpecConfig(beta=0.0))
+    assert exact.times == zero.times and exact.kinds == zero.kinds
+    loose = speculative_sample(model, l=8, n_events=300, seed=4, cfg=SpecConfig(beta=0.5))
+    assert loose.stats()["acceptance_rate"] > exact.stats()["acceptance_rate"] + 0.05
+    with pytest.raises(ValueError, match="beta"):
+        speculative_sample(model, l=4, n_events=3, cfg=SpecConfig(beta=1.5))
