@@ -35,6 +35,7 @@ scripts/bench_tpp.py --tolerance measures by how much against the exact samplers
 
 from __future__ import annotations
 
+import bisect
 import math
 import time as _time
 from dataclasses import dataclass, field
@@ -232,13 +233,16 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
         n_acc = int(keep.long().cumprod(0).sum())  # proposals before the first rejection
         steps.append(StepRecord(torch.exp(y).tolist(), x.tolist(), torch.exp(log_a).tolist(),
                                 torch.exp(log_m).tolist(), n_acc, float(outside.max())))
-        for j, (tau_j, x_j) in enumerate(zip(torch.exp(y[:n_acc]).tolist(), x[:n_acc].tolist())):
-            t += tau_j
-            if _done(len(times), t, n_events, t_end):
-                break
-            times.append(t)
-            types.append(x_j)
-            kinds.append("resampled" if j == 0 and after_rejection else "accepted")
+        new_t = (t + torch.cumsum(torch.exp(y[:n_acc]).double(), 0)).tolist()  # times of the kept events
+        keep = n_acc if n_events is None else min(n_acc, n_events - len(times))
+        if t_end is not None:
+            keep = min(keep, bisect.bisect_right(new_t, t_end))  # the first event past t_end is not kept
+        times.extend(new_t[:keep])
+        types.extend(x[:keep].tolist())
+        kinds.extend(["resampled" if after_rejection else "accepted"] + ["accepted"] * (keep - 1) if keep else [])
+        if keep < n_acc:  # the budget ran out inside this step
+            break
+        t = new_t[-1] if n_acc else t
         # the next step starts at the first rejected position (or after the last proposal), from its own target
         after_rejection = n_acc < l
         h, dist0 = states[n_acc:n_acc + 1], tgt_all[n_acc]
