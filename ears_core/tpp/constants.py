@@ -88,7 +88,7 @@ def _log_normal_pdf(y, mu, sd):
 
 
 def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 128, z: float = 4.0,
-                      mediant: bool = True):
+                      mediant: bool = True, shared_grid: bool = False):
     """log M for Gaussian mixtures in y (log-normal mixtures in tau = e^y), batched.
 
     tw, tmu, tsd: target log-weights, locations, scales (..., K); pw, pmu, psd: proposal (..., J);
@@ -99,13 +99,17 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     Tails y < lo, y > hi: sum_k w_k N_k / (eps h) with each term's quadratic sup in closed form (or, with
     no heavy tail and paired components, the mediant max_k w_k N_k / (v_k N'_k)).
     ``mediant=False`` skips the mediant bound (fewer tensor calls; the sampler's fine grid is tight already).
+    ``shared_grid=True``: one grid spanning every batch row's D, so a proposal shared by the rows (given
+    unbatched, (J,)) is evaluated once on it.
     Returns (log_M, lo, hi, mass_outside, truncated), each (...): where a tail has no finite bound,
     log_M covers D only and mass_outside is the target's mass outside D.
     """
     lo = (tmu - z * tsd).amin(-1)  # (...)
     hi = (tmu + z * tsd).amax(-1)
+    if shared_grid:
+        lo, hi = lo.amin(), hi.amax()  # ()
     frac = torch.linspace(0, 1, cells + 1, dtype=tmu.dtype, device=tmu.device)
-    y = lo.unsqueeze(-1) + (hi - lo).unsqueeze(-1) * frac  # (..., G+1) grid
+    y = lo.unsqueeze(-1) + (hi - lo).unsqueeze(-1) * frac  # (..., G+1) grid, or (G+1,) when shared
     pm, ps, pwh = pmu, psd, pw
     if heavy is not None:
         pm, ps = torch.cat([pmu, heavy[1].unsqueeze(-1)], -1), torch.cat([psd, heavy[2].unsqueeze(-1)], -1)

@@ -218,10 +218,9 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
         tgt_all = model.decode(states)  # targets p*_j for j = 1..l+1, leading shape (l+1,)
         tgt = tgt_all[:l]
         log_p = tgt.log_prob_y(y) + tgt.type_log_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (l,)
-        exp = lambda v: v.unsqueeze(0).expand(l, *v.shape)  # noqa: E731  (K,) -> (l, K)
-        log_m_time, _, _, outside, _ = mixture_log_bound(tgt.log_w, tgt.mu, tgt.sd, *(exp(c) for c in comps),
-                                                         tuple(exp(v) for v in heavy), cells=cfg.cells, z=cfg.z,
-                                                         mediant=False)
+        # one grid for all l positions: the shared proposal (K,) is evaluated on it once
+        log_m_time, _, _, outside, _ = mixture_log_bound(tgt.log_w, tgt.mu, tgt.sd, *comps, heavy, cells=cfg.cells,
+                                                         z=cfg.z, mediant=False, shared_grid=True)  # (l,)
         log_m = log_m_time + (tgt.type_log_probs - type_lp).amax(-1) + LOG_SAFETY  # (l,)
         log_m[0] = min(float(log_m[0]), -2 * math.log1p(-cfg.eps) + LOG_SAFETY)  # q >= (1 - eps)^2 p*_1 exactly
         log_a = log_p - log_m - log_q  # log acceptance probability (l,)
