@@ -106,8 +106,15 @@ def test_history_conditions_the_start(model):
     hist = ([0.2, 0.5, 0.6], [0, 1, 1])
     r = speculative_sample(model, l=4, n_events=5, history=hist, seed=0)
     assert r.times[0] > 0.6  # continues after the last history event
+    assert r.taus[0] == pytest.approx(r.times[0] - 0.6)
     ar = autoregressive_sample(model, n_events=5, history=hist, seed=0)
-    assert ar.times[0] > 0.6
+    assert ar.times[0] > 0.6 and ar.taus[0] == pytest.approx(ar.times[0] - 0.6)
+    # the history changes the law: the first gap after a burst differs from the first gap of an empty history
+    with torch.no_grad():
+        fresh = model.decode(model.start(1)[0])
+        h = model.encode(torch.tensor([[0.2, 0.3, 0.1]]), torch.tensor([[0, 1, 1]]), model.start(1))[:, -1]
+        after = model.decode(h[0])
+    assert not torch.allclose(fresh.mu, after.mu, atol=1e-3)
 
 
 def test_step_records_are_consistent(model):

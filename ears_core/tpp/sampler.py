@@ -78,6 +78,7 @@ class SampleResult:
     kinds: list[str]  # "accepted" / "resampled" / "target", per event
     steps: list[StepRecord] = field(default_factory=list)
     seconds: float = 0.0
+    start: float = 0.0  # time of the last history event (0 without history)
 
     @property
     def events_per_second(self) -> float:
@@ -85,7 +86,7 @@ class SampleResult:
 
     @property
     def taus(self) -> list[float]:
-        return [t - s for t, s in zip(self.times, [0.0, *self.times[:-1]])]
+        return [t - s for t, s in zip(self.times, [self.start, *self.times[:-1]])]
 
     def stats(self) -> dict:
         """Acceptance rate (kept / proposal positions evaluated) and mean accepted per step."""
@@ -152,7 +153,7 @@ def autoregressive_sample(model: NeuralTPP, *, n_events: int | None = None, t_en
     gen = torch.Generator().manual_seed(seed)
     t0 = _time.perf_counter()
     h, t = _start(model, history)
-    times, types = [], []
+    t_start, times, types = t, [], []
     while True:
         tau, x = model.decode(h).sample(1, gen)  # (1, 1) each
         t += float(tau)
@@ -161,7 +162,7 @@ def autoregressive_sample(model: NeuralTPP, *, n_events: int | None = None, t_en
         times.append(t)
         types.append(int(x))
         h = model.encode(tau, x, h)[:, -1]  # (1, H)
-    return SampleResult(times, types, ["target"] * len(times), seconds=_time.perf_counter() - t0)
+    return SampleResult(times, types, ["target"] * len(times), seconds=_time.perf_counter() - t0, start=t_start)
 
 
 def proposal_law(dist: EventDist, cfg: SpecConfig):
@@ -207,7 +208,7 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
     gen = torch.Generator().manual_seed(seed)
     t0 = _time.perf_counter()
     h, t = _start(model, history)  # (1, H)
-    times, types, kinds, steps = [], [], [], []
+    t_start, times, types, kinds, steps = t, [], [], [], []
     dist0 = model.decode(h[0])  # target at position 1, leading shape ()
     after_rejection = False
     while not _done(len(times), t, n_events, t_end):
@@ -245,7 +246,7 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
         # the next step starts at the first rejected position (or after the last proposal), from its own target
         after_rejection = n_acc < l
         h, dist0 = states[n_acc:n_acc + 1], tgt_all[n_acc]
-    return SampleResult(times, types, kinds, steps, seconds=_time.perf_counter() - t0)
+    return SampleResult(times, types, kinds, steps, seconds=_time.perf_counter() - t0, start=t_start)
 
 
 @torch.no_grad()
