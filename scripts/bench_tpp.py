@@ -3,6 +3,7 @@
     .venv/bin/python scripts/bench_tpp.py                 # l in 1 2 4 8 16, markdown table on stdout
     .venv/bin/python scripts/bench_tpp.py --events 3000 --repeats 5 --json docs/tpp_bench.json
     .venv/bin/python scripts/bench_tpp.py --tolerance          # the optional EARS-style tolerance, beyond the seed
+    .venv/bin/python scripts/bench_tpp.py --model assets/tpp/renewal --json docs/tpp_bench_renewal.json
 
 Both samplers draw the same number of events from the same model, on one CPU thread, interleaved
 round by round (autoregressive, then every l) so that load from other processes hits all of them
@@ -26,12 +27,12 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ears_core.tpp.model import load_model
+from ears_core.tpp.model import ASSET_DIR, load_model
 from ears_core.tpp.sampler import SpecConfig, autoregressive_sample, speculative_sample
 
 
-def run(events: int, repeats: int, ls: list[int]) -> dict:
-    model = load_model()
+def run(events: int, repeats: int, ls: list[int], folder: Path = ASSET_DIR) -> dict:
+    model = load_model(folder)
     ar, spec = [], {l: [] for l in ls}
     speculative_sample(model, l=4, n_events=200, seed=999)  # warm-up
     autoregressive_sample(model, n_events=200, seed=999)
@@ -47,7 +48,8 @@ def run(events: int, repeats: int, ls: list[int]) -> dict:
                          ratio=med("events_per_s") / ar_eps, acceptance_rate=med("acceptance_rate"),
                          mean_accepted_per_step=med("mean_accepted_per_step"),
                          events_per_step=med("events_per_step"), max_mass_outside=max(s["max_mass_outside"] for s in spec[l])))
-    return dict(events=events, repeats=repeats, device="cpu", threads=torch.get_num_threads(),
+    return dict(model=str(folder.relative_to(folder.parents[1])) if folder.is_absolute() else str(folder),
+                events=events, repeats=repeats, device="cpu", threads=torch.get_num_threads(),
                 cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), rows=rows)
 
 
@@ -95,6 +97,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--l", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--model", type=Path, default=ASSET_DIR, help="weights folder (assets/tpp/renewal: renewal model)")
     ap.add_argument("--from-json", type=Path, default=None, help="reprint the table of a saved --json run")
     ap.add_argument("--tolerance", action="store_true", help="measure the optional EARS-style tolerance instead")
     args = ap.parse_args()
@@ -105,7 +108,7 @@ def main() -> None:
     if args.tolerance:
         print(tolerance([0.0, 0.1, 0.3, 0.5]))
         return
-    res = run(args.events, args.repeats, args.l)
+    res = run(args.events, args.repeats, args.l, args.model)
     print(markdown(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=2) + "\n")

@@ -109,6 +109,13 @@ class RenewalProcess:
     def num_types(self) -> int:
         return len(self.probs)
 
+    def log_likelihood(self, seq: Sequence) -> float:
+        """Exact log-likelihood: log-normal density of each gap times the probability of each type."""
+        y = np.log(seq.taus)
+        ll = -0.5 * ((y - self.mu) / self.sigma) ** 2 - np.log(self.sigma * np.sqrt(2 * np.pi)) - y
+        p = np.asarray(self.probs) / sum(self.probs)
+        return float(ll.sum() + np.log(p[seq.types]).sum())
+
     def simulate(self, n_events: int, rng: np.random.Generator) -> Sequence:
         taus = np.exp(rng.normal(self.mu, self.sigma, n_events))
         types = rng.choice(len(self.probs), size=n_events, p=np.asarray(self.probs) / sum(self.probs))
