@@ -94,3 +94,9 @@ def test_moving_l_reaches_the_sampler(page):
     assert page.locator("#tpp_l input[type=number]").input_value() == "8"
     page.locator("#tpp_sample").click()
     page.wait_for_function("document.querySelector('#tpp_summary').innerText.includes('l=8')", timeout=90_000)
+    # the renewal model: its law does not move with the history, so nearly every proposal stands (>= 0.85)
+    page.locator("#tpp_model").get_by_text("renewal").click()
+    page.locator("#tpp_sample").click()
+    page.wait_for_function("document.querySelector('#tpp_summary').innerText.includes('l=8') && "
+                           "/\\b0\\.(8[5-9]|9\\d)\\d\\b/.test(document.querySelector('#tpp_summary').innerText)",
+                           timeout=90_000)

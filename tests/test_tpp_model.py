@@ -119,3 +119,22 @@ def test_figures_show_both_samplers_and_the_envelope_lies_above_the_target():
     qq = viz.qq_figure(ar.taus, spec.taus)
     assert len(qq.data[0].x) == 99
     assert "Speedup" in viz.summary_markdown(spec, ar, 4)
+
+
+def test_renewal_log_likelihood_fixed_case():
+    proc = RenewalProcess(mu=0.0, sigma=1.0, probs=[0.25, 0.75])
+    seq = Sequence(np.array([1.0, 1.0 + math.e]), np.array([0, 1]))  # gaps 1 and e: log gaps 0 and 1
+    expected = 2 * -0.5 * math.log(2 * math.pi) - 0.5 - 1.0 + math.log(0.25) + math.log(0.75)
+    assert proc.log_likelihood(seq) == pytest.approx(expected)
+
+
+def test_shipped_renewal_model_ignores_history_and_nearly_every_proposal_stands():
+    from ears_core.tpp.model import ASSET_DIR
+    model = load_model(ASSET_DIR / "renewal")
+    with torch.no_grad():
+        d = model.decode(model.start(1)[0])
+        y = torch.linspace(-6, 4, 2001)
+        dens = torch.exp(d.log_prob_y(y)).numpy()
+    assert np.abs(dens - stats.norm(-0.5, 0.8).pdf(y.numpy())).max() < 0.05  # learnt the true gap law
+    st = speculative_sample(model, l=8, n_events=400, seed=0).stats()
+    assert st["acceptance_rate"] > 0.85 and st["mean_accepted_per_step"] > 5

@@ -175,3 +175,13 @@ def test_tolerance_beyond_the_seed_is_off_by_default_and_raises_acceptance(model
     assert loose.stats()["acceptance_rate"] > exact.stats()["acceptance_rate"] + 0.05
     with pytest.raises(ValueError, match="beta"):
         speculative_sample(model, l=4, n_events=3, cfg=SpecConfig(beta=1.5))
+
+
+def test_renewal_model_is_sampled_exactly_too():
+    from ears_core.tpp.model import ASSET_DIR
+    m = load_model(ASSET_DIR / "renewal")
+    a = [speculative_sample(m, l=8, n_events=6, seed=i) for i in range(400)]
+    b = [autoregressive_sample(m, n_events=6, seed=70_000 + i) for i in range(400)]
+    for j in (0, 5):
+        assert stats.ks_2samp(_gap(a, j), _gap(b, j)).pvalue > P_MIN
+        assert stats.chi2_contingency(np.stack([_types(a, j), _types(b, j)]))[1] > P_MIN
