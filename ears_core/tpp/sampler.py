@@ -195,7 +195,9 @@ def _draw_proposals(comps, heavy, type_lp, l: int, gen: torch.Generator):
 @torch.no_grad()
 def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = None, t_end: float | None = None,
                        history=None, seed: int = 0, cfg: SpecConfig | None = None) -> SampleResult:
-    """Algorithm 1 of seed 001 with exact resampling at the first rejection (module docstring)."""
+    """Algorithm 1 of seed 001: l proposals per step, the next step restarts at the first rejected position
+    with state and proposal moved there (module docstring). Stops after ``n_events`` or at the first event
+    past ``t_end``, like ``autoregressive_sample``."""
     if isinstance(l, bool) or int(l) != l or l < 1:
         raise ValueError(f"l (proposals per step) must be an integer >= 1, got {l}")
     _check_budget(n_events, t_end)
