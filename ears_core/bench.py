@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sections", default=",".join(d.sections), help=f"any of {', '.join(SECTIONS)}")
     p.add_argument("--no-assisted", action="store_true", help="skip transformers' assisted generation")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--images", action="store_true", help="also write the figures as PNG (needs kaleido + chromium)")
+    p.add_argument("--images", action="store_true", help="also write the figures as PNG (drawn in /usr/bin/chromium via playwright)")
     p.add_argument("--out", type=Path, default=d.out, help="folder for runs.csv, summary.json, report.html")
     return p
 

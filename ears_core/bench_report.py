@@ -113,9 +113,25 @@ def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, A
     figs = figures(summary)
     write_html(out / "report.html", summary, figs)
     if s.images:
-        for name, fig in figs.items():
-            fig.write_image(out / f"{name}.png", width=900, height=450, scale=1)
+        write_pngs(figs, out)
     return summary
+
+
+def write_pngs(figs: dict[str, go.Figure], out: Path, chromium: str = "/usr/bin/chromium") -> None:
+    """Each figure as <name>.png, drawn by plotly.js in headless chromium through playwright (the
+    browser the tests use; no extra image-export package)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu",
+                                                                      "--disable-background-networking"])
+        page = browser.new_page(viewport={"width": 960, "height": 480})
+        for name, fig in figs.items():
+            page.set_content(fig.to_html(include_plotlyjs="inline", full_html=True, div_id="fig",
+                                         default_width="940px", default_height="460px"))
+            page.wait_for_selector("#fig .main-svg")
+            page.locator("#fig").screenshot(path=str(Path(out) / f"{name}.png"))
+        browser.close()
 
 
 COLUMNS = [("config", "config", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"), ("ratio", "vs target", "{:.2f}x"),
@@ -201,14 +217,16 @@ def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
         figs["speed"] = fig
     if "sweep" in secs:
         fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
-        for t in sorted({r["temperature"] for r in secs["sweep"]}):
+        palette = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3"]
+        for n, t in enumerate(sorted({r["temperature"] for r in secs["sweep"]})):
+            colour = dict(color=palette[n % len(palette)])
             pts = sorted((r for r in secs["sweep"] if r["temperature"] == t and r["method"] != "target"),
                          key=lambda r: r["beta"])
             xs, lab = [r["distortion"] for r in pts], [f"β={r['beta']:g}" for r in pts]
             fig.add_scatter(x=xs, y=[r["acceptance"] for r in pts], text=lab, mode="lines+markers",
-                            name=f"T={t:g}", legendgroup=str(t), row=1, col=1)
+                            name=f"T={t:g}", legendgroup=str(t), line=colour, row=1, col=1)
             fig.add_scatter(x=xs, y=[r["ratio"] for r in pts], text=lab, mode="lines+markers", name=f"T={t:g}",
-                            legendgroup=str(t), showlegend=False, row=1, col=2)
+                            legendgroup=str(t), showlegend=False, line=colour, row=1, col=2)
         fig.update_xaxes(title_text="mean exact distortion (TV per token)")
         fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
         fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
@@ -216,18 +234,18 @@ def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
         figs["frontier"] = fig
     if "k" in secs:
         fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s vs target-only", "tokens per round"))
-        for m in ("ordinary", "ears"):
+        for m, col in (("ordinary", "#636efa"), ("ears", "#ef553b")):
             pts = sorted((r for r in secs["k"] if r["method"] == m), key=lambda r: r["gamma"])
             if not pts:
                 continue
-            ks, name = [r["gamma"] for r in pts], pts[0]["label"]
+            ks, name, line = [r["gamma"] for r in pts], pts[0]["label"], dict(color=col)
             fig.add_scatter(x=ks, y=[r["ratio"] for r in pts], mode="lines+markers", name=f"{name} measured",
-                            row=1, col=1)
-            fig.add_scatter(x=ks, y=[r.get("cost_model_S") for r in pts], mode="lines", line_dash="dash",
+                            line=line, row=1, col=1)
+            fig.add_scatter(x=ks, y=[r.get("cost_model_S") for r in pts], mode="lines", line=dict(line, dash="dash"),
                             name=f"{name} cost model", row=1, col=1)
             fig.add_scatter(x=ks, y=[r["accept_length"] for r in pts], mode="lines+markers", name=f"{name} measured",
-                            showlegend=False, row=1, col=2)
-            fig.add_scatter(x=ks, y=[r["theory_E"] for r in pts], mode="lines", line_dash="dash",
+                            showlegend=False, line=line, row=1, col=2)
+            fig.add_scatter(x=ks, y=[r["theory_E"] for r in pts], mode="lines", line=dict(line, dash="dot"),
                             name=f"{name} E(a, K)", row=1, col=2)
         fig.update_xaxes(title_text="K")
         fig.update_layout(title="Draft length K")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from ears_core import bench
 from ears_core.bench import BenchSettings, Config, Job, build_plan, final_answer, spread
 from ears_core.bench_report import RUN_FIELDS, pool, wilson
 from test_models import _save_tiny
+
+HAS_CHROMIUM = os.path.exists("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     rc = bench.main(["--target", str(target), "--draft", str(draft), "--device", "cpu", "--prompts", "3",
                      "--sweep-prompts", "2", "--max-new-tokens", "10", "--fidelity-tokens", "10",
                      "--fidelity-seeds", "2", "--betas", "0.1,0.5", "--temperatures", "0.6,1.2",
-                     "--gammas", "1,2", "--out", str(out)])
+                     "--gammas", "1,2", "--out", str(out), *(["--images"] if HAS_CHROMIUM else [])])
     assert rc == 0
     printed = capsys.readouterr().out
     for section in ("[main]", "[sweep]", "[k]", "[fidelity]"):
@@ -78,6 +81,9 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert all(len(r["accuracy_ci"]) == 2 for r in fid.values())
     assert summary["assisted"].startswith("transformers assisted generation")
 
+    if HAS_CHROMIUM:  # the plots as images, drawn by plotly.js in the browser the tests use
+        for name in ("speed", "frontier", "k", "fidelity"):
+            assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
     assert html.count("<table>") == 4 and "plotly" in html
     for div in ("speed", "frontier", "k", "fidelity"):
