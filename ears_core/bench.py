@@ -15,8 +15,10 @@ ratio       a config's pooled tokens/s (total tokens / total seconds) over targe
             tokens/s at the same T on the same prompts and seeds, both measured in this process with
             the configs of one prompt run back to back in a rotating order (interleaved); a warm-up
             run of each method comes first and is not counted
-theory S    E(a, K) / (K c + 1) (seed 003) from the pooled acceptance rate a and cost ratio c
-cost-model  E(a, K) t_step / (K t_draft + t_verify): theory with the measured price of a verify pass
+k           drafts actually made per round: K, or fewer when the draft stops early (the embedded head
+            drafts with a dynamic length) or the answer is about to end
+theory S    E(a, k) / (k c + 1) (seed 003) from the pooled acceptance rate a and cost ratio c
+cost-model  E(a, k) t_step / (k t_draft + t_verify): theory with the measured price of a verify pass
             (t_verify) instead of one target step (t_step); on a CPU a pass over K+1 tokens costs
             more than one step, which is most of the gap between theory S and the measured ratio
 log-prob    the target's mean log-probability (at T = 1) of the tokens a run emitted
@@ -104,6 +106,7 @@ class BenchSettings:
     out: Path = Path("bench_out")
     threads: int | None = None
     images: bool = False
+    draft_confidence: str = "default"  # the embedded head's dynamic length: "default", "off" or a threshold
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -118,6 +121,11 @@ class BenchSettings:
         if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
             raise ValueError("beta must be >= 0")
         unknown = set(self.sections) - set(SECTIONS)
+        if self.draft_confidence not in ("default", "off"):
+            try:
+                float(self.draft_confidence)
+            except ValueError:
+                raise ValueError(f"--draft-confidence must be 'default', 'off' or a number, got {self.draft_confidence!r}")
         if unknown:
             raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
 
@@ -265,12 +273,12 @@ NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def final_answer(text: str) -> str | None:
-    """The last number in the text, commas dropped and trailing .0 removed ("1,200.0" -> "1200")."""
+    """The last number in the text, commas dropped, as a canonical string ("1,200.00" -> "1200")."""
     found = NUMBER.findall(text.replace(",", ""))
     if not found:
         return None
-    x = found[-1]
-    return x[:-2] if x.endswith(".0") else x
+    x = float(found[-1])  # "14", "14.0" and "14.00" are one answer
+    return str(int(x)) if x.is_integer() else f"{x:g}"
 
 
 def load_bench(s: BenchSettings) -> Bench:
@@ -282,6 +290,9 @@ def load_bench(s: BenchSettings) -> Bench:
     if draft != "ngram" and s.target != "embedded" and draft == "embedded":
         raise ValueError("the embedded draft only drafts for --target embedded; give --draft ngram or a model")
     pair = load_pair(s.target, None if draft == "ngram" else draft, device=s.device)
+    if s.draft_confidence != "default" and hasattr(pair.draft, "min_confidence"):
+        pair.draft.min_confidence = None if s.draft_confidence == "off" else float(s.draft_confidence)
+        draft = f"{draft} (min confidence {pair.draft.min_confidence})"
     return Bench(pair.target, pair.tokenizer, pair.vocab_size, "ngram" if draft == "ngram" else pair.draft,
                  "n-gram prompt lookup" if draft == "ngram" else draft)
 
@@ -310,7 +321,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
         r = bench.run(job.config, ids[job.prompt_id], job.seed, job.max_new_tokens)
         r["logprob"] = bench.mean_logprob(ids[job.prompt_id], r["token_ids"])
         r["answer"] = final_answer(r["text"]) if p.get("answer") is not None else None
-        r["correct"] = None if r["answer"] is None and p.get("answer") is None else r["answer"] == str(p["answer"])
+        r["correct"] = None if p.get("answer") is None else r["answer"] == final_answer(str(p["answer"]))
         rows[job] = r
         if progress and (sys.stderr.isatty() or n % max(1, len(jobs) // 20) == 0 or n == len(jobs)):
             el = time.perf_counter() - t_start
@@ -372,6 +383,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--images", action="store_true", help="also write the figures as PNG (drawn in /usr/bin/chromium via playwright)")
     p.add_argument("--out", type=Path, default=d.out, help="folder for runs.csv, summary.json, report.html")
+    p.add_argument("--draft-confidence", default="default",
+                   help="dynamic draft length of a head drafter: 'default' (its own), 'off' (always K) or a threshold")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: rebuild summary.json, report.html (and PNGs) from --out's runs.csv")
     return p
 
 
@@ -383,9 +398,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                       temperatures=a.temperatures, gammas=a.gammas, fidelity_seeds=a.fidelity_seeds,
                       fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
                       assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
+                      draft_confidence=a.draft_confidence,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
     from .models import ModelLoadError
 
+    if a.report_only:
+        from .bench_report import format_table, reaggregate
+
+        print(format_table(reaggregate(a.out, images=a.images)))
+        return 0
     try:
         s.check()
         summary = run_bench(s)

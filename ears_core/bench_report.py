@@ -19,9 +19,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy.stats import binomtest
 
-from .metrics import expected_tokens_per_step, theoretical_speedup
+from .metrics import expected_tokens_per_step
 
-__all__ = ["pool", "write_all", "format_table", "wilson"]
+__all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson"]
 
 RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "sections", "prompt_id", "task", "seed",
               "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
@@ -66,16 +66,16 @@ def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any
         row["logprob"] = _r(sum(lps) / len(lps)) if lps else None
         if tot["drafted"]:
             a = tot["accepted"] / tot["drafted"]
-            t_draft, t_verify = tot["draft_ms"] / tot["drafted"], tot["target_ms"] / max(1, tot["steps"])
-            c = t_draft / t_verify
-            e = expected_tokens_per_step(a, cfg.gamma)
-            row.update(acceptance=_r(a), pardon_rate=_r(tot["pardoned"] / tot["drafted"]),
+            k_eff = tot["drafted"] / max(1, tot["steps"])  # drafts per round: K, or fewer with a dynamic length
+            t_round_draft, t_verify = tot["draft_ms"] / max(1, tot["steps"]), tot["target_ms"] / max(1, tot["steps"])
+            c = (tot["draft_ms"] / tot["drafted"]) / t_verify
+            e = expected_tokens_per_step(a, k_eff)  # E(a, k) with the drafts actually made per round
+            row.update(acceptance=_r(a), drafts_per_round=_r(k_eff, 3), pardon_rate=_r(tot["pardoned"] / tot["drafted"]),
                        accept_length=_r(tot["new_tokens"] / max(1, tot["steps"]), 3),
                        distortion=_r(tot["total_distortion"] / max(1, tot["new_tokens"]), 5), cost_ratio=_r(c),
-                       theory_E=_r(e, 3), theory_S=_r(theoretical_speedup(a, cfg.gamma, c), 3),
+                       theory_E=_r(e, 3), theory_S=_r(e / (t_round_draft / t_verify + 1.0), 3),
                        verify_steps=_r(t_verify / t_step, 3) if t_step else None,
-                       cost_model_S=_r(e * t_step / (t_draft * tot["drafted"] / tot["steps"] + t_verify), 3)
-                       if t_step else None)
+                       cost_model_S=_r(e * t_step / (t_round_draft + t_verify), 3) if t_step else None)
         if any(r["correct"] is not None for r in rs):
             n_ok = sum(bool(r["correct"]) for r in rs)
             agree = [r["answer"] == target_answer.get((j.prompt_id, j.seed)) for j, r in zip(js, rs)
@@ -134,8 +134,39 @@ def write_pngs(figs: dict[str, go.Figure], out: Path, chromium: str = "/usr/bin/
         browser.close()
 
 
+def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
+    """Rebuild summary.json and report.html from a finished run's runs.csv and summary.json (the
+    pooling or the answer extraction may have changed since): nothing is decoded again."""
+    from types import SimpleNamespace
+
+    from .bench import Config, Job, final_answer
+
+    out = Path(out)
+    old = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    rows: dict[Any, dict[str, Any]] = {}
+    by_section: dict[str, list[Any]] = defaultdict(list)
+    prompts: dict[int, dict[str, Any]] = {}
+    with open(out / "runs.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]))
+            job = Job(cfg, int(r["prompt_id"]), int(r["seed"]), int(r["max_new_tokens"]))
+            expected = r["expected"] or None
+            answer = final_answer(r["text"]) if expected else None
+            rows[job] = dict({k: float(r[k]) for k in ("wall_s", "draft_ms", "target_ms", "total_distortion", "logprob")},
+                             **{k: int(r[k]) for k in ("new_tokens", "steps", "drafted", "accepted", "pardoned")},
+                             text=r["text"], answer=answer,
+                             correct=None if expected is None else answer == final_answer(expected))
+            prompts[job.prompt_id] = dict(task=r["task"], answer=expected)
+            for sec in r["sections"].split():
+                by_section[sec].append(job)
+    settings = SimpleNamespace(out=out, images=images)
+    meta = {k: v for k, v in old.items() if k != "sections"}
+    return write_all(settings, prompts, rows, dict(by_section), meta)
+
+
 COLUMNS = [("config", "config", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"), ("ratio", "vs target", "{:.2f}x"),
-           ("acceptance", "accept", "{:.3f}"), ("accept_length", "tok/round", "{:.2f}"),
+           ("acceptance", "accept", "{:.3f}"), ("drafts_per_round", "drafts/round", "{:.2f}"),
+           ("accept_length", "tok/round", "{:.2f}"),
            ("pardon_rate", "pardon", "{:.3f}"), ("distortion", "distortion", "{:.4f}"),
            ("cost_ratio", "c", "{:.3f}"), ("theory_S", "theory S", "{:.2f}x"),
            ("cost_model_S", "cost-model S", "{:.2f}x"), ("logprob", "log-prob", "{:.3f}"),

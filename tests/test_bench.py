@@ -89,6 +89,12 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     for div in ("speed", "frontier", "k", "fidelity"):
         assert f'id="{div}"' in html
 
+    # --report-only rebuilds the same summary from runs.csv without decoding anything again
+    assert bench.main(["--out", str(out), "--report-only"]) == 0
+    again = json.loads((out / "summary.json").read_text())
+    for sec, rows in summary["sections"].items():
+        assert sorted(again["sections"][sec], key=lambda r: r["config"]) == sorted(rows, key=lambda r: r["config"])
+
 
 def test_plan_shares_runs_between_sections_and_interleaves() -> None:
     prompts = bench.load_prompts(bench.PROMPTS_FILE)
@@ -156,7 +162,7 @@ def test_wilson_interval_known_value() -> None:
 
 @pytest.mark.parametrize("text,answer", [
     ("She spends 3 * 4 + 2 = 14 dollars.", "14"), ("The answer is 1,200.", "1200"), ("It takes 15.0 minutes", "15"),
-    ("about 2.5 litres", "2.5"), ("no number here", None), ("-3 degrees", "-3"),
+    ("about 2.5 litres", "2.5"), ("no number here", None), ("-3 degrees", "-3"), ("$14.00 in all", "14"),
 ])
 def test_final_answer_is_the_last_number(text, answer) -> None:
     assert final_answer(text) == answer
