@@ -297,13 +297,13 @@ def load_bench(s: BenchSettings) -> Bench:
                  "n-gram prompt lookup" if draft == "ngram" else draft)
 
 
+@torch.no_grad()
 def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = True) -> dict[str, Any]:
     """Run every job of the plan and write the outputs; returns the summary."""
     from . import bench_report
     from .models import encode_prompt
 
     s.check()
-    torch.set_grad_enabled(False)
     if s.threads:
         torch.set_num_threads(s.threads)
     bench = bench or load_bench(s)

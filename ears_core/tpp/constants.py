@@ -266,9 +266,10 @@ def _quantiles(d: D.Distribution, levels: torch.Tensor) -> torch.Tensor:
 
 def _segment_bounds(d: D.Distribution, left: torch.Tensor, right: torch.Tensor, upper: bool):
     """Algorithm 3: tangent at each cell's mid-point, compared with the density at the cell's ends."""
-    mid = ((left + right) / 2).detach().requires_grad_(True)
-    f_mid = torch.exp(d.log_prob(mid))
-    (slope,) = torch.autograd.grad(f_mid.sum(), mid)
+    with torch.enable_grad():  # the slopes come from autograd, also when a caller disabled gradients
+        mid = ((left + right) / 2).detach().requires_grad_(True)
+        f_mid = torch.exp(d.log_prob(mid))
+        (slope,) = torch.autograd.grad(f_mid.sum(), mid)
     f_mid = f_mid.detach()
     with torch.no_grad():
         f_l, f_r = torch.exp(d.log_prob(left)), torch.exp(d.log_prob(right))
