@@ -11,7 +11,8 @@ distortion            per position: TV(emitted distribution, P_target), exact (s
                       TV distance of the whole sequence's distribution from the target's
 cost ratio c          one draft step's time / one target verify pass's time, as measured
 E(a, K)               expected tokens per round with independent acceptances at rate a:
-                      (1 - a^(K+1)) / (1 - a)  (K + 1 when a = 1)
+                      (1 - a^(K+1)) / (1 - a)  (K + 1 when a = 1); a generation's theory figures
+                      use the drafts actually made per round (K, or fewer when the draft stops early)
 S(a, K, c)            the speedup theory predicts over target-only decoding: E / (K c + 1)
 """
 
@@ -92,8 +93,9 @@ def summarize(
     cost = theory_e = theory_s = None
     if drafted and n_steps and target_ms > 0:
         cost = (draft_ms / drafted) / (target_ms / n_steps)
-        theory_e = expected_tokens_per_step(rate, gamma)
-        theory_s = theoretical_speedup(rate, gamma, cost)
+        k_eff = drafted / n_steps  # drafts made per round: K, fewer with a dynamic length or near the end
+        theory_e = expected_tokens_per_step(rate, k_eff)
+        theory_s = theory_e / (k_eff * cost + 1.0)
     return GenerationStats(
         method=method,
         new_tokens=n_tok,

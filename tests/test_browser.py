@@ -6,32 +6,20 @@ Skipped only when /usr/bin/chromium is missing. Saves assets/screenshot.png for 
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+from browser_support import ARGS, CHROMIUM, free_port, require_chromium
+
 COPY_PROMPT = "Copy this list exactly, twice: apples, pears, plums, figs, dates, limes."
 SCREENSHOT = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
 
-if not os.path.exists(CHROMIUM) and os.environ.get("CI"):
-    raise RuntimeError(f"{CHROMIUM} is missing in CI: `make test` installs it with apt-get; see the Makefile")
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is missing (install it with `apt-get install -y chromium`)", allow_module_level=True)
+require_chromium()
 
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +27,7 @@ def url():
     import app
     demo = app.build_app()  # the embedded pair, as `python app.py` serves it
     demo.ears_studio.backend()  # load before the browser opens (about a second from the cache)
-    port = _free_port()
+    port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
     try:
         yield f"http://127.0.0.1:{port}/"

@@ -6,38 +6,26 @@ missing outside CI. Opening the tab needs only the shipped TPP (assets/tpp), not
 
 from __future__ import annotations
 
-import os
 import re
-import socket
 from pathlib import Path
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-SCREENSHOT = Path(__file__).resolve().parent.parent / "assets" / "tpp" / "screenshot.png"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+from browser_support import ARGS, CHROMIUM, free_port, require_chromium
 
-if not os.path.exists(CHROMIUM) and os.environ.get("CI"):
-    raise RuntimeError(f"{CHROMIUM} is missing in CI: `make test` installs it with apt-get; see the Makefile")
-if not os.path.exists(CHROMIUM):
-    pytest.skip(f"{CHROMIUM} is missing (install it with `apt-get install -y chromium`)", allow_module_level=True)
+SCREENSHOT = Path(__file__).resolve().parent.parent / "assets" / "tpp" / "screenshot.png"
+
+require_chromium()
 
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def page():
     import app
     demo = app.build_app()  # the language models load lazily, on a first Generate: not needed here
-    port = _free_port()
+    port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
     try:
         with sync_api.sync_playwright() as pw:

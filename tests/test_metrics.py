@@ -45,7 +45,10 @@ def test_summary_of_a_speculative_run_matches_its_events(tiny_pair):
     assert s.mean_distortion == pytest.approx(np.mean([e.distortion for e in out.events]))
     assert s.mean_distortion > 0 and s.total_distortion == pytest.approx(80 * s.mean_distortion)
     assert s.tokens_per_s > 0 and s.cost_ratio > 0
-    assert s.theory_tokens_per_step == pytest.approx(expected_tokens_per_step(s.acceptance_rate, 4))
+    k_eff = s.drafted / s.steps  # K = 4 except in the last rounds, which stop at max_new_tokens
+    assert 3 < k_eff < 4
+    assert s.theory_tokens_per_step == pytest.approx(expected_tokens_per_step(s.acceptance_rate, k_eff))
+    assert s.theory_speedup == pytest.approx(s.theory_tokens_per_step / (k_eff * s.cost_ratio + 1))
 
 
 def test_ordinary_rule_reports_no_distortion_and_no_pardons(tiny_pair):
