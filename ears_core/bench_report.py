@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy.stats import binomtest
 
-from .metrics import expected_tokens_per_step
+from .metrics import round_theory
 
 __all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson"]
 
@@ -66,14 +66,13 @@ def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any
         row["logprob"] = _r(sum(lps) / len(lps)) if lps else None
         if tot["drafted"]:
             a = tot["accepted"] / tot["drafted"]
-            k_eff = tot["drafted"] / max(1, tot["steps"])  # drafts per round: K, or fewer with a dynamic length
-            t_round_draft, t_verify = tot["draft_ms"] / max(1, tot["steps"]), tot["target_ms"] / max(1, tot["steps"])
-            c = (tot["draft_ms"] / tot["drafted"]) / t_verify
-            e = expected_tokens_per_step(a, k_eff)  # E(a, k) with the drafts actually made per round
+            k_eff, c, e, theory_s = round_theory(tot["accepted"], tot["drafted"], tot["steps"], tot["draft_ms"],
+                                                 tot["target_ms"])
+            t_round_draft, t_verify = tot["draft_ms"] / tot["steps"], tot["target_ms"] / tot["steps"]
             row.update(acceptance=_r(a), drafts_per_round=_r(k_eff, 3), pardon_rate=_r(tot["pardoned"] / tot["drafted"]),
                        accept_length=_r(tot["new_tokens"] / max(1, tot["steps"]), 3),
                        distortion=_r(tot["total_distortion"] / max(1, tot["new_tokens"]), 5), cost_ratio=_r(c),
-                       theory_E=_r(e, 3), theory_S=_r(e / (t_round_draft / t_verify + 1.0), 3),
+                       theory_E=_r(e, 3), theory_S=_r(theory_s, 3),
                        verify_steps=_r(t_verify / t_step, 3) if t_step else None,
                        cost_model_S=_r(e * t_step / (t_round_draft + t_verify), 3) if t_step else None)
         if any(r["correct"] is not None for r in rs):

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from .events import StepRecord, TokenEvent
 
-__all__ = ["GenerationStats", "summarize", "expected_tokens_per_step", "theoretical_speedup"]
+__all__ = ["GenerationStats", "summarize", "expected_tokens_per_step", "theoretical_speedup", "round_theory"]
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:
@@ -42,6 +42,17 @@ def theoretical_speedup(a: float, k: int, c: float) -> float:
     if c < 0:
         raise ValueError(f"cost ratio must be >= 0, got {c}")
     return expected_tokens_per_step(a, k) / (k * c + 1.0)
+
+
+def round_theory(accepted: int, drafted: int, rounds: int, draft_ms: float, target_ms: float
+                 ) -> tuple[float, float, float, float]:
+    """Theory from measured totals -> (k, c, E, S): k = drafts made per round (K, fewer with a
+    dynamic draft length or near the end), c = one draft step / one verify pass, E = E(a, k) with
+    a = accepted / drafted, S = E / (k c + 1). Needs drafted > 0, rounds > 0, target_ms > 0."""
+    k_eff = drafted / rounds
+    cost = (draft_ms / drafted) / (target_ms / rounds)
+    e = expected_tokens_per_step(accepted / drafted, k_eff)
+    return k_eff, cost, e, e / (k_eff * cost + 1.0)
 
 
 @dataclass
@@ -92,10 +103,7 @@ def summarize(
     rate = accepted / drafted if drafted else None
     cost = theory_e = theory_s = None
     if drafted and n_steps and target_ms > 0:
-        cost = (draft_ms / drafted) / (target_ms / n_steps)
-        k_eff = drafted / n_steps  # drafts made per round: K, fewer with a dynamic length or near the end
-        theory_e = expected_tokens_per_step(rate, k_eff)
-        theory_s = theory_e / (k_eff * cost + 1.0)
+        _, cost, theory_e, theory_s = round_theory(accepted, drafted, n_steps, draft_ms, target_ms)
     return GenerationStats(
         method=method,
         new_tokens=n_tok,
