@@ -66,11 +66,8 @@ class Backend:
     device: str = "cpu"  # where the models run, for the page: e.g. "cuda:0 NVIDIA H100 (bfloat16)"
 
     def new_draft(self) -> Any:
-        from ears_core.drafters import NGramDrafter
-        if self.draft_model is None:
-            return NGramDrafter(self.vocab_size)
-        fresh = getattr(self.draft_model, "fresh", None)  # a stateful Drafter: one per run
-        return fresh() if fresh is not None else self.draft_model
+        from ears_core.drafters import drafter_for_run
+        return drafter_for_run(self.draft_model, self.vocab_size)
 
     def encode(self, prompt: str) -> Any:
         from ears_core.models import encode_prompt

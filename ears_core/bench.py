@@ -44,7 +44,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .decoding import autoregressive, generate
-from .drafters import NGramDrafter
+from .drafters import drafter_for_run
 from .rules import AcceptanceRule, EARSRule, EntropyEARSRule, StandardRule, TypicalRule
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
@@ -212,13 +212,11 @@ class Bench:
     target: PreTrainedModel
     tokenizer: Any
     vocab_size: int
-    draft: Any  # a causal LM, a Drafter with .fresh() (the embedded head), or "ngram"
+    draft: Any  # a causal LM, a Drafter with .fresh() (the embedded head), or None: n-gram lookup
     draft_label: str
 
     def drafter(self) -> Any:
-        if self.draft == "ngram":
-            return NGramDrafter(self.vocab_size)
-        return self.draft.fresh() if hasattr(self.draft, "fresh") else self.draft
+        return drafter_for_run(self.draft, self.vocab_size)
 
     @property
     def assisted_label(self) -> str:
@@ -287,13 +285,11 @@ def load_bench(s: BenchSettings) -> Bench:
     draft = s.draft
     if draft == "auto":
         draft = "embedded" if s.target == "embedded" and embedded_draft_available() else "ngram"
-    if draft != "ngram" and s.target != "embedded" and draft == "embedded":
-        raise ValueError("the embedded draft only drafts for --target embedded; give --draft ngram or a model")
     pair = load_pair(s.target, None if draft == "ngram" else draft, device=s.device)
     if s.draft_confidence != "default" and hasattr(pair.draft, "min_confidence"):
         pair.draft.min_confidence = None if s.draft_confidence == "off" else float(s.draft_confidence)
         draft = f"{draft} (min confidence {pair.draft.min_confidence})"
-    return Bench(pair.target, pair.tokenizer, pair.vocab_size, "ngram" if draft == "ngram" else pair.draft,
+    return Bench(pair.target, pair.tokenizer, pair.vocab_size, pair.draft,
                  "n-gram prompt lookup" if draft == "ngram" else draft)
 
 
@@ -308,7 +304,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
         torch.set_num_threads(s.threads)
     bench = bench or load_bench(s)
     prompts = load_prompts(s.prompts_file)
-    assisted = s.assisted and bench.draft is not None
+    assisted = s.assisted
     jobs, by_section = build_plan(s, prompts, assisted)
     ids = {p["id"]: encode_prompt(bench.tokenizer, p["prompt"], device=bench.target.device) for p in prompts}
     warm = ids[jobs[0].prompt_id]
