@@ -35,7 +35,7 @@ from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
 from .text import Detokenizer
 from .timing import StepClock as _Clock  # CUDA events on a GPU, read after the round's sync
-from .verify import DraftKind, verify
+from .verify import DraftKind, check_enabled, verify
 
 __all__ = ["GenerationResult", "Generation", "generate", "stream", "autoregressive"]
 
@@ -49,6 +49,7 @@ class GenerationResult:
     events: list[TokenEvent]
     steps: list[StepRecord]
     stats: GenerationStats
+    timed_out: bool = False  # the deadline stopped decoding: the tokens so far
 
 
 @dataclass
@@ -63,44 +64,67 @@ class _Config:
 
 
 class Generation:
-    """An iterator of TokenEvents as they are decided; ``result()`` once it is exhausted.
+    """An iterator of TokenEvents as they are decided; ``result()`` once it is exhausted (or stopped).
 
     ``events`` and ``steps`` grow live, so a UI can read step records while iterating.
+    clock      ``decode_s`` counts only the time spent inside ``next()`` (decoding), never the
+               caller's time between tokens (rendering), so a run that streams charts and one
+               that does not are measured alike; ``samples`` holds (decode_s, tokens so far) after
+               every token, for a throughput chart.
+    deadline   ``deadline_s`` seconds of decoding at most: once they are spent (and at least one
+               token is out) iteration ends, ``timed_out`` is set and ``result()`` gives the tokens
+               so far.
     """
 
-    def __init__(self, method: str, gamma: int, steps: list[StepRecord], events_iter: Iterator[TokenEvent]) -> None:
+    def __init__(self, method: str, gamma: int, steps: list[StepRecord], events_iter: Iterator[TokenEvent],
+                 deadline_s: float | None = None) -> None:
         self.method = method
         self.gamma = gamma
         self.events: list[TokenEvent] = []
         self.steps = steps  # appended to by the decode loop, one record per round
+        self.samples: list[tuple[float, int]] = [(0.0, 0)]
+        self.deadline_s = deadline_s
+        self.decode_s = 0.0
+        self.timed_out = False
         self._it = events_iter
-        self._t0: float | None = None
-        self.wall_s = 0.0
-        self.done = False
+        self._finished = False
+
+    @property
+    def wall_s(self) -> float:
+        return self.decode_s
 
     def __iter__(self) -> "Generation":
         return self
 
     def __next__(self) -> TokenEvent:
-        if self._t0 is None:
-            self._t0 = time.perf_counter()
+        if self._finished:
+            raise StopIteration
+        if self.deadline_s is not None and self.events and self.decode_s >= self.deadline_s:
+            self.timed_out = self._finished = True
+            raise StopIteration
+        t0 = time.perf_counter()
         try:
             ev = next(self._it)
         except StopIteration:
-            self.done = True
+            self._finished = True
             raise
         finally:
-            self.wall_s = time.perf_counter() - self._t0
+            self.decode_s += time.perf_counter() - t0
         self.events.append(ev)
+        self.samples.append((self.decode_s, len(self.events)))
         return ev
 
+    def stats(self) -> GenerationStats:
+        """Metrics of the tokens so far, on the decode clock."""
+        return summarize(self.method, self.events, self.steps, self.decode_s, self.gamma)
+
     def result(self) -> GenerationResult:
-        for _ in self:  # finish if the caller stopped early
+        """Finish decoding (unless the deadline passed) and fold everything into a result."""
+        for _ in self:
             pass
         ids = [e.token_id for e in self.events]
         text = "".join(e.text for e in self.events)
-        stats = summarize(self.method, self.events, self.steps, self.wall_s, self.gamma)
-        return GenerationResult(ids, text, self.events, self.steps, stats)
+        return GenerationResult(ids, text, self.events, self.steps, self.stats(), self.timed_out)
 
 
 # ----------------------------------------------------------------------------- input checks
@@ -195,6 +219,7 @@ def _speculative_events(
         return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
 
     need_h = bool(getattr(drafter, "needs_target_hidden", False))  # an EAGLE-style head reads them
+    check = check_enabled(dev)  # verify()'s drafter guard: a host read, skipped on CUDA
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         hidden = None
@@ -222,21 +247,15 @@ def _speculative_events(
                 tprobs, dprobs, tokens, rule,
                 uniforms=counter_uniforms(cfg.seed, pos[:k], Stream.ACCEPT)[None],  # (1, k)
                 sample_uniforms=counter_uniforms(cfg.seed, pos, Stream.TARGET)[None],  # (1, k+1)
-                with_distortion=cfg.with_distortion,
+                with_distortion=cfg.with_distortion, check=check,
             )
-            dist = v.distortion if v.distortion is not None else torch.zeros_like(v.p)
-            packed = torch.cat([
-                v.num_accepted.double(), v.next_token.double(), v.next_p.double(), v.next_q.double(),
-                tokens[0].double(), v.kinds[0].double(), v.p[0].double(), v.q[0].double(),
-                v.ratio[0].double(), v.u[0].double(), v.tolerance[0].double(), dist[0].double(),
-                v.max_p[0].double(),
-            ]).tolist()  # the round's one host sync
-        n = int(packed[0])
+            host = _RoundHost.read(v, tokens)  # the round's one host sync
+        n = host.num_accepted
         if k > n:
             cache.crop(n - k)  # drop the target's positions for drafts that did not stand
         drafter.commit(n, v.next_token, out.hidden_states[-1] if need_h else None)  # (1, k+1, d)
         last = v.next_token.view(1, 1)
-        events, drafts = _round_records(packed, k, produced, step)
+        events, drafts = host.records(k, produced, step)
         stop = False
         for j, ev in enumerate(events):
             if ev.token_id in cfg.eos:
@@ -254,29 +273,62 @@ def _speculative_events(
 
 
 
-def _round_records(packed: list[float], k: int, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord]]:
-    """Unpack one round's verdict (already on the host) into token events and draft records."""
-    n, nxt, next_p, next_q = int(packed[0]), int(packed[1]), packed[2], packed[3]
-    toks, kinds, p, q, ratio, u, tol, dst = (packed[4 + i * k : 4 + (i + 1) * k] for i in range(8))
-    max_p = packed[4 + 8 * k :]  # k + 1 values
-    kind_of = [_DRAFT_KIND.get(DraftKind(int(c)), "") for c in kinds]
-    events = [
-        TokenEvent(step, produced + i, int(toks[i]), "", kind_of[i], p[i], q[i], ratio[i], u[i], tol[i], max_p[i], dst[i])
-        for i in range(n)
-    ]
-    if n < k:
-        events.append(TokenEvent(
-            step, produced + n, nxt, "", "resampled", next_p, next_q, ratio[n], u[n], tol[n], max_p[n], dst[n],
-            rejected_token=int(toks[n]),
-        ))
-    else:  # all k drafts stood; with k = 0 (nothing drafted) it is a plain target step
-        kind = "bonus" if k > 0 else "target"
-        events.append(TokenEvent(step, produced + n, nxt, "", kind, next_p, None, None, None, None, max_p[k], 0.0))
-    drafts = [
-        DraftRecord(produced + i, int(toks[i]), kind_of[i], p[i], q[i], ratio[i], u[i], tol[i], max_p[i])
-        for i in range(min(n + 1, k))
-    ]
-    return events, drafts
+@dataclass
+class _RoundHost:
+    """One round's verdict on the host, by name: built with a single device-to-host copy."""
+
+    num_accepted: int
+    next_token: int
+    next_p: float
+    next_q: float
+    tokens: list[int]  # (k,) drafted tokens
+    kinds: list[int]  # (k,) DraftKind values
+    p: list[float]
+    q: list[float]
+    ratio: list[float]
+    u: list[float]
+    tolerance: list[float]
+    distortion: list[float]
+    max_p: list[float]  # (k + 1,)
+
+    @classmethod
+    def read(cls, v: Any, tokens: Tensor) -> "_RoundHost":
+        dist = v.distortion if v.distortion is not None else torch.zeros_like(v.p)
+        fields = dict(num_accepted=v.num_accepted, next_token=v.next_token, next_p=v.next_p, next_q=v.next_q,
+                      tokens=tokens[0], kinds=v.kinds[0], p=v.p[0], q=v.q[0], ratio=v.ratio[0], u=v.u[0],
+                      tolerance=v.tolerance[0], distortion=dist[0], max_p=v.max_p[0])
+        flat = torch.cat([t.reshape(-1).double() for t in fields.values()]).cpu()  # the one sync
+        parts = dict(zip(fields, flat.split([t.numel() for t in fields.values()])))
+        lists = {name: part.tolist() for name, part in parts.items()}
+        return cls(num_accepted=int(lists["num_accepted"][0]), next_token=int(lists["next_token"][0]),
+                   next_p=lists["next_p"][0], next_q=lists["next_q"][0],
+                   tokens=[int(t) for t in lists["tokens"]], kinds=[int(c) for c in lists["kinds"]],
+                   **{name: lists[name] for name in ("p", "q", "ratio", "u", "tolerance", "distortion", "max_p")})
+
+    def records(self, k: int, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord]]:
+        """Token events (n drafts that stood, then the resampled or bonus token) and draft records."""
+        n = self.num_accepted
+        kind_of = [_DRAFT_KIND.get(DraftKind(c), "") for c in self.kinds]
+        events = [
+            TokenEvent(step, produced + i, self.tokens[i], "", kind_of[i], self.p[i], self.q[i], self.ratio[i],
+                       self.u[i], self.tolerance[i], self.max_p[i], self.distortion[i])
+            for i in range(n)
+        ]
+        if n < k:
+            events.append(TokenEvent(
+                step, produced + n, self.next_token, "", "resampled", self.next_p, self.next_q, self.ratio[n],
+                self.u[n], self.tolerance[n], self.max_p[n], self.distortion[n], rejected_token=self.tokens[n],
+            ))
+        else:  # all k drafts stood; with k = 0 (nothing drafted) it is a plain target step
+            kind = "bonus" if k > 0 else "target"
+            events.append(TokenEvent(step, produced + n, self.next_token, "", kind, self.next_p, None, None, None,
+                                     None, self.max_p[k], 0.0))
+        drafts = [
+            DraftRecord(produced + i, self.tokens[i], kind_of[i], self.p[i], self.q[i], self.ratio[i], self.u[i],
+                        self.tolerance[i], self.max_p[i])
+            for i in range(min(n + 1, k))
+        ]
+        return events, drafts
 
 
 # ----------------------------------------------------------------------------- target only
@@ -325,11 +377,13 @@ def stream(
     eos_token_id: int | Sequence[int] | None = None,
     vocab_size: int | None = None,
     with_distortion: bool = True,
+    deadline_s: float | None = None,
 ) -> Generation:
     """Speculative decoding of one prompt; iterate the result for TokenEvents as they are decided.
 
     ``draft`` is a Hugging Face causal LM sharing the target's tokenizer, or any ``Drafter``.
     ``rule`` defaults to StandardRule (lossless). ``tokenizer`` (optional) fills event text.
+    ``deadline_s``: stop after this many seconds of decoding, keeping the tokens so far.
     """
     rule = StandardRule() if rule is None else rule
     if not isinstance(rule, AcceptanceRule):
@@ -348,7 +402,7 @@ def stream(
     )
     steps: list[StepRecord] = []
     events = _speculative_events(target, drafter, ids, rule, cfg, steps, Detokenizer(tokenizer))
-    return Generation(rule.describe(), gamma, steps, events)
+    return Generation(rule.describe(), gamma, steps, events, deadline_s)
 
 
 def generate(target: PreTrainedModel, draft: PreTrainedModel | Drafter, input_ids: Any, **kwargs: Any) -> GenerationResult:
@@ -368,6 +422,7 @@ def autoregressive_stream(
     tokenizer: Any | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     vocab_size: int | None = None,
+    deadline_s: float | None = None,
 ) -> Generation:
     """Target-only decoding, one token per forward pass: the baseline, streamed."""
     vocab = vocab_size if vocab_size is not None else model_vocab_size(target)
@@ -379,7 +434,7 @@ def autoregressive_stream(
     )
     steps: list[StepRecord] = []
     events = _autoregressive_events(target, ids, cfg, steps, Detokenizer(tokenizer))
-    return Generation("target-only", 0, steps, events)
+    return Generation("target-only", 0, steps, events, deadline_s)
 
 
 def autoregressive(target: PreTrainedModel, input_ids: Any, **kwargs: Any) -> GenerationResult:

@@ -27,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "drafter_for_run"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -53,7 +53,7 @@ def model_vocab_size(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings()
     if head is not None and hasattr(head, "weight"):
         return int(head.weight.shape[0])
-    return int(model.config.vocab_size)
+    return int(model.config.get_text_config().vocab_size)
 
 
 class ModelDrafter:
@@ -166,13 +166,3 @@ class NGramDrafter:
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         self._seq += self._proposed[:num_accepted] + [int(next_token.reshape(-1)[0])]
         self._proposed = []
-
-
-def drafter_for_run(draft: "PreTrainedModel | Drafter | None", vocab_size: int) -> "PreTrainedModel | Drafter":
-    """What one generation drafts with: n-gram prompt lookup when ``draft`` is None, a fresh copy of
-    a stateful drafter (one with ``fresh()``, such as the embedded head), else the model itself
-    (``stream`` wraps a model in a ModelDrafter of its own)."""
-    if draft is None:
-        return NGramDrafter(vocab_size)
-    fresh = getattr(draft, "fresh", None)
-    return fresh() if fresh is not None else draft

@@ -3,7 +3,10 @@
 Terms
 -----
 target      the model whose distribution the output follows; it verifies the drafts.
-draft       the cheaper model that proposes tokens; ``None`` means target-only decoding.
+draft       the cheaper thing that proposes tokens. A draft spec is ``"auto"`` (the target's default:
+            the embedded head for the embedded target, a preset's draft for a preset target, else
+            n-gram prompt lookup), ``"ngram"`` (prompt lookup, no model), ``"embedded"``, a hub id
+            or a folder; ``None`` means no draft at all (target-only decoding).
 spec        how a caller names a model: ``"embedded"``, a Hugging Face hub id
             (``"Qwen/Qwen2.5-0.5B-Instruct"``) or a local folder in Hugging Face format
             (config.json, weights, tokenizer files).
@@ -79,13 +82,28 @@ PRESETS: tuple[Preset, ...] = (
 )
 
 
-def default_draft(target: str) -> str | None:
-    """The draft to pair with ``target`` when none is named: the embedded head for the embedded
-    target, a preset's draft for a preset target, else None (n-gram prompt lookup)."""
-    for preset in PRESETS:
-        if preset.target == target:
-            return preset.draft
-    return None
+AUTO = "auto"  # draft spec: the target's default draft
+NGRAM = "ngram"  # draft spec: n-gram prompt lookup, no draft model
+
+
+def resolve_draft(target: str, draft: str | None = AUTO) -> str | None:
+    """The one place a draft spec is resolved (the app, the CLI and the bench all call it).
+
+    ``"auto"`` -> the embedded head for the embedded target (n-gram lookup if it is not trained),
+    a preset's draft for a preset target, else ``"ngram"``; ``"ngram"`` / ``"none"`` (any case) ->
+    ``"ngram"``; ``None`` -> None (target-only); anything else is returned as given.
+    """
+    if draft is None:
+        return None
+    key = str(draft).strip()
+    if key.lower() in (NGRAM, "none", "n-gram"):
+        return NGRAM
+    if key.lower() in (AUTO, ""):
+        preset = next((p.draft for p in PRESETS if p.target == target), None)
+        if preset == EMBEDDED and not embedded_draft_available():
+            return NGRAM
+        return preset or NGRAM
+    return key
 
 
 def describe_device(model: torch.nn.Module) -> str:
@@ -110,13 +128,39 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 @dataclass
 class ModelPair:
+    """A loaded pair. ``new_drafter()`` gives a fresh drafter for one generation (drafters hold
+    decode state); ``target, draft = pair`` unpacks to the target and such a drafter, so
+    ``generate(*pair, ids)`` decodes with the pair's own draft."""
+
     target: torch.nn.Module  # transformers causal LM, eval mode
-    draft: Any  # a causal LM, a Drafter (the embedded EAGLE-style head), or None: target-only
+    draft: Any  # a causal LM, a Drafter template (the embedded head, n-gram lookup), or None: target-only
     tokenizer: Any  # the target's tokenizer; the draft's maps the first vocab_size ids identically
     device: torch.device  # where input ids go (the target's input embeddings)
     dtype: torch.dtype
     name: str  # "target" or "target <- draft"
     vocab_size: int  # ids both models score: use logits[..., :vocab_size]
+    draft_spec: str | None = None  # the resolved spec: "embedded", "ngram", an id or folder; None: no draft
+
+    def new_drafter(self) -> Any:
+        """A drafter with no decode state, sharing this pair's weights: one per generation."""
+        from .drafters import ModelDrafter, NGramDrafter
+
+        if self.draft is None:
+            raise ValueError(f"{self.name} was loaded without a draft (draft=None): load it with draft='auto', "
+                             "'ngram' or a draft model, or decode target-only with autoregressive()")
+        if isinstance(self.draft, NGramDrafter):
+            return NGramDrafter(self.vocab_size, self.draft.max_ngram, self.draft.min_ngram)
+        fresh = getattr(self.draft, "fresh", None)
+        if fresh is not None:
+            return fresh()
+        return ModelDrafter(self.draft, self.vocab_size)
+
+    def encode(self, prompt: Any, chat: bool = True) -> torch.Tensor:
+        """(1, T) token ids of a prompt on the pair's device (the chat template when there is one)."""
+        return encode_prompt(self.tokenizer, prompt, chat=chat, device=self.device)
+
+    def __iter__(self):  # target, draft = pair
+        return iter((self.target, self.new_drafter()))
 
 
 # ---------------------------------------------------------------- embedded target: GGUF -> cache
@@ -331,11 +375,6 @@ def check_tokenizers(target_tok: Any, draft_tok: Any) -> int:
     return n
 
 
-def _head_size(model: torch.nn.Module) -> int:
-    head = model.get_output_embeddings()
-    return int(head.weight.shape[0]) if head is not None else int(model.config.get_text_config().vocab_size)
-
-
 def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
     if dtype is None:  # bfloat16 is slower than float32 on CPU (CALIBRATION.md)
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -347,10 +386,13 @@ def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> tor
     return value
 
 
-def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str | torch.device | None = None,
+def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str | torch.device | None = None,
               dtype: torch.dtype | str | None = None, cache_dir: str | os.PathLike | None = None,
               allow_download: bool = False) -> ModelPair:
-    """Load a target (and optionally a draft) with one shared tokenizer, in eval mode.
+    """Load a target and its draft with one shared tokenizer, in eval mode.
+
+    draft: a spec (see the module's terms; ``resolve_draft``): "auto" by default, so ``load_pair()``
+    is the embedded target with its trained head; None loads the target alone.
 
     Tokenizers are loaded and compared before any weights, so a mismatched pair fails fast.
     device: default cuda if available else cpu; "cuda" (no index) spreads the target with
@@ -362,6 +404,7 @@ def load_pair(target: str = EMBEDDED, draft: str | None = None, *, device: str |
         raise ModelLoadError(f"device {str(dev)!r} was asked for but no CUDA GPU is visible: use device 'cpu' "
                              "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
     dt = _resolve_dtype(dtype, dev)
+    draft = resolve_draft(target, draft)
     try:
         return _load_pair(target, draft, dev, dt, cache_dir, allow_download)
     except ModelLoadError:
@@ -385,8 +428,9 @@ def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.Pat
     A pair that is not cached offline, misspelt or mismatched fails here with the same
     ModelLoadError ``load_pair`` would raise, before a caller frees the pair it holds.
     """
+    draft = resolve_draft(target, draft)
     if target == EMBEDDED:  # its tokenizer lives in the prepared cache: preparing it is the check
-        if draft not in (None, EMBEDDED):
+        if draft not in (None, EMBEDDED, NGRAM):
             raise ModelLoadError("the embedded target pairs with the embedded draft or n-gram lookup; a "
                                  "draft model needs a target from its own family")
         return len(_load_tokenizer(target, "target", cache_dir, allow_download))
@@ -394,7 +438,7 @@ def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.Pat
         raise ModelLoadError("the embedded draft is a head on SmolLM2-135M-Instruct's hidden states: "
                              "use it with target='embedded', or give a draft model sharing your target's tokenizer")
     tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
-    if draft is None:
+    if draft in (None, NGRAM):
         return len(tokenizer)
     return check_tokenizers(tokenizer, _load_tokenizer(draft, "draft", cache_dir, allow_download))
 
@@ -408,23 +452,28 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
             raise ModelLoadError("the embedded draft is a head on SmolLM2-135M-Instruct's hidden states: "
                                  "use it with target='embedded', or give a draft model sharing your target's tokenizer")
         _embedded_draft_dir()  # fail before loading any weights
-    elif draft is not None:
+    elif draft not in (None, NGRAM):
         draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
     target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
     in_dev = target_model.get_input_embeddings().weight.device
-    draft_model = None
-    if draft is not None:
-        draft_model = (_load_embedded_draft(target_model, dt, vocab_size) if draft == EMBEDDED else
-                       _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None))
+    draft_model: Any = None
+    if draft == NGRAM:
+        from .drafters import NGramDrafter
+        draft_model = NGramDrafter(vocab_size)
+    elif draft == EMBEDDED:
+        draft_model = _load_embedded_draft(target_model, dt, vocab_size)
+    elif draft is not None:
+        draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
+    from .drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):
-        if isinstance(model, torch.nn.Module) and _head_size(model) < vocab_size:
-            raise ModelLoadError(f"the {role} model scores {_head_size(model)} tokens but the tokenizer "
+        if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:
+            raise ModelLoadError(f"the {role} model scores {model_vocab_size(model)} tokens but the tokenizer "
                                  f"has {vocab_size}: the model and tokenizer files do not belong together")
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)
-    name = label if draft is None else f"{label} <- {'embedded draft' if draft == EMBEDDED else draft}"
-    return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, name, vocab_size)
+    shown = {None: "", EMBEDDED: " <- embedded draft", NGRAM: " <- n-gram prompt lookup"}.get(draft, f" <- {draft}")
+    return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft)
 
 
 def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict[str, str]], *, chat: bool = True,

@@ -22,12 +22,21 @@ so a new tolerance is a single ``tolerance()`` override; rules of another shape 
 acceptance) override ``decide()``, ``acceptance_prob()`` and, if needed, ``residual()`` and
 ``bonus()``. ``acceptance_prob()`` gives a(x), the probability that x is accepted when drafted,
 for every x in the vocabulary; metrics use it for the exact distortion of the rule.
+
+The registry
+------------
+``@register_rule(name, label=..., params=(Param(...), ...))`` on the class is all a new rule
+needs: the CLI's ``--rule`` and parameter flags, the bench's ``--rules`` and the app's rule
+selector and sliders all read ``RULES``. ``make_rule(name, **params)`` builds one by name (or
+alias) from the parameters it takes; ``Param`` gives each parameter's default and the range a
+slider offers.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -42,10 +51,82 @@ __all__ = [
     "TypicalRule",
     "EntropyEARSRule",
     "rule_from_name",
+    "Param",
+    "RuleSpec",
+    "RULES",
+    "register_rule",
+    "make_rule",
+    "rule_spec",
 ]
 
 Q_EPS = 1e-10  # the division guard on the draft probability (seed 000, section 3.3)
 RESIDUAL_EPS = 1e-6  # a residual with less mass than this is treated as empty
+
+
+@dataclass(frozen=True)
+class Param:
+    """A number a rule takes: its default, and the range (and step) a slider offers."""
+
+    name: str
+    default: float
+    low: float
+    high: float
+    help: str = ""
+    step: float = 0.01
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """A registered rule: its name, aliases, a label for people, the class and its parameters."""
+
+    name: str
+    label: str
+    cls: type
+    params: tuple[Param, ...] = ()
+    aliases: tuple[str, ...] = ()
+    summary: str = ""
+
+    def build(self, **values: Any) -> "AcceptanceRule":
+        """An instance from the parameters this rule takes (others in ``values`` are ignored;
+        a missing one takes its default)."""
+        kwargs = {p.name: float(values[p.name]) if values.get(p.name) is not None else p.default
+                  for p in self.params}
+        return self.cls(**kwargs)
+
+
+RULES: dict[str, RuleSpec] = {}  # name -> spec, in registration order
+
+
+def register_rule(name: str, *, label: str, params: tuple[Param, ...] = (), aliases: tuple[str, ...] = (),
+                  summary: str = "") -> Callable[[type], type]:
+    """Class decorator: add a rule to the registry every front end reads."""
+
+    def add(cls: type) -> type:
+        taken = {n for spec in RULES.values() if spec.name != name for n in (spec.name, *spec.aliases)}
+        clash = taken & {name, *aliases}
+        if clash:
+            raise ValueError(f"rule name(s) {sorted(clash)} already registered: pick another name")
+        RULES[name] = RuleSpec(name, label, cls, tuple(params), tuple(aliases), summary or (cls.__doc__ or "").split("\n")[0])
+        return cls
+
+    return add
+
+
+def rule_spec(name: str) -> RuleSpec:
+    """The spec registered under ``name`` or one of its aliases (any case)."""
+    key = str(name).strip().lower()
+    for spec in RULES.values():
+        if key == spec.name or key in spec.aliases:
+            return spec
+    raise ValueError(f"unknown rule {name!r}; choose one of: {', '.join(RULES)}")
+
+
+def make_rule(name: str, **params: Any) -> "AcceptanceRule":
+    """A rule by registered name or alias, from the parameters it takes (see ``RuleSpec.build``)."""
+    return rule_spec(name).build(**params)
+
+
+BETA = Param("beta", 0.1, 0.0, 1.0, "tolerance scale, >= 0 (0 = the ordinary rule)")
 
 
 @dataclass(frozen=True)
@@ -108,6 +189,7 @@ class AcceptanceRule:
         return f"{type(self).__name__}()"
 
 
+@register_rule("standard", label="ordinary (lossless)", aliases=("ordinary", "lossless"))
 class StandardRule(AcceptanceRule):
     """Ordinary speculative sampling (Leviathan et al., Chen et al.): lossless."""
 
@@ -115,6 +197,7 @@ class StandardRule(AcceptanceRule):
     lossless = True
 
 
+@register_rule("ears", label="EARS", params=(BETA,))
 class EARSRule(AcceptanceRule):
     """EARS (seed 000): tolerance = beta * (1 - max P_target). beta = 0 is StandardRule."""
 
@@ -142,6 +225,7 @@ class EARSRule(AcceptanceRule):
         return f"EARSRule(beta={self.beta!r})"
 
 
+@register_rule("greedy", label="greedy (T = 0)")
 class GreedyRule(AcceptanceRule):
     """Accept iff the drafted token is the target's argmax; emit the argmax otherwise.
 
@@ -176,6 +260,7 @@ def _entropy(probs: Tensor) -> Tensor:
     return -(probs * logp).sum(dim=-1)
 
 
+@register_rule("ears-entropy", label="EARS, entropy tolerance", params=(BETA,), aliases=("entropy",))
 class EntropyEARSRule(EARSRule):
     """EARS with the paper's future-work uncertainty: tolerance = beta * H(P_target) / log V,
     the entropy normalised to [0, 1], instead of 1 - max P_target."""
@@ -193,6 +278,9 @@ class EntropyEARSRule(EARSRule):
         return f"EntropyEARSRule(beta={self.beta!r})"
 
 
+@register_rule("typical", label="typical acceptance", params=(
+    Param("eps", 0.09, 0.01, 1.0, "probability floor of a standing draft"),
+    Param("delta", 0.3, 0.01, 1.0, "scale of exp(-entropy) in the floor")))
 class TypicalRule(AcceptanceRule):
     """Typical acceptance (Medusa): a draft stands iff p(x) > min(eps, delta * exp(-H(P_target))).
 
@@ -230,16 +318,5 @@ class TypicalRule(AcceptanceRule):
 
 
 def rule_from_name(name: str, beta: float = 0.1) -> AcceptanceRule:
-    """'standard' / 'ordinary', 'ears', 'ears-entropy', 'typical', 'greedy' -> a rule instance."""
-    key = name.strip().lower()
-    if key in ("standard", "ordinary", "lossless"):
-        return StandardRule()
-    if key == "ears":
-        return EARSRule(beta)
-    if key == "ears-entropy":
-        return EntropyEARSRule(beta)
-    if key == "typical":
-        return TypicalRule()
-    if key == "greedy":
-        return GreedyRule()
-    raise ValueError(f"unknown rule {name!r}; choose one of: standard, ears, ears-entropy, typical, greedy")
+    """A registered rule by name, with ``beta`` for the rules that take one (``make_rule``)."""
+    return make_rule(name, beta=beta)

@@ -27,7 +27,8 @@ PORT                     7860        port to bind
 EARS_MAX_NEW_TOKENS      512         upper bound of the max-new-tokens field
 EARS_MAX_PROMPT_CHARS    4000        longest prompt accepted, in characters
 EARS_QUEUE_SIZE          16          requests waiting at most; more are turned away
-EARS_CONCURRENCY         2           requests decoded at once
+EARS_CONCURRENCY         1           requests decoded at once (more time each other: a run that
+                                     overlapped another is labelled contended, never cached)
 EARS_TIMEOUT_S           120         seconds of decoding per request before it stops
 EARS_ALLOW_DOWNLOAD      0           1: fetch picked models from the hub (a GPU Space)
 EARS_CUSTOM_MODELS       1           0: the picker offers presets only, no free text
@@ -42,9 +43,10 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-__all__ = ["Settings", "SettingsError", "NGRAM"]
+from .models import AUTO, NGRAM  # EARS_DRAFT values: the target's default draft; n-gram prompt lookup
 
-NGRAM = "ngram"  # EARS_DRAFT value: n-gram prompt lookup instead of a draft model
+__all__ = ["Settings", "SettingsError", "NGRAM", "AUTO"]
+
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
@@ -56,14 +58,14 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     target: str = "embedded"
-    draft: str | None = None  # None: the default draft for the target (see the module docstring)
+    draft: str = AUTO  # "auto": the default draft for the target (see the module docstring)
     device: str = "auto"
     host: str = "127.0.0.1"
     port: int = 7860
     max_new_tokens: int = 512
     max_prompt_chars: int = 4000
     queue_size: int = 16
-    concurrency: int = 2
+    concurrency: int = 1
     timeout_s: float = 120.0
     allow_download: bool = False
     custom_models: bool = True
@@ -123,8 +125,8 @@ class Settings:
                 return False
             raise SettingsError(f"{var}={raw!r} is not a yes/no value: set it to 1 or 0")
 
-        draft = text("EARS_DRAFT", None)
-        if draft is not None and draft.lower() in {NGRAM, "none"}:
+        draft = text("EARS_DRAFT", None) or AUTO
+        if draft.lower() in {NGRAM, "none"}:
             draft = NGRAM
         return cls(
             target=text("EARS_TARGET", "embedded"),
@@ -135,7 +137,7 @@ class Settings:
             max_new_tokens=number("EARS_MAX_NEW_TOKENS", 512, int),
             max_prompt_chars=number("EARS_MAX_PROMPT_CHARS", 4000, int),
             queue_size=number("EARS_QUEUE_SIZE", 16, int),
-            concurrency=number("EARS_CONCURRENCY", 2, int),
+            concurrency=number("EARS_CONCURRENCY", 1, int),
             timeout_s=number("EARS_TIMEOUT_S", 120.0, float),
             allow_download=flag("EARS_ALLOW_DOWNLOAD", False),
             custom_models=flag("EARS_CUSTOM_MODELS", True),

@@ -17,11 +17,15 @@ distortion      total-variation distance between P_target and the distribution a
                 with a(x) the rule's acceptance probability. 0 for a lossless rule.
 
 All of it is tensor code on the probabilities' device: no loop over rows, positions or the
-vocabulary, and no host synchronisation.
+vocabulary. The one host read is the input guard (``check``): a drafted token id outside [0, V)
+or a drafted token its drafter gave probability 0 means a broken drafter, and is a ValueError.
+It costs one synchronisation per call; the decode loop turns it off on CUDA unless
+``EARS_DEBUG=1``.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -31,7 +35,7 @@ from torch import Tensor
 from .rules import Q_EPS, AcceptanceRule, RuleInputs
 from .sampling import sample_with_uniforms
 
-__all__ = ["DraftKind", "Verdict", "verify", "emitted_distribution"]
+__all__ = ["DraftKind", "Verdict", "verify", "emitted_distribution", "check_enabled"]
 
 
 class DraftKind(IntEnum):
@@ -52,7 +56,7 @@ class Verdict:
     q: Tensor  # (B, K) P_draft of each draft token
     ratio: Tensor  # (B, K) p / max(q, 1e-10)
     u: Tensor  # (B, K) the uniform draws used
-    tolerance: Tensor  # (B, K) the rule's tolerance at each position
+    tolerance: Tensor  # (B, K) the tolerance the rule applied at each position (0 where it has none)
     max_p: Tensor  # (B, K + 1) max P_target at each position (bonus position included)
     next_p: Tensor  # (B,) P_target(next_token) at its position
     next_q: Tensor  # (B,) P_draft(next_token) at its position (0 for a bonus token)
@@ -83,6 +87,27 @@ def _check(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) -> t
     return b, k, v
 
 
+def check_enabled(device: torch.device) -> bool:
+    """Whether the decode loop runs verify()'s input guard: always on the CPU, on CUDA only with
+    EARS_DEBUG=1 (the guard is a host synchronisation)."""
+    return device.type != "cuda" or os.environ.get("EARS_DEBUG", "").strip() in {"1", "true", "yes"}
+
+
+def _guard(draft_tokens: Tensor, q: Tensor, in_range: Tensor, v: int) -> None:
+    """Raise if any drafted token is outside [0, V) or had draft probability 0: one host read."""
+    bad = ~in_range | (q <= 0)  # (B, K)
+    if not bool(bad.any()):
+        return
+    row, col = (int(i) for i in bad.nonzero()[0])
+    tok = int(draft_tokens[row, col])
+    if not bool(in_range[row, col]):
+        raise ValueError(f"draft token id {tok} at row {row}, position {col} is outside the vocabulary [0, {v}): "
+                         "the drafter proposed a token the models cannot score (check its vocabulary size)")
+    raise ValueError(f"draft token {tok} at row {row}, position {col} has draft probability 0 in draft_probs: "
+                     "a drafter must return the distribution each token was drawn from, and it cannot "
+                     "have drawn a token of probability 0")
+
+
 def emitted_distribution(
     rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor
 ) -> Tensor:
@@ -103,6 +128,7 @@ def verify(
     uniforms: Tensor | None = None,
     sample_uniforms: Tensor | None = None,
     with_distortion: bool = False,
+    check: bool = True,
 ) -> Verdict:
     """Decide B rows of K drafts at once.
 
@@ -110,6 +136,8 @@ def verify(
     ``uniforms`` (B, K) are the acceptance draws U and ``sample_uniforms`` the draw for the
     next token: (B,), or (B, K+1) with one draw per position the next token may land on (the one
     at position n is used). Either one left out is drawn from ``generator`` (torch's default).
+    ``check``: refuse draft token ids outside [0, V) and drafted tokens with q = 0 (a ValueError
+    naming the drafter's mistake); one host synchronisation.
     """
     b, k, v = _check(target_probs, draft_probs, draft_tokens)
     dev = target_probs.device
@@ -120,8 +148,12 @@ def verify(
 
     judged = target_probs[:, :k]  # (B, K, V)
     max_p = target_probs.max(dim=-1).values  # (B, K+1): computed once, reused below
-    p = judged.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
-    q = draft_probs.gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # (B, K)
+    in_range = (draft_tokens >= 0) & (draft_tokens < v)  # (B, K)
+    idx = draft_tokens.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # (B, K, 1): gather never reads outside V
+    p = judged.gather(-1, idx).squeeze(-1)  # (B, K)
+    q = draft_probs.gather(-1, idx).squeeze(-1)  # (B, K)
+    if check and k > 0:
+        _guard(draft_tokens, q, in_range, v)
     ratio = p / q.clamp(min=Q_EPS)  # (B, K)
     tolerance = rule.tolerance(judged, max_p[:, :k])  # (B, K)
     inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)

@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .events import DraftRecord, StepRecord, TokenEvent
-from .metrics import GenerationStats, expected_tokens_per_step, theoretical_speedup
+from .metrics import expected_tokens_per_step, theoretical_speedup
 
 __all__ = [
     "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure",
@@ -66,22 +66,19 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
     return fig
 
 
-def _tolerance(ev: TokenEvent, beta: float) -> float:
-    """The event's own tolerance when it had a test, else the one EARS would use there."""
-    return ev.tolerance if ev.tolerance is not None else beta * (1.0 - ev.max_p)
-
-
 # ----------------------------------------------------------------------------- per-position charts
 
 
-def confidence_figure(events: Sequence[TokenEvent], beta: float) -> go.Figure:
-    """max P_target per position, the tolerance beta * (1 - max P) shaded below it, and the
-    emitted token's p as markers coloured by kind. Traces: [max P, tolerance, one per kind]."""
+def confidence_figure(events: Sequence[TokenEvent]) -> go.Figure:
+    """max P_target per position, the tolerance the rule applied there (``TokenEvent.tolerance``,
+    from verify) shaded below it, and the emitted token's p as markers coloured by kind.
+    Positions without a test (bonus and target tokens) leave a gap in the band.
+    Traces: [max P, tolerance, one per kind]."""
     fig = _fig("Target confidence and EARS tolerance", "position", "probability")
     xs = [e.position for e in events]
     fig.add_trace(go.Scatter(x=xs, y=[e.max_p for e in events], name="max P_target", mode="lines",
                              line=dict(color="#111827", width=2)))
-    fig.add_trace(go.Scatter(x=xs, y=[_tolerance(e, beta) for e in events], name="tolerance β(1 − max P)",
+    fig.add_trace(go.Scatter(x=xs, y=[e.tolerance for e in events], name="tolerance applied",
                              mode="lines", fill="tozeroy", line=dict(color=KIND_COLOURS["pardoned"], width=1),
                              fillcolor="rgba(230,0,126,0.18)"))
     for kind in ("accepted", "pardoned", "resampled", "bonus", "target"):
@@ -227,25 +224,6 @@ def legend_html(kinds: Sequence[str] = ("accepted", "pardoned", "resampled", "bo
         items.append(f'<span class="legend-{kind}" style="background:{bg};color:{fg};{extra}border-radius:3px;'
                      f'padding:2px 6px;margin-right:8px">{html.escape(KIND_LABELS[kind])}</span>')
     return f'<div class="ears-legend" style="line-height:2">{"".join(items)}</div>'
-
-
-def summary_markdown(stats: GenerationStats, baseline_tps: float | None = None) -> str:
-    """The summary panel: rates, lengths, distortion, speed, speedup measured vs theory."""
-    speedup = stats.tokens_per_s / baseline_tps if baseline_tps else None
-    rows = [
-        ("rule", stats.method),
-        ("tokens / rounds", f"{stats.new_tokens} / {stats.steps}"),
-        ("acceptance rate", f"{_fmt(stats.acceptance_rate)} ({stats.accepted} of {stats.drafted} drafts stood)"),
-        ("mean acceptance length", f"{stats.mean_accept_length:.2f} tokens per round"),
-        ("pardon rate", f"{_fmt(stats.pardon_rate)} ({stats.pardoned} pardoned)"),
-        ("mean exact distortion (TV)", f"{stats.mean_distortion:.4f} per token"),
-        ("throughput", f"{stats.tokens_per_s:.1f} tokens/s"),
-        ("target-only", "not measured" if not baseline_tps else f"{baseline_tps:.1f} tokens/s"),
-        ("speedup, measured", "–" if speedup is None else f"{speedup:.2f}×"),
-        ("speedup, theory S = E/(Kc+1)", "–" if stats.theory_speedup is None else
-         f"{stats.theory_speedup:.2f}× (E = {stats.theory_tokens_per_step:.2f}, c = {stats.cost_ratio:.3f})"),
-    ]
-    return "| metric | value |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
 def first_divergence(a: Sequence[TokenEvent], b: Sequence[TokenEvent]) -> int | None:

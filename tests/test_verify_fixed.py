@@ -75,11 +75,20 @@ def test_a_token_outside_the_target_support_is_never_accepted(rule, u):
     assert v2.next_token.tolist() == [3]
 
 
-def test_a_draft_token_with_q_zero_uses_the_guard_and_is_accepted():
-    # q = 0 (a draft that never should have proposed it): r = p / 1e-10, no division by zero.
-    v = one([T0, BONUS], [[0.0, 0.5, 0.5, 0.0]], [0], StandardRule(), [0.99])
-    assert v.kinds.tolist() == [[A]]
+def test_a_draft_token_with_q_zero_is_the_drafters_mistake():
+    # q = 0: the drafter cannot have drawn this token (vLLM rejects it; the old code accepted it).
+    with pytest.raises(ValueError, match="draft probability 0"):
+        one([T0, BONUS], [[0.0, 0.5, 0.5, 0.0]], [0], StandardRule(), [0.99])
+    # with the guard off (the decode loop on CUDA) the eps clamp still avoids a division by zero
+    v = verify(torch.tensor([[T0, BONUS]]), torch.tensor([[[0.0, 0.5, 0.5, 0.0]]]), torch.tensor([[0]]),
+               StandardRule(), uniforms=torch.tensor([[0.99]]), sample_uniforms=torch.tensor([0.5]), check=False)
     assert v.ratio.item() == pytest.approx(0.25 / 1e-10, rel=1e-6)
+
+
+def test_a_draft_token_outside_the_vocabulary_is_a_clear_error():
+    for bad in (4, -1):
+        with pytest.raises(ValueError, match="outside the vocabulary"):
+            one([T0, T0, BONUS], [D0, D0], [1, bad], StandardRule(), [0.5, 0.5])
 
 
 def test_an_empty_residual_falls_back_to_the_target():

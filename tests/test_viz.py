@@ -43,11 +43,11 @@ def by_name(fig: go.Figure) -> dict[str, go.BaseTraceType]:
 
 def test_confidence_figure_traces(records):
     events, _ = records
-    t = by_name(viz.confidence_figure(events, beta=0.1))
+    t = by_name(viz.confidence_figure(events))
     assert list(t["max P_target"].y) == [0.9, 0.4, 0.7, 0.2]
-    # the tolerance is the event's own, or beta * (1 - max P) for a bonus token (no test there)
-    assert list(t["tolerance β(1 − max P)"].y) == pytest.approx([0.01, 0.06, 0.03, 0.1 * 0.8])
-    assert t["tolerance β(1 − max P)"].fill == "tozeroy"
+    # the tolerance verify() applied; a bonus token had no test, so the band has a gap there
+    assert list(t["tolerance applied"].y) == [0.01, 0.06, 0.03, None]
+    assert t["tolerance applied"].fill == "tozeroy"
     assert list(t["p (pardoned)"].x) == [1] and list(t["p (bonus)"].y) == [0.1]
     assert t["p (pardoned)"].marker.color == viz.KIND_COLOURS["pardoned"]
 
@@ -135,8 +135,9 @@ def test_figures_from_a_real_run():
     h = by_name(viz.accept_length_figure(res.steps, 4))
     assert sum(h["no pardon"].y) + sum(h["with a pardon"].y) == len(res.steps)
     assert sum(x * (a + b) for x, a, b in zip(h["no pardon"].x, h["no pardon"].y, h["with a pardon"].y)) == res.stats.accepted
-    conf = by_name(viz.confidence_figure(res.events, 0.5))
+    conf = by_name(viz.confidence_figure(res.events))
     assert len(conf["max P_target"].y) == res.stats.new_tokens
-    md = viz.summary_markdown(res.stats, baseline_tps=res.stats.tokens_per_s / 2)
+    from ears_core.session import summary_markdown, summary_rows
+    md = summary_markdown(summary_rows(res.stats, baseline_tps=res.stats.tokens_per_s / 2))
     assert "| speedup, measured | 2.00× |" in md and f"{res.stats.pardoned} pardoned" in md
     assert not math.isnan(res.stats.mean_distortion)
