@@ -1,22 +1,27 @@
 """EARS Studio core: speculative decoding with pluggable acceptance rules.
 
-    from ears_core import generate, EARSRule
-    out = generate(target, draft, input_ids, rule=EARSRule(beta=0.1), gamma=5, temperature=0.9)
+    from ears_core import load_pair, generate, EARSRule
+    pair = load_pair()                                  # the embedded target with its draft
+    out = generate(*pair, pair.encode("Hi!"), rule=EARSRule(beta=0.1), gamma=4, temperature=0.9)
     out.token_ids, out.events, out.stats
 
 See DESIGN notes in the README for the decision rule and the terms used throughout.
 """
 
 from .decoding import Generation, GenerationResult, autoregressive, autoregressive_stream, generate, stream
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, ModelDrafter, NGramDrafter
 from .events import KINDS, DraftRecord, StepRecord, TokenEvent
 from .metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
-from .rules import AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, StandardRule, TypicalRule, rule_from_name
+from .models import ModelPair, load_pair
+from .rules import (RULES, AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, Param, StandardRule, TypicalRule,
+                    make_rule, register_rule, rule_from_name)
+from .session import RunConfig, Session
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
 from .verify import DraftKind, Verdict, emitted_distribution, verify
 
 __all__ = [
     "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "TypicalRule", "EntropyEARSRule", "rule_from_name",
+    "RULES", "Param", "register_rule", "make_rule", "load_pair", "ModelPair", "RunConfig", "Session", "NGramDrafter",
     "verify", "Verdict", "DraftKind", "emitted_distribution",
     "generate", "stream", "autoregressive", "autoregressive_stream", "Generation", "GenerationResult",
     "Drafter", "ModelDrafter",

@@ -31,176 +31,22 @@ The aggregation, files and figures live in ``bench_report``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import re
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
+from . import bench_report
+from .bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
 from .decoding import autoregressive, generate
-from .drafters import drafter_for_run
-from .rules import AcceptanceRule, EARSRule, EntropyEARSRule, StandardRule, TypicalRule
+from .rules import RULES
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
-
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
-SECTIONS = ("main", "sweep", "k", "fidelity")
-
-
-@dataclass(frozen=True)
-class Config:
-    """One decoding setup. ``method`` is one of target, ordinary, ears, typical, entropy, assisted."""
-
-    method: str
-    temperature: float
-    gamma: int = 0  # 0 for target-only
-    beta: float = 0.0
-
-    @property
-    def label(self) -> str:
-        if self.method in ("ears", "entropy"):
-            return f"{self.method} {self.beta:g}"
-        return self.method
-
-    @property
-    def key(self) -> str:
-        return f"{self.label} T={self.temperature:g} K={self.gamma}"
-
-    def rule(self) -> AcceptanceRule:
-        rules = {"ordinary": StandardRule, "typical": TypicalRule}
-        if self.method in rules:
-            return rules[self.method]()
-        if self.method == "ears":
-            return EARSRule(self.beta)
-        if self.method == "entropy":
-            return EntropyEARSRule(self.beta)
-        raise ValueError(f"{self.method} is not a speculative rule")
-
-
-@dataclass
-class BenchSettings:
-    target: str = "embedded"
-    draft: str = "auto"
-    device: str | None = None
-    prompts_file: Path = PROMPTS_FILE
-    prompts: int = 12  # main section: spread over the tasks
-    sweep_prompts: int = 6  # sweep and k sections
-    max_new_tokens: int = 48
-    fidelity_tokens: int = 96
-    temperature: float = 0.9  # T0
-    gamma: int = 4  # K0
-    betas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
-    headline_beta: float = 0.1
-    temperatures: tuple[float, ...] = (0.3, 0.6, 0.9, 1.2)
-    gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
-    fidelity_seeds: int = 4
-    fidelity_betas: tuple[float, ...] = (0.1, 0.3)
-    sections: tuple[str, ...] = SECTIONS
-    assisted: bool = True
-    out: Path = Path("bench_out")
-    threads: int | None = None
-    images: bool = False
-    draft_confidence: str = "default"  # the embedded head's dynamic length: "default", "off" or a threshold
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def check(self) -> None:
-        if self.max_new_tokens < 1 or self.fidelity_tokens < 1:
-            raise ValueError("--max-new-tokens and --fidelity-tokens must be >= 1")
-        if self.prompts < 1 or self.sweep_prompts < 1:
-            raise ValueError("--prompts and --sweep-prompts must be >= 1")
-        if self.gamma < 1 or any(k < 1 for k in self.gammas):
-            raise ValueError("K must be >= 1 (--gamma, --gammas)")
-        if self.temperature <= 0 or any(t <= 0 for t in self.temperatures):
-            raise ValueError("benchmark temperatures must be > 0 (sampling; the greedy check is in the tests)")
-        if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
-            raise ValueError("beta must be >= 0")
-        unknown = set(self.sections) - set(SECTIONS)
-        if self.draft_confidence not in ("default", "off"):
-            try:
-                float(self.draft_confidence)
-            except ValueError:
-                raise ValueError(f"--draft-confidence must be 'default', 'off' or a number, got {self.draft_confidence!r}")
-        if unknown:
-            raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
-
-
-# ------------------------------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class Job:
-    """A run to do: a config on prompt ``prompt_id`` with ``seed``, in the given sections."""
-
-    config: Config
-    prompt_id: int
-    seed: int
-    max_new_tokens: int
-
-
-def load_prompts(path: Path) -> list[dict[str, Any]]:
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    prompts = data["prompts"] if isinstance(data, dict) else data
-    if len(prompts) == 0:
-        raise ValueError(f"{path} holds no prompts")
-    return [dict(p, id=i) for i, p in enumerate(prompts)]
-
-
-def spread(prompts: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """The first n prompts taking the tasks in turn (creative, qa, math, creative, ...)."""
-    by_task: dict[str, list[dict[str, Any]]] = {}
-    for p in prompts:
-        by_task.setdefault(p.get("task", "other"), []).append(p)
-    out: list[dict[str, Any]] = []
-    for i in range(max(len(v) for v in by_task.values())):
-        out += [group[i] for group in by_task.values() if i < len(group)]
-    return out[:n]
-
-
-def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Config]:
-    t0, k0, hb = s.temperature, s.gamma, s.headline_beta
-    if section == "main":
-        cfgs = [Config("target", t0), Config("ordinary", t0, k0)]
-        cfgs += [Config("ears", t0, k0, b) for b in s.betas]
-        cfgs += [Config("typical", t0, k0), Config("entropy", t0, k0, hb)]
-        return cfgs + ([Config("assisted", t0, k0)] if assisted else [])
-    if section == "sweep":
-        return [c for t in s.temperatures for c in
-                [Config("target", t), Config("ordinary", t, k0), *(Config("ears", t, k0, b) for b in s.betas)]]
-    if section == "k":
-        return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k), Config("ears", t0, k, hb))]
-    if section == "fidelity":
-        return [Config("target", t0), Config("ordinary", t0, k0)] + [Config("ears", t0, k0, b) for b in s.fidelity_betas]
-    raise ValueError(section)
-
-
-def build_plan(s: BenchSettings, prompts: list[dict[str, Any]], assisted: bool) -> tuple[list[Job], dict[str, list[Job]]]:
-    """Every job once (sections share runs), grouped by (prompt, seed); and each section's jobs."""
-    by_section: dict[str, list[Job]] = {}
-    for sec in s.sections:
-        if sec == "fidelity":
-            chosen = [p for p in prompts if p.get("answer") is not None]
-            seeds, tokens = range(s.fidelity_seeds), s.fidelity_tokens
-        else:
-            chosen = spread(prompts, s.prompts if sec == "main" else s.sweep_prompts)
-            seeds, tokens = range(1), s.max_new_tokens
-        by_section[sec] = [Job(c, p["id"], seed, tokens) for p in chosen for seed in seeds
-                           for c in section_configs(s, sec, assisted)]
-    unique = list(dict.fromkeys(j for jobs in by_section.values() for j in jobs))
-    groups: dict[tuple[int, int, int], list[Job]] = {}
-    for j in unique:
-        groups.setdefault((j.prompt_id, j.seed, j.max_new_tokens), []).append(j)
-    ordered: list[Job] = []
-    for g, jobs in enumerate(groups.values()):  # rotate the order inside each group: interleaving
-        r = g % len(jobs)
-        ordered += jobs[r:] + jobs[:r]
-    return ordered, by_section
-
 
 # ---------------------------------------------------------------------------------- running
 
@@ -212,11 +58,15 @@ class Bench:
     target: PreTrainedModel
     tokenizer: Any
     vocab_size: int
-    draft: Any  # a causal LM, a Drafter with .fresh() (the embedded head), or None: n-gram lookup
+    pair: Any  # the ModelPair: new_drafter() gives each run a fresh drafter
     draft_label: str
 
+    @property
+    def draft(self) -> Any:
+        return self.pair.draft
+
     def drafter(self) -> Any:
-        return drafter_for_run(self.draft, self.vocab_size)
+        return self.pair.new_drafter()
 
     @property
     def assisted_label(self) -> str:
@@ -267,36 +117,20 @@ class Bench:
         return float(lp.mean())
 
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def final_answer(text: str) -> str | None:
-    """The last number in the text, commas dropped, as a canonical string ("1,200.00" -> "1200")."""
-    found = NUMBER.findall(text.replace(",", ""))
-    if not found:
-        return None
-    x = float(found[-1])  # "14", "14.0" and "14.00" are one answer
-    return str(int(x)) if x.is_integer() else f"{x:g}"
-
-
 def load_bench(s: BenchSettings) -> Bench:
-    from .models import embedded_draft_available, load_pair
+    from .models import load_pair
 
-    draft = s.draft
-    if draft == "auto":
-        draft = "embedded" if s.target == "embedded" and embedded_draft_available() else "ngram"
-    pair = load_pair(s.target, None if draft == "ngram" else draft, device=s.device)
+    pair = load_pair(s.target, s.draft, device=s.device)
+    label = pair.draft_spec or "none"
     if s.draft_confidence != "default" and hasattr(pair.draft, "min_confidence"):
         pair.draft.min_confidence = None if s.draft_confidence == "off" else float(s.draft_confidence)
-        draft = f"{draft} (min confidence {pair.draft.min_confidence})"
-    return Bench(pair.target, pair.tokenizer, pair.vocab_size, pair.draft,
-                 "n-gram prompt lookup" if draft == "ngram" else draft)
+        label = f"{label} (min confidence {pair.draft.min_confidence})"
+    return Bench(pair.target, pair.tokenizer, pair.vocab_size, pair, "n-gram prompt lookup" if label == "ngram" else label)
 
 
 @torch.no_grad()
 def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = True) -> dict[str, Any]:
     """Run every job of the plan and write the outputs; returns the summary."""
-    from . import bench_report
     from .models import encode_prompt
 
     s.check()
@@ -381,6 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=d.out, help="folder for runs.csv, summary.json, report.html")
     p.add_argument("--draft-confidence", default="default",
                    help="dynamic draft length of a head drafter: 'default' (its own), 'off' (always K) or a threshold")
+    p.add_argument("--rules", default=d.rules,
+                   help="the main section's rules, comma-separated, each with optional parameters "
+                   "(name:param=value); registered: " + ", ".join(
+                       f"{r.name}" + (f" ({', '.join(p.name for p in r.params)})" if r.params else "")
+                       for r in RULES.values()))
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild summary.json, report.html (and PNGs) from --out's runs.csv")
     return p
@@ -394,14 +233,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                       temperatures=a.temperatures, gammas=a.gammas, fidelity_seeds=a.fidelity_seeds,
                       fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
                       assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
-                      draft_confidence=a.draft_confidence,
+                      draft_confidence=a.draft_confidence, rules=a.rules,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
     from .models import ModelLoadError
 
     if a.report_only:
-        from .bench_report import format_table, reaggregate
-
-        print(format_table(reaggregate(a.out, images=a.images)))
+        print(bench_report.format_table(bench_report.reaggregate(a.out, images=a.images)))
         return 0
     try:
         s.check()
@@ -409,9 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from .bench_report import format_table
-
-    print(format_table(summary))
+    print(bench_report.format_table(summary))
     print(f"\nwrote {s.out / 'runs.csv'}, {s.out / 'summary.json'}, {s.out / 'report.html'}")
     return 0
 

@@ -19,11 +19,12 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy.stats import binomtest
 
+from .bench_plan import Config, Job, final_answer
 from .metrics import round_theory
 
 __all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson"]
 
-RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "sections", "prompt_id", "task", "seed",
+RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "params", "sections", "prompt_id", "task", "seed",
               "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
               "draft_ms", "target_ms", "total_distortion", "logprob", "expected", "answer", "correct", "text"]
 
@@ -104,6 +105,7 @@ def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, A
             p = prompts[j.prompt_id]
             w.writerow(dict(method=j.config.method, label=j.config.label, temperature=j.config.temperature,
                             gamma=j.config.gamma, beta=j.config.beta, sections=" ".join(sections_of[j]),
+                            params=";".join(f"{k}={v:g}" for k, v in j.config.params),
                             prompt_id=j.prompt_id, task=p.get("task"), seed=j.seed, max_new_tokens=j.max_new_tokens,
                             tokens_per_s=round(r["new_tokens"] / r["wall_s"], 3) if r["wall_s"] else None,
                             expected=p.get("answer"), **{k: r[k] for k in RUN_FIELDS if k in r}))
@@ -138,8 +140,6 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
     pooling or the answer extraction may have changed since): nothing is decoded again."""
     from types import SimpleNamespace
 
-    from .bench import Config, Job, final_answer
-
     out = Path(out)
     old = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     rows: dict[Any, dict[str, Any]] = {}
@@ -147,7 +147,8 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
     prompts: dict[int, dict[str, Any]] = {}
     with open(out / "runs.csv", newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
-            cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]))
+            params = tuple((k, float(v)) for k, _, v in (x.partition("=") for x in (r.get("params") or "").split(";") if x))
+            cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]), params)
             job = Job(cfg, int(r["prompt_id"]), int(r["seed"]), int(r["max_new_tokens"]))
             expected = r["expected"] or None
             answer = final_answer(r["text"]) if expected else None
@@ -199,13 +200,6 @@ def format_table(summary: dict[str, Any]) -> str:
         parts += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                   for line in body]
     return "\n".join(parts)
-
-
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    cols = _cols(rows)
-    lines = ["| " + " | ".join(h for _, h, _ in cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cells(r, cols)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def write_html(path: Path, summary: dict[str, Any], figs: dict[str, go.Figure]) -> None:

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ears_core import bench
-from ears_core.bench import BenchSettings, Config, Job, build_plan, final_answer, spread
+from ears_core.bench_plan import PROMPTS_FILE, BenchSettings, Config, Job, build_plan, final_answer, load_prompts, spread
 from ears_core.bench_report import RUN_FIELDS, pool, wilson
 from test_models import _save_tiny
 
@@ -97,7 +97,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
 
 
 def test_plan_shares_runs_between_sections_and_interleaves() -> None:
-    prompts = bench.load_prompts(bench.PROMPTS_FILE)
+    prompts = load_prompts(PROMPTS_FILE)
     assert len(prompts) >= 30 and {p["task"] for p in prompts} == {"creative", "qa", "math"}
     s = BenchSettings(prompts=6, sweep_prompts=3, betas=(0.1,), temperatures=(0.9, 1.2), gammas=(2, 4),
                       fidelity_seeds=2, fidelity_betas=(0.1,))

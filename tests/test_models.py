@@ -47,8 +47,10 @@ def tiny(tmp_path: Path) -> tuple[Path, LlamaForCausalLM]:
 
 @pytest.mark.slow
 def test_embedded_target_generates_deterministic_greedy_text() -> None:
-    pair = load_pair("embedded", device="cpu")  # converts the GGUF once if no cache yet
+    pair = load_pair("embedded", None, device="cpu")  # converts the GGUF once if no cache yet; no draft
     assert pair.draft is None and not pair.target.training
+    with pytest.raises(ValueError, match="loaded without a draft"):
+        pair.new_drafter()
     assert pair.dtype == torch.float32 and pair.device == torch.device("cpu")
     assert pair.vocab_size == len(pair.tokenizer) == 49152
     ids = encode_prompt(pair.tokenizer, "What is the capital of France?")  # (1, T)
@@ -68,7 +70,7 @@ def test_embedded_target_generates_deterministic_greedy_text() -> None:
 
 def test_local_folder_loads_like_a_hub_id(tiny) -> None:
     folder, original = tiny
-    pair = load_pair(str(folder), device="cpu")
+    pair = load_pair(str(folder), None, device="cpu")
     assert isinstance(pair.target, LlamaForCausalLM) and not pair.target.training
     assert pair.draft is None and pair.vocab_size == 100 and pair.dtype == torch.float32
     assert pair.name == str(folder)
@@ -197,3 +199,26 @@ def test_prepare_embedded_without_the_package(monkeypatch, tmp_path: Path) -> No
         em.prepare_embedded(tmp_path)
     (folder / em.MARKER).write_text(json.dumps({"gguf_bytes": 1}))
     assert em.prepare_embedded(tmp_path) == folder  # a finished cache still serves
+
+
+def test_draft_specs_resolve_in_one_place() -> None:
+    assert em.resolve_draft("embedded") == ("embedded" if em.embedded_draft_available() else "ngram")
+    assert em.resolve_draft("Qwen/Qwen2.5-7B-Instruct", "auto") == "Qwen/Qwen2.5-0.5B-Instruct"  # the preset's draft
+    assert em.resolve_draft("someone/else") == "ngram"  # no preset: prompt lookup
+    assert em.resolve_draft("x", "NONE") == em.resolve_draft("x", " ngram ") == "ngram"
+    assert em.resolve_draft("x", None) is None  # target only
+    assert em.resolve_draft("x", "org/draft") == "org/draft"
+
+
+def test_a_folder_with_auto_draft_gets_ngram_lookup_and_fresh_drafters(tiny) -> None:
+    from ears_core import NGramDrafter, autoregressive, generate
+
+    folder, _ = tiny
+    pair = load_pair(str(folder), device="cpu")  # draft "auto": no preset for a folder -> n-gram
+    assert pair.draft_spec == "ngram" and pair.name.endswith("<- n-gram prompt lookup")
+    a, b = pair.new_drafter(), pair.new_drafter()
+    assert isinstance(a, NGramDrafter) and a is not b
+    ids = encode_prompt(pair.tokenizer, "w5 w6 w7 w5 w6 w7 w5 w6", device=pair.device)
+    out = generate(*pair, ids, temperature=0, max_new_tokens=12, eos_token_id=[])  # target, drafter = pair
+    ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=12, eos_token_id=[])
+    assert out.token_ids == ref.token_ids and len(out.token_ids) == 12

@@ -10,8 +10,8 @@ viz        plotly figures (no gradio)
 from .constants import RejectionConstant, envelope_constant, rejection_constant, with_heavy_tail
 from .model import EventDist, NeuralTPP, TPPConfig, load_model
 from .processes import HawkesProcess, RenewalProcess, Sequence
-from .sampler import SampleResult, SpecConfig, StepRecord, autoregressive_sample, speculative_sample
+from .sampler import SampleResult, SpecConfig, TPPStep, autoregressive_sample, speculative_sample
 
 __all__ = ["RejectionConstant", "envelope_constant", "rejection_constant", "with_heavy_tail", "EventDist",
            "NeuralTPP", "TPPConfig", "load_model", "HawkesProcess", "RenewalProcess", "Sequence", "SampleResult",
-           "SpecConfig", "StepRecord", "autoregressive_sample", "speculative_sample"]
+           "SpecConfig", "TPPStep", "autoregressive_sample", "speculative_sample"]

@@ -38,7 +38,6 @@ import torch
 
 D = torch.distributions
 INF = float("inf")
-HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 LOG_SAFETY = 1e-4  # M is inflated by e^1e-4 so float rounding never makes an acceptance probability exceed 1
 
 __all__ = ["RejectionConstant", "rejection_constant", "quad_sup", "mixture_log_bound", "envelope_constant",
@@ -80,11 +79,6 @@ def _pair_coeffs(lw_a, mu_a, sd_a, lw_b, mu_b, sd_b):
     B = mu_a * ia - mu_b * ib
     C = lw_a - lw_b + torch.log(sd_b / sd_a) - 0.5 * mu_a * mu_a * ia + 0.5 * mu_b * mu_b * ib
     return A, B, C
-
-
-def _log_normal_pdf(y, mu, sd):
-    z = (y - mu) / sd
-    return -0.5 * z * z - torch.log(sd) - HALF_LOG_2PI
 
 
 def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 128, z: float = 4.0,

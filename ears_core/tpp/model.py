@@ -87,12 +87,6 @@ class EventDist:
         x = (ct[..., :-1] < u[..., 1:]).sum(-1)
         return tau, x
 
-    def to_torch(self) -> tuple[torch.distributions.Distribution, torch.distributions.Categorical]:
-        """(time law as MixtureSameFamily of LogNormal, type law as Categorical) for one state."""
-        D = torch.distributions
-        time = D.MixtureSameFamily(D.Categorical(logits=self.w_logits), D.LogNormal(self.mu, self.sd))
-        return time, D.Categorical(logits=self.type_logits)
-
 
 class NeuralTPP(nn.Module):
     """GRU encoder + decoder; see the module docstring."""

@@ -45,7 +45,7 @@ import torch
 from .constants import LOG_SAFETY, mixture_log_bound
 from .model import EventDist, NeuralTPP
 
-__all__ = ["SpecConfig", "StepRecord", "SampleResult", "autoregressive_sample", "speculative_sample",
+__all__ = ["SpecConfig", "TPPStep", "SampleResult", "autoregressive_sample", "speculative_sample",
            "proposal_law", "check_history", "step_laws"]
 
 
@@ -60,7 +60,7 @@ class SpecConfig:
 
 
 @dataclass
-class StepRecord:
+class TPPStep:
     """One speculative step: the l proposals and their fate."""
 
     tau: list[float]  # proposed inter-event times (l,)
@@ -76,7 +76,7 @@ class SampleResult:
     times: list[float]
     types: list[int]
     kinds: list[str]  # "accepted" / "resampled" / "target", per event
-    steps: list[StepRecord] = field(default_factory=list)
+    steps: list[TPPStep] = field(default_factory=list)
     seconds: float = 0.0
     start: float = 0.0  # time of the last history event (0 without history)
 
@@ -233,7 +233,7 @@ def speculative_sample(model: NeuralTPP, *, l: int = 8, n_events: int | None = N
         else:
             keep = torch.log(u) < log_a  # (l,)
         n_acc = int(keep.long().cumprod(0).sum())  # proposals before the first rejection
-        steps.append(StepRecord(torch.exp(y).tolist(), x.tolist(), torch.exp(log_a).tolist(),
+        steps.append(TPPStep(torch.exp(y).tolist(), x.tolist(), torch.exp(log_a).tolist(),
                                 torch.exp(log_m).tolist(), n_acc, float(outside.max())))
         new_t = (t + torch.cumsum(torch.exp(y[:n_acc]).double(), 0)).tolist()  # times of the kept events
         keep = n_acc if n_events is None else min(n_acc, n_events - len(times))

@@ -1,0 +1,222 @@
+"""The benchmark's plan: what to run (configs, jobs, sections) and how answers are read.
+
+Terms are those of ``bench`` (method, config, run, section). A config's method is ``target``
+(target-only), ``assisted`` (transformers' assisted generation) or any rule registered in
+``rules.RULES`` (by name or alias). ``--rules`` names the main section's rules, each with optional
+parameters: ``ordinary,ears,typical,ears-entropy:beta=0.2``. A rule that takes beta and is given
+none runs at every ``--betas`` value when it is ``ears``, else at the headline beta.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .rules import AcceptanceRule, make_rule, rule_spec
+
+__all__ = ["Config", "BenchSettings", "Job", "build_plan", "load_prompts", "spread", "final_answer", "parse_rules",
+           "SECTIONS", "PROMPTS_FILE"]
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
+SECTIONS = ("main", "sweep", "k", "fidelity")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One decoding setup: ``method`` is target, assisted or a registered rule; ``beta`` and
+    ``params`` (other (name, value) pairs) are the rule's parameters."""
+
+    method: str
+    temperature: float
+    gamma: int = 0  # 0 for target-only
+    beta: float = 0.0
+    params: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def label(self) -> str:
+        if self.method in ("target", "assisted"):
+            return self.method
+        names = {p.name for p in rule_spec(self.method).params}
+        values = ([f"{self.beta:g}"] if "beta" in names else []) + [f"{k}={v:g}" for k, v in self.params]
+        return " ".join([self.method, *values])
+
+    @property
+    def key(self) -> str:
+        return f"{self.label} T={self.temperature:g} K={self.gamma}"
+
+    def rule(self) -> AcceptanceRule:
+        if self.method in ("target", "assisted"):
+            raise ValueError(f"{self.method} is not a speculative rule")
+        return make_rule(self.method, beta=self.beta, **dict(self.params))
+
+
+def parse_rules(text: str) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """'ordinary,ears,typical:eps=0.1' -> ((name, ((param, value), ...)), ...); names checked
+    against the registry, parameters against the rule's own."""
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, *pairs = item.split(":")
+        spec = rule_spec(name)  # unknown: a ValueError listing the registered rules
+        taken = {p.name for p in spec.params}
+        params = []
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key.strip() not in taken:
+                raise ValueError(f"rule {spec.name} takes no parameter {key.strip()!r} (it takes: "
+                                 f"{', '.join(sorted(taken)) or 'none'})")
+            try:
+                params.append((key.strip(), float(value)))
+            except ValueError:
+                raise ValueError(f"--rules: {item!r}: {key.strip()} needs a number, got {value!r}") from None
+        out.append((name.strip().lower(), tuple(params)))
+    if not out:
+        raise ValueError("--rules is empty: name at least one rule, e.g. ordinary,ears")
+    return tuple(out)
+
+
+@dataclass
+class BenchSettings:
+    target: str = "embedded"
+    draft: str = "auto"
+    device: str | None = None
+    prompts_file: Path = PROMPTS_FILE
+    prompts: int = 12  # main section: spread over the tasks
+    sweep_prompts: int = 6  # sweep and k sections
+    max_new_tokens: int = 48
+    fidelity_tokens: int = 96
+    temperature: float = 0.9  # T0
+    gamma: int = 4  # K0
+    betas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
+    headline_beta: float = 0.1
+    temperatures: tuple[float, ...] = (0.3, 0.6, 0.9, 1.2)
+    gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    fidelity_seeds: int = 4
+    fidelity_betas: tuple[float, ...] = (0.1, 0.3)
+    sections: tuple[str, ...] = SECTIONS
+    assisted: bool = True
+    out: Path = Path("bench_out")
+    threads: int | None = None
+    images: bool = False
+    draft_confidence: str = "default"  # the embedded head's dynamic length: "default", "off" or a threshold
+    rules: str = "ordinary,ears,typical,entropy"  # the main section's rules (see parse_rules)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        if self.max_new_tokens < 1 or self.fidelity_tokens < 1:
+            raise ValueError("--max-new-tokens and --fidelity-tokens must be >= 1")
+        if self.prompts < 1 or self.sweep_prompts < 1:
+            raise ValueError("--prompts and --sweep-prompts must be >= 1")
+        if self.gamma < 1 or any(k < 1 for k in self.gammas):
+            raise ValueError("K must be >= 1 (--gamma, --gammas)")
+        if self.temperature <= 0 or any(t <= 0 for t in self.temperatures):
+            raise ValueError("benchmark temperatures must be > 0 (sampling; the greedy check is in the tests)")
+        if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
+            raise ValueError("beta must be >= 0")
+        unknown = set(self.sections) - set(SECTIONS)
+        if self.draft_confidence not in ("default", "off"):
+            try:
+                float(self.draft_confidence)
+            except ValueError:
+                raise ValueError(f"--draft-confidence must be 'default', 'off' or a number, got {self.draft_confidence!r}")
+        if unknown:
+            raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
+        parse_rules(self.rules)
+
+
+# ------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Job:
+    """A run to do: a config on prompt ``prompt_id`` with ``seed``, in the given sections."""
+
+    config: Config
+    prompt_id: int
+    seed: int
+    max_new_tokens: int
+
+
+def load_prompts(path: Path) -> list[dict[str, Any]]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    prompts = data["prompts"] if isinstance(data, dict) else data
+    if len(prompts) == 0:
+        raise ValueError(f"{path} holds no prompts")
+    return [dict(p, id=i) for i, p in enumerate(prompts)]
+
+
+def spread(prompts: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """The first n prompts taking the tasks in turn (creative, qa, math, creative, ...)."""
+    by_task: dict[str, list[dict[str, Any]]] = {}
+    for p in prompts:
+        by_task.setdefault(p.get("task", "other"), []).append(p)
+    out: list[dict[str, Any]] = []
+    for i in range(max(len(v) for v in by_task.values())):
+        out += [group[i] for group in by_task.values() if i < len(group)]
+    return out[:n]
+
+
+def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Config]:
+    t0, k0, hb = s.temperature, s.gamma, s.headline_beta
+    if section == "main":
+        cfgs = [Config("target", t0)]
+        for name, params in parse_rules(s.rules):
+            given = dict(params)
+            takes_beta = any(p.name == "beta" for p in rule_spec(name).params)
+            rest = tuple((k, v) for k, v in params if k != "beta")
+            if not takes_beta:
+                cfgs.append(Config(name, t0, k0, 0.0, rest))
+            elif "beta" in given:
+                cfgs.append(Config(name, t0, k0, given["beta"], rest))
+            else:
+                cfgs += [Config(name, t0, k0, b, rest) for b in (s.betas if rule_spec(name).name == "ears" else (hb,))]
+        return cfgs + ([Config("assisted", t0, k0)] if assisted else [])
+    if section == "sweep":
+        return [c for t in s.temperatures for c in
+                [Config("target", t), Config("ordinary", t, k0), *(Config("ears", t, k0, b) for b in s.betas)]]
+    if section == "k":
+        return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k), Config("ears", t0, k, hb))]
+    if section == "fidelity":
+        return [Config("target", t0), Config("ordinary", t0, k0)] + [Config("ears", t0, k0, b) for b in s.fidelity_betas]
+    raise ValueError(section)
+
+
+def build_plan(s: BenchSettings, prompts: list[dict[str, Any]], assisted: bool) -> tuple[list[Job], dict[str, list[Job]]]:
+    """Every job once (sections share runs), grouped by (prompt, seed); and each section's jobs."""
+    by_section: dict[str, list[Job]] = {}
+    for sec in s.sections:
+        if sec == "fidelity":
+            chosen = [p for p in prompts if p.get("answer") is not None]
+            seeds, tokens = range(s.fidelity_seeds), s.fidelity_tokens
+        else:
+            chosen = spread(prompts, s.prompts if sec == "main" else s.sweep_prompts)
+            seeds, tokens = range(1), s.max_new_tokens
+        by_section[sec] = [Job(c, p["id"], seed, tokens) for p in chosen for seed in seeds
+                           for c in section_configs(s, sec, assisted)]
+    unique = list(dict.fromkeys(j for jobs in by_section.values() for j in jobs))
+    groups: dict[tuple[int, int, int], list[Job]] = {}
+    for j in unique:
+        groups.setdefault((j.prompt_id, j.seed, j.max_new_tokens), []).append(j)
+    ordered: list[Job] = []
+    for g, jobs in enumerate(groups.values()):  # rotate the order inside each group: interleaving
+        r = g % len(jobs)
+        ordered += jobs[r:] + jobs[:r]
+    return ordered, by_section
+
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def final_answer(text: str) -> str | None:
+    """The last number in the text, commas dropped, as a canonical string ("1,200.00" -> "1200")."""
+    found = NUMBER.findall(text.replace(",", ""))
+    if not found:
+        return None
+    x = float(found[-1])  # "14", "14.0" and "14.00" are one answer
+    return str(int(x)) if x.is_integer() else f"{x:g}"
+
+
