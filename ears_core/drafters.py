@@ -119,6 +119,59 @@ class ModelDrafter:
             self._pending = nxt
         self._proposed = None
 
+    # ------------------------------------------------------------------ trees (seed 002, trees.py)
+    @torch.inference_mode()
+    def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None):
+        """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
+        the nodes being expanded with a tree mask over the cache: each sees the committed tokens
+        and its own ancestors. -> DraftTree"""
+        from .trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+
+        assert self._pending is not None, "prefill() first"
+        self._base = self._cache_len + self._pending.shape[1]
+        self._tree_slots: list[int] = []  # tree nodes in the draft's cache, in cache order
+        if spec.depth == 0:
+            self._tree = DraftTree.empty(self.vocab_size, self.device)
+            return self._tree
+        logits = self.model(self._pending, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+        self._cache_len = self._base
+
+        def expand(ids: list[int], tree: DraftTree) -> Tensor:
+            slots, mask, pos = self._tree_slots, None, None
+            chain = ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))
+            if not chain:  # (1, 1, m, base + slots + m) and (1, m)
+                rows = [i + 1 for i in ids]
+                mask = tree_attention_mask(tree.parents, self._base, rows, [i + 1 for i in slots] + rows,
+                                           self.model.dtype, self.device)
+                pos = tree_position_ids(tree.depths, self._base - 1, rows, self.device)
+            out = self.model(tree.tokens[ids][None], attention_mask=mask, position_ids=pos,
+                             past_key_values=self._cache, use_cache=True)
+            slots.extend(ids)
+            return out.logits[0]  # (m, V_model)
+
+        self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn)
+        return self._tree
+
+    @torch.inference_mode()
+    def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
+        """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
+        entries in order (the draft ran every path node except perhaps the last), drop the rest."""
+        from .trees import keep_cache_positions
+
+        nxt = next_token.reshape(1, 1)
+        if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round
+            self._pending = torch.cat([self._pending, nxt], dim=1)
+            return
+        slot = {node: i for i, node in enumerate(self._tree_slots)}
+        fed = [a for a in path if a in slot]  # a prefix of the path
+        if self._tree_slots:
+            keep = [*range(self._base), *(self._base + slot[a] for a in fed)]
+            keep_cache_positions(self._cache, torch.tensor(keep, dtype=torch.long, device=self.device))
+        self._cache_len = self._base + len(fed)
+        tail = self._tree.tokens[path[len(fed):]].reshape(1, -1)  # (1, P-1) path nodes not yet run
+        self._pending = torch.cat([tail, nxt], dim=1)
+        self._tree_slots = []
+
 
 class NGramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last ``n`` committed tokens (n

@@ -192,3 +192,54 @@ class EagleDrafter:
         s.next_feat = out[:, -1]
         s.cache_len += num_accepted + 1
         s.proposed = None
+
+    # ------------------------------------------------------------------ trees (seed 002, trees.py)
+    def _sub_logits(self, feats: Tensor) -> Tensor:
+        """(m, d) predicted features -> (m, V) logits, -inf outside vocab_ids."""
+        logits = torch.full((feats.shape[0], self.vocab_size), float("-inf"), device=feats.device)
+        logits[:, self.vocab_ids] = (feats @ self.w_sub.T).float()
+        return logits
+
+    @torch.inference_mode()
+    def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None) -> Any:
+        """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
+        fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
+        cache at position cache_len + depth - 1, as the chain would. min_confidence is not used
+        (the tree's best-first budget decides what is drafted). -> DraftTree"""
+        from .trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+
+        s = self._s
+        assert s is not None, "prefill() first"
+        dev = self.w_sub.device
+        s.proposed = torch.empty((1, 0), dtype=torch.long, device=dev)
+        if s.next_feat is None or spec.depth == 0:
+            return DraftTree.empty(self.vocab_size, dev)
+        feats = {-1: s.next_feat[0]}  # node -> predicted feature (d,); -1: the root
+        slots: list[int] = []  # tree nodes in the head's cache, in cache order
+
+        def expand(ids: list[int], tree: DraftTree) -> Tensor:
+            parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.w_sub.dtype)  # (m, d)
+            z = self.head.fc(torch.cat([parent_f, self.embed(tree.tokens[ids])], dim=-1))[None]  # (1, m, d)
+            mask = pos = None
+            if not (ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))):
+                rows = [i + 1 for i in ids]
+                mask = tree_attention_mask(tree.parents, s.cache_len, rows, [i + 1 for i in slots] + rows, z.dtype, dev)
+                pos = tree_position_ids(tree.depths, s.cache_len - 1, rows, dev)
+            out = self.head.body(inputs_embeds=z, past_key_values=s.cache, use_cache=True, attention_mask=mask,
+                                 position_ids=pos).last_hidden_state[0]  # (m, d)
+            slots.extend(ids)
+            feats.update(zip(ids, out))
+            return self._sub_logits(out)
+
+        tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn)
+        s.proposed = tree.tokens[None]  # (1, N)
+        return tree
+
+    @torch.inference_mode()
+    def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None) -> None:
+        """Keep nodes ``path`` (root first) and next_token; target_hidden (1, len(path)+1, d) holds
+        the target's features at the root and the path. Drops the tree's entries, then commits."""
+        s = self._s
+        assert s is not None and s.proposed is not None, "propose_tree() first"
+        s.proposed = s.proposed[:, path]  # (1, n)
+        self.commit(len(path), next_token, target_hidden)

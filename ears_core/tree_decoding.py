@@ -1,0 +1,309 @@
+"""Tree decoding (seed 002): each round verifies a tree of drafts in one target pass.
+
+Terms (tree, node, entry, spec: trees.py; route, test, emitted: verify_tree.py)
+-----
+round        the drafter builds a tree (``propose_tree``: best-first up to the spec's budget, depth
+             and width); the target scores [last committed token, nodes] in ONE forward with the
+             tree mask and position ids; verify_tree walks it and keeps n nodes (the accepted
+             path) plus one more token; both caches are rearranged to the path. A round emits
+             n + 1 tokens, like a chain round.
+cache        the target's cache holds the committed sequence minus its last token, as in the chain
+             decoder; after a tree pass it keeps the prefix, the root and the path (in that order)
+             and drops every other node. The prompt is encoded once.
+depth cap    a round's tree is no deeper than the tokens still allowed minus one, so that
+             ``max_new_tokens`` is exact.
+draws        counter based, as in the chain decoder (trees.py: draft draws; accept_keys): a spec
+             with width 1 is the chain, draw for draw, and gives the chain decoder's tokens and events.
+records      events and step records are the chain's (``TokenEvent``, ``StepRecord``; a step's
+             ``drafted`` counts the tree's nodes, its ``drafts`` the nodes that were tested); each
+             round's tree is kept in ``TreeGeneration.trees`` as a ``TreeRecord``. For a sibling
+             tried after a rejection, an event's ``ratio`` is against the residual target, its
+             ``p`` is still P_target.
+distortion   per emitted position, from verify_tree; exact where it can be enumerated, else an
+             upper bound (``TreeRecord.distortion_exact``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel
+
+from .decoding import Generation, GenerationResult
+from .drafters import Drafter, ModelDrafter, model_vocab_size
+from .events import DraftRecord, StepRecord, TokenEvent
+from .rules import AcceptanceRule, StandardRule
+from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
+from .text import Detokenizer
+from .timing import StepClock
+from .trees import DraftTree, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids
+from .verify import DraftKind
+from .verify_tree import verify_tree
+
+__all__ = ["TreeRecord", "TreeGeneration", "tree_stream", "tree_generate", "score_tree", "keep_path"]
+
+_KIND = {int(DraftKind.ACCEPTED): "accepted", int(DraftKind.PARDONED): "pardoned", int(DraftKind.REJECTED): "rejected",
+         int(DraftKind.NOT_EVALUATED): ""}
+
+
+@dataclass
+class TreeRecord:
+    """One round's tree, for drawing it: what was drafted, what was tested, which path stood."""
+
+    step: int
+    start: int  # output position of depth 1
+    tokens: list[int]
+    parents: list[int]  # -1 for the root's children
+    depths: list[int]
+    ranks: list[int]
+    scores: list[float]
+    kinds: list[str]  # per node: accepted / pardoned / rejected, "" if never tested
+    path: list[int]  # the accepted nodes, root first
+    next_token: int
+    next_kind: str  # resampled / bonus / target
+    distortion_exact: list[bool] = field(default_factory=list)  # per emitted position
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class TreeGeneration(Generation):
+    """A ``Generation`` whose rounds also leave a ``TreeRecord`` each in ``trees``."""
+
+    def __init__(self, method: str, budget: int, steps: list[StepRecord], trees: list[TreeRecord],
+                 events_iter: Iterator[TokenEvent]) -> None:
+        super().__init__(method, budget, steps, events_iter)
+        self.trees = trees
+
+
+# ----------------------------------------------------------------------------- the target's side
+
+
+def score_tree(target: PreTrainedModel, cache: DynamicCache, last: Tensor, tree: DraftTree,
+               need_hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+    """One target pass over [last (1, 1), tree nodes] on top of ``cache``.
+
+    -> logits (1, N+1, V_model): entry 0 judges the root's children, entry i + 1 those of node i;
+    and the last hidden states (1, N+1, d) if ``need_hidden``."""
+    ids = torch.cat([last, tree.tokens[None].to(last.device)], dim=1)  # (1, N+1)
+    mask = pos = None
+    if not tree.is_chain():  # a chain is an ordinary causal pass
+        length = cache.get_seq_length()
+        entries = list(range(tree.size + 1))
+        mask = tree_attention_mask(tree.parents, length, entries, entries, target.dtype, last.device)
+        pos = tree_position_ids(tree.depths, length, entries, last.device)
+    out = target(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
+                 output_hidden_states=need_hidden)
+    return out.logits, (out.hidden_states[-1] if need_hidden else None)
+
+
+def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequence[int]) -> None:
+    """After a tree pass: keep the first ``prefix_len`` positions (the committed prefix and the
+    root) and the path's nodes, in order; drop the other nodes."""
+    if list(path) == list(range(len(path))):  # the path is the first nodes: a plain crop
+        if tree_size > len(path):
+            cache.crop(len(path) - tree_size)
+        return
+    dev = cache.layers[0].keys.device
+    keep = torch.cat([torch.arange(prefix_len, device=dev), prefix_len + torch.tensor(list(path), dtype=torch.long, device=dev)])
+    keep_cache_positions(cache, keep)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class _Config:
+    spec: TreeSpec
+    sampling: SamplingConfig
+    max_new_tokens: int
+    seed: int
+    vocab_size: int
+    eos: frozenset[int]
+    with_distortion: bool
+
+
+def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: AcceptanceRule, cfg: _Config,
+                 steps: list[StepRecord], trees: list[TreeRecord], detok: Detokenizer) -> Iterator[TokenEvent]:
+    dev = ids.device
+    clock = StepClock(dev)
+
+    def probs_fn(logits: Tensor) -> Tensor:
+        return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
+
+    def rank_fn(logits: Tensor) -> Tensor:  # fixed siblings at T = 0 are ranked by the raw draft
+        return torch.softmax(logits[..., : cfg.vocab_size].float(), dim=-1)
+
+    need_h = bool(getattr(drafter, "needs_target_hidden", False))
+    with torch.inference_mode():
+        cache = DynamicCache(config=target.config)
+        hidden = None
+        if ids.shape[1] > 1:
+            out = target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_h)
+            hidden = out.hidden_states[-1] if need_h else None  # (1, T-1, d)
+        drafter.prefill(ids, hidden)
+    last = ids[:, -1:]  # (1, 1)
+    produced, step = 0, 0
+    while produced < cfg.max_new_tokens:
+        spec = cfg.spec.capped(cfg.max_new_tokens - produced - 1)
+        with torch.inference_mode():
+            t0 = clock.mark()
+            tree = drafter.propose_tree(spec, probs_fn, TreeDraws(cfg.seed, produced, cfg.spec.branching),
+                                        greedy=cfg.sampling.greedy, rank_fn=rank_fn)
+            t1 = clock.mark()
+            prefix = cache.get_seq_length() + 1  # the committed prefix and the root
+            logits, hidden = score_tree(target, cache, last, tree, need_h)
+            tprobs = probs_fn(logits)  # (1, N+1, V)
+            t2 = clock.mark()
+            depth = tree.max_depth
+            v = verify_tree(
+                tprobs, tree.draft_probs[None], tree.tokens[None], tree.parents, rule,
+                uniforms=counter_uniforms(cfg.seed, accept_keys(tree.depths, tree.ranks, produced, dev), Stream.ACCEPT)[None],
+                sample_uniforms=counter_uniforms(cfg.seed, torch.arange(produced, produced + depth + 1, device=dev),
+                                                 Stream.TARGET)[None],  # (1, D+1)
+                with_distortion=cfg.with_distortion, siblings=tree.siblings,
+            )
+            n = int(v.num_accepted[0])  # the round's host sync
+            path = v.path[0, :n].tolist()
+            keep_path(cache, prefix, tree.size, path)
+            drafter.commit_tree(path, v.next_token, hidden[:, [0] + [1 + a for a in path]] if need_h else None)
+        last = v.next_token.view(1, 1)
+        events, drafts, record = _round_records(v, tree, produced, step)
+        stop = False
+        for j, ev in enumerate(events):
+            if ev.token_id in cfg.eos:
+                events, stop = events[: j + 1], True
+                break
+        pardoned = sum(1 for a in path if record.kinds[a] == "pardoned")
+        steps.append(StepRecord(step, tree.size, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts))
+        trees.append(record)
+        for ev in events:
+            ev.text = detok.add(ev.token_id)
+            yield ev
+        produced += len(events)
+        step += 1
+        if stop:
+            return
+
+
+def _round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
+    """Unpack one round's verdict (row 0) into token events, draft records and the tree record."""
+    toks, kinds = tree.tokens.tolist(), [_KIND[int(c)] for c in v.kinds[0].tolist()]
+    p, q, ratio, u, tol = (t[0].double().tolist() for t in (v.p, v.q, v.ratio, v.u, v.tolerance))
+    max_p = v.max_p[0].double().tolist()
+    n, nxt = int(v.num_accepted[0]), int(v.next_token[0])
+    path = v.path[0, :n].tolist()
+    dist = v.distortion[0].tolist() if v.distortion is not None else [0.0] * (n + 1)
+    exact = v.distortion_exact[0].tolist()[: n + 1] if v.distortion_exact is not None else []
+    events = [
+        TokenEvent(step, produced + e, toks[a], "", kinds[a], p[a], q[a], ratio[a], u[a], tol[a],
+                   max_p[tree.parents[a] + 1], dist[e])
+        for e, a in enumerate(path)
+    ]
+    stop_entry = 0 if n == 0 else path[-1] + 1
+    next_p, next_q = float(v.next_p[0]), float(v.next_q[0])
+    if bool(v.is_bonus[0]):
+        kind = "bonus" if tree.size else "target"
+        events.append(TokenEvent(step, produced + n, nxt, "", kind, next_p, None, None, None, None, max_p[stop_entry], 0.0))
+    else:
+        kind, r = "resampled", int(v.last_rejected[0])
+        events.append(TokenEvent(step, produced + n, nxt, "", kind, next_p, next_q, ratio[r], u[r], tol[r],
+                                 max_p[stop_entry], dist[n], rejected_token=toks[r]))
+    tested = sorted((i for i in range(tree.size) if kinds[i]), key=lambda i: (tree.depths[i], tree.ranks[i]))
+    drafts = [DraftRecord(produced + tree.depths[i] - 1, toks[i], kinds[i], p[i], q[i], ratio[i], u[i], tol[i],
+                          max_p[tree.parents[i] + 1]) for i in tested]
+    record = TreeRecord(step, produced, toks, list(tree.parents), list(tree.depths), list(tree.ranks), list(tree.scores),
+                        kinds, path, nxt, kind, exact)
+    return events, drafts, record
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def _input_ids(input_ids: Any, device: torch.device) -> Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be one non-empty prompt of shape (T,) or (1, T), got {tuple(ids.shape)}")
+    return ids.to(device)
+
+
+def _eos(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    return frozenset([eos_token_id]) if isinstance(eos_token_id, int) else frozenset(int(t) for t in eos_token_id)
+
+
+def tree_stream(
+    target: PreTrainedModel,
+    drafter: PreTrainedModel | Drafter,
+    input_ids: Any,
+    *,
+    rule: AcceptanceRule | None = None,
+    budget: int = 8,
+    depth: int = 4,
+    width: int | None = None,
+    siblings: str = "auto",
+    temperature: float = 0.9,
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    tokenizer: Any | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    vocab_size: int | None = None,
+    with_distortion: bool = True,
+) -> TreeGeneration:
+    """Speculative decoding of one prompt with a tree of drafts per round; iterate for TokenEvents.
+
+    ``drafter``: a Hugging Face causal LM sharing the target's tokenizer (wrapped in a
+    ModelDrafter) or a drafter with ``propose_tree`` / ``commit_tree`` (ModelDrafter,
+    EagleDrafter). budget / depth / width / siblings: the ``TreeSpec``; width=1 with
+    budget = depth = K is the chain decoder with gamma = K, token for token.
+    """
+    rule = StandardRule() if rule is None else rule
+    if not isinstance(rule, AcceptanceRule):
+        raise ValueError(f"rule must be an AcceptanceRule such as StandardRule() or EARSRule(0.1), got {rule!r}")
+    spec = TreeSpec(budget, depth, width, siblings)
+    if drafter is not None and not hasattr(drafter, "propose_tree") and isinstance(drafter, PreTrainedModel):
+        drafter = ModelDrafter(drafter)
+    if drafter is None or not hasattr(drafter, "propose_tree"):
+        raise ValueError(f"tree decoding needs a draft model or a drafter with propose_tree(), got {type(drafter).__name__}")
+    target_vocab = model_vocab_size(target)
+    vocab = vocab_size if vocab_size is not None else target_vocab
+    if vocab_size is None and drafter.vocab_size != target_vocab:
+        raise ValueError(f"draft and target vocabularies differ ({drafter.vocab_size} vs {target_vocab} tokens): "
+                         "the models must share a tokenizer, or pass vocab_size=len(tokenizer)")
+    if vocab > min(target_vocab, drafter.vocab_size):
+        raise ValueError(f"vocab_size={vocab} is larger than the target's or the draft's output head")
+    if isinstance(drafter, ModelDrafter):
+        drafter.vocab_size = vocab
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(seed, int):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    ids = _input_ids(input_ids, target.device)
+    if int(ids.max()) >= vocab or int(ids.min()) < 0:
+        raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if limit is not None and ids.shape[1] + max_new_tokens > limit:
+        raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
+                         f"context length ({limit})")
+    cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos(target, eos_token_id),
+                  with_distortion)
+    steps: list[StepRecord] = []
+    trees: list[TreeRecord] = []
+    events = _tree_events(target, drafter, ids, rule, cfg, steps, trees, Detokenizer(tokenizer))
+    method = f"{rule.describe()} tree(budget={budget}, depth={depth}, width={width})"
+    return TreeGeneration(method, budget, steps, trees, events)
+
+
+def tree_generate(target: PreTrainedModel, drafter: PreTrainedModel | Drafter, input_ids: Any, **kwargs: Any) -> GenerationResult:
+    """Tree decoding to the end; same arguments as ``tree_stream``. -> GenerationResult (the trees
+    are in ``tree_stream(...).trees``; use that to keep them)."""
+    return tree_stream(target, drafter, input_ids, **kwargs).result()

@@ -1,0 +1,312 @@
+"""Draft trees (seed 002): many candidate continuations, verified in one target pass.
+
+Terms
+-----
+node         a drafted token. Nodes are numbered in creation order, so a parent always precedes its
+             children and siblings appear in the order they are tried.
+parent       the node a node continues; -1 for the children of the root. The root is the last
+             committed token, which the target has not seen yet. depth: 1 for the root's children.
+rank         a node's place among its siblings: rank 0 is tried first, then rank 1, ...
+entry        a row of the target's tree pass: entry 0 is the root, entry i + 1 is node i.
+             P_target at entry e judges e's children; the draft distribution at e proposed them.
+siblings     how a node's children are chosen (``DraftTree.siblings``):
+               sampled  drawn one after another *without replacement* from the parent's draft
+                        distribution q: rank j is drawn from q with ranks < j removed and
+                        renormalised, and that distribution is the node's ``draft_probs``
+                        (rank 0: q itself). verify_tree tests rank j against it, which is what
+                        makes the multi-candidate test exact.
+               fixed    the parent's j-th most likely draft tokens, deterministic; each node's
+                        ``draft_probs`` is one-hot on its token. At T = 0 it is the only choice
+                        (the sampling distribution is one-hot there).
+score        the product of the draft probabilities along a node's path (EAGLE-2).
+slot         the promise of a rank-j child of a node before it is drawn, with priority
+             score(parent) * (j-th largest draft probability at the parent). Best-first expansion
+             pops the best slot, draws its token and never removes a node afterwards, so whether a
+             slot exists depends only on draws made before its own. That keeps sampled trees exact;
+             pruning after the draw (EAGLE-2's rerank) would bias which tokens survive.
+spec         budget: the most nodes (the target scores budget + 1 tokens); depth: the deepest
+             level; width: the most children of one node. width = 1 is exactly the chain of
+             ``depth`` drafts (one node per depth).
+draft draws  counter based (sampling.py). In a spec that cannot branch (width 1) the node at depth d
+             uses the chain's draw for output position start + d - 1, so tree and chain decoders
+             draw the same tokens. A branching spec keys every node by (position, round start,
+             ranks along its path): no draw that shaped one round's tree is reused in a later round.
+tree pass    one forward over [root, nodes] on top of the committed cache: position id
+             root_position + depth, and a 4D mask in which each entry sees the committed prefix,
+             its ancestors and itself.
+rearrangement after a round the cache keeps the committed prefix, the root and the accepted path, in
+             that order: exactly what decoding the path as a chain would have left.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache
+
+from .sampling import Stream, counter_uniforms, sample_with_uniforms
+
+__all__ = [
+    "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "ancestor_matrix",
+    "tree_attention_mask", "tree_position_ids", "keep_cache_positions",
+]
+
+ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
+# expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
+ExpandFn = Callable[[list[int], "DraftTree"], Tensor]
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """The shape a round's tree may take; see the module docstring."""
+
+    budget: int
+    depth: int
+    width: int | None = None  # None: as many children as the budget allows
+    siblings: str = "auto"  # "auto" (fixed at T = 0, sampled otherwise), "sampled" or "fixed"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"tree budget (nodes per round) must be an integer >= 1, got {self.budget!r}")
+        if not isinstance(self.depth, int) or self.depth < 0:
+            raise ValueError(f"tree depth must be an integer >= 0, got {self.depth!r}")
+        if self.width is not None and (not isinstance(self.width, int) or self.width < 1):
+            raise ValueError(f"tree width must be an integer >= 1 or None, got {self.width!r}")
+        if self.siblings not in ("auto", "sampled", "fixed"):
+            raise ValueError(f"siblings must be 'auto', 'sampled' or 'fixed', got {self.siblings!r}")
+
+    @property
+    def branching(self) -> bool:
+        """Whether a node can have more than one child."""
+        return self.width != 1 and self.budget > 1
+
+    def capped(self, depth: int) -> "TreeSpec":
+        """The same spec no deeper than ``depth`` (the tokens a round may still emit, minus one)."""
+        return TreeSpec(self.budget, max(0, min(self.depth, depth)), self.width, self.siblings)
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+@dataclass(frozen=True)
+class TreeDraws:
+    """Counter keys of a round's draft draws: seed, the output position of depth 1, branching."""
+
+    seed: int
+    start: int
+    branching: bool
+
+    def draft_key(self, depth: int, ranks: Sequence[int]) -> int:
+        """An int64 counter for the node reached by ``ranks`` (its path's ranks, root first)."""
+        position = self.start + depth - 1
+        if not self.branching:
+            return position  # the chain's draw for this position
+        x = 0
+        for part in (position, self.start, *ranks):
+            x = _splitmix64(x ^ (part & _MASK64))
+        x = (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
+        return x
+
+    def uniform(self, depth: int, ranks: Sequence[int], device: torch.device) -> Tensor:
+        key = torch.tensor(self.draft_key(depth, ranks), dtype=torch.int64, device=device)
+        return counter_uniforms(self.seed, key, Stream.DRAFT)  # () float32
+
+
+def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int, device: torch.device) -> Tensor:
+    """(N,) int64 counters of the acceptance draws: output position, plus the rank in high bits.
+
+    Rank 0 is the chain's key. Only the children of one node per depth are ever tested, and a
+    tested position is always emitted, so a key is never reused by a later round."""
+    keys = [start + d - 1 + (r << 40) for d, r in zip(depths, ranks)]
+    return torch.tensor(keys, dtype=torch.int64, device=device)
+
+
+@dataclass
+class DraftTree:
+    """One round's candidates. Structure lists live on the host, tensors on the draft's device."""
+
+    tokens: Tensor  # (N,) long
+    draft_probs: Tensor  # (N, V): the distribution each node was drawn from (given earlier siblings)
+    parents: list[int]  # -1 for the root's children
+    depths: list[int]  # 1-based
+    ranks: list[int]  # order among siblings
+    scores: list[float]  # product of draft probabilities along the path
+    siblings: str  # "sampled" or "fixed"
+
+    @property
+    def size(self) -> int:
+        return len(self.parents)
+
+    @property
+    def max_depth(self) -> int:
+        return max(self.depths, default=0)
+
+    def is_chain(self) -> bool:
+        """One node per depth, in depth order: the tree pass is an ordinary causal pass."""
+        return self.parents == list(range(-1, self.size - 1))
+
+    def path_ranks(self, node: int) -> list[int]:
+        ranks = []
+        while node >= 0:
+            ranks.append(self.ranks[node])
+            node = self.parents[node]
+        return ranks[::-1]
+
+    @staticmethod
+    def empty(vocab: int, device: torch.device, siblings: str = "sampled") -> "DraftTree":
+        return DraftTree(torch.empty(0, dtype=torch.long, device=device), torch.empty(0, vocab, device=device),
+                         [], [], [], [], siblings)
+
+
+@dataclass
+class _Dist:
+    """A node's draft distribution, prepared for drawing its children."""
+
+    q: Tensor  # (V,) sampling distribution (sampled) or ranking distribution (fixed)
+    top_p: list[float]  # the largest values of q, descending (slot priorities)
+    top_ids: list[int]  # their tokens (fixed siblings)
+    drawn: list[int]  # children drawn so far
+
+
+def _prepare(q: Tensor, kmax: int) -> _Dist:
+    vals, ids = torch.sort(q, descending=True, stable=True)
+    vals, ids = vals[:kmax].tolist(), ids[:kmax].tolist()
+    return _Dist(q, vals, ids, [])
+
+
+def build_tree(
+    root_logits: Tensor, expand: ExpandFn, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, *,
+    greedy: bool = False, rank_fn: ProbsFn | None = None,
+) -> DraftTree:
+    """Best-first expansion up to ``spec``; see the module docstring.
+
+    root_logits (V_model,): the draft's logits for depth 1. ``expand(ids, tree)`` runs the draft
+    over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
+    ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
+    ranked by ``rank_fn`` (default ``probs_fn``; at T = 0 pass the raw T = 1 softmax).
+    """
+    fixed = spec.siblings == "fixed" or (spec.siblings == "auto" and greedy)
+    rank_fn = rank_fn if (fixed and rank_fn is not None) else probs_fn
+    dev = root_logits.device
+    kmax = min(spec.budget, spec.width or spec.budget)
+    dists: dict[int, _Dist] = {-1: _prepare(rank_fn(root_logits[None])[0], kmax)}  # node id -> dist; -1 root
+    vocab = dists[-1].q.shape[-1]
+    tree = DraftTree.empty(vocab, dev, "fixed" if fixed else "sampled")
+    if spec.depth == 0:
+        return tree
+    tokens: list[Tensor] = []
+    probs: list[Tensor] = []  # sampled siblings: the distribution each node was drawn from
+    heap: list[tuple[float, int, int, int]] = []  # (-priority, order, node, rank); rank -1: expand node
+    order = 0
+
+    def push(priority: float, node: int, rank: int) -> None:
+        nonlocal order
+        if priority > 0:
+            heapq.heappush(heap, (-priority, order, node, rank))
+            order += 1
+
+    push(dists[-1].top_p[0], -1, 0)
+    while heap and tree.size < spec.budget:
+        _, _, parent, rank = heapq.heappop(heap)
+        if rank < 0:  # a node whose children were promised: run the draft over every pending node
+            if parent in dists:
+                continue
+            pending = [i for i in range(tree.size) if i not in dists and tree.depths[i] < spec.depth]
+            tree.tokens = torch.stack(tokens)
+            logits = expand(pending, tree)  # (m, V_model)
+            ranked = rank_fn(logits)  # (m, V)
+            for j, i in enumerate(pending):
+                dists[i] = _prepare(ranked[j], kmax)
+                push(tree.scores[i] * dists[i].top_p[0], i, 0)
+            continue
+        d = dists[parent]
+        if fixed:
+            tok = d.top_ids[rank]
+        else:
+            q_node = d.q
+            if d.drawn:  # without replacement: earlier siblings removed, the rest renormalised
+                q_node = q_node.clone()
+                q_node[d.drawn] = 0.0
+                q_node = q_node / q_node.sum()
+            depth = 1 if parent < 0 else tree.depths[parent] + 1
+            ranks = ([] if parent < 0 else tree.path_ranks(parent)) + [rank]
+            tok = int(sample_with_uniforms(q_node, draws.uniform(depth, ranks, dev)))
+        d.drawn.append(tok)
+        node = tree.size
+        score = (1.0 if parent < 0 else tree.scores[parent]) * float(d.q[tok])
+        tree.parents.append(parent)
+        tree.depths.append(1 if parent < 0 else tree.depths[parent] + 1)
+        tree.ranks.append(rank)
+        tree.scores.append(score)
+        tokens.append(torch.tensor(tok, device=dev))
+        if not fixed:
+            probs.append(q_node)
+        if rank + 1 < len(d.top_p):
+            push((1.0 if parent < 0 else tree.scores[parent]) * d.top_p[rank + 1], parent, rank + 1)
+        if tree.depths[node] < spec.depth:
+            push(score, node, -1)  # an upper bound on its best child's priority
+    if tokens:
+        tree.tokens = torch.stack(tokens)  # (N,)
+        tree.draft_probs = _one_hot(tree.tokens, vocab) if fixed else torch.stack(probs)  # (N, V)
+    return tree
+
+
+def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
+    return torch.zeros(tokens.shape[0], vocab, device=tokens.device).scatter_(-1, tokens[:, None], 1.0)  # (N, V)
+
+
+# ----------------------------------------------------------------------------- tree pass
+
+
+def ancestor_matrix(parents: Sequence[int], device: torch.device | None = None) -> Tensor:
+    """(N+1, N+1) bool over entries: [a, b] is True iff entry b is entry a or one of its ancestors.
+    Entry 0 is the root, an ancestor of every node."""
+    n = len(parents)
+    anc = torch.eye(n + 1, dtype=torch.bool)
+    anc[:, 0] = True
+    for i, p in enumerate(parents):  # parents precede children: the parent's row is complete
+        if p >= 0:
+            anc[i + 1] |= anc[p + 1]
+    return anc.to(device) if device is not None else anc
+
+
+def tree_attention_mask(
+    parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int], dtype: torch.dtype,
+    device: torch.device,
+) -> Tensor:
+    """(1, 1, R, prefix_len + C) additive float mask: 0 where an entry may attend, the dtype's
+    minimum elsewhere. Keys are the prefix (visible to all) then entries ``cols`` in cache order;
+    queries are entries ``rows``. Pass it with explicit position ids and the cache."""
+    anc = ancestor_matrix(parents)
+    seen = anc[list(rows)][:, list(cols)]  # (R, C)
+    seen = torch.cat([torch.ones(len(rows), prefix_len, dtype=torch.bool), seen], dim=1)
+    mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
+def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequence[int], device: torch.device) -> Tensor:
+    """(1, len(entries)) long: root_position + depth of each entry (the root has depth 0)."""
+    full = [0] + list(depths)
+    return torch.tensor([[root_position + full[e] for e in entries]], dtype=torch.long, device=device)
+
+
+def keep_cache_positions(cache: DynamicCache, keep: Tensor) -> None:
+    """Keep only the cache positions ``keep`` (in that order), in every layer, in place."""
+    for layer in cache.layers:
+        if type(layer).__name__ != "DynamicLayer":
+            raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
+        if not layer.is_initialized:
+            continue
+        idx = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, idx)  # (B, H, len(keep), D)
+        layer.values = layer.values.index_select(-2, idx)

@@ -1,0 +1,299 @@
+"""verify_tree(): accept / pardon / reject over a draft tree, vectorised over rows and nodes.
+
+Terms (node, entry, rank and sibling draws are defined in trees.py)
+-----
+route        the verifier's walk: from the root, the children of the current entry are tested in
+             rank order; the first that stands becomes the current entry and the walk goes one
+             level deeper; when none stands, or the entry has no children, the walk stops there.
+test         child x of entry e, tried after ranks < j were rejected, gets the chain's test
+             (rules.py: ``rule.decide``) with p = r_j(x), the current residual target, q = the
+             child's draft_probs(x) (the distribution it was drawn from, given its earlier
+             siblings), U its own acceptance draw, and the rule's tolerance at e, computed once
+             from P_target at e (beta * (1 - max P_target) for EARS).
+residual     r_0 = P_target at e; after rank j is rejected r_{j+1} = rule.residual(r_j, q_j), i.e.
+             norm(max(0, r_j - q_j)). A rejected token has r_{j+1}(x) = 0, so drawing later
+             siblings without replacement loses nothing, and under the ordinary rule the token an
+             entry emits is distributed exactly as P_target (recursive rejection sampling:
+             SpecInfer / SpecTr, and RSD for siblings drawn without replacement).
+next token   where the walk stops: drawn from the last residual if the entry had children (a
+             *resampled* token), else from rule.bonus(P_target) at the leaf (the *bonus* token).
+greedy       GreedyRule accepts a child iff it is the target's argmax: the route is the deepest
+             path of target argmaxes and the next token is the argmax where it ends.
+emitted      the distribution of the token an entry emits, marginal over its children's draws
+             (``node_emitted_distribution``); distortion = TV(emitted, P_target) per emitted
+             position. Exact for fixed siblings, one child, lossless ratio rules, and sampled
+             siblings whose orders are few enough to enumerate; otherwise an upper bound from the
+             coupling with the ordinary rule, which differs only after a pardon:
+             pardon_1 + (m - 1) * reject_1 * tolerance (``distortion_exact`` says which).
+
+The decision is tensor code with loops over depth and rank only (no loop over rows, nodes or the
+vocabulary, no host sync). The tree's structure (parents) is shared by the B rows; tokens and
+probabilities may differ per row. Distortion, when asked, loops over emitted positions on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .rules import Q_EPS, AcceptanceRule, RuleInputs
+from .sampling import sample_with_uniforms
+from .verify import DraftKind
+
+__all__ = ["TreeVerdict", "verify_tree", "node_emitted_distribution", "children_table"]
+
+MAX_STATES = 1 << 22  # sibling-order enumeration limit: histories x vocabulary
+
+
+@dataclass
+class TreeVerdict:
+    """What verify_tree() decided; every field is a tensor on the input device."""
+
+    num_accepted: Tensor  # (B,) long: nodes on the accepted path
+    path: Tensor  # (B, D) long: the accepted node at each depth, -1 past the path's end
+    next_token: Tensor  # (B,) long: resampled (or bonus) token where the walk stopped
+    is_bonus: Tensor  # (B,) bool: the walk ended at a leaf (no test there)
+    last_rejected: Tensor  # (B,) long: the last child rejected where the walk stopped, -1 for a bonus
+    kinds: Tensor  # (B, N) int8 DraftKind per node
+    p: Tensor  # (B, N) P_target(x) at the parent's entry
+    q: Tensor  # (B, N) draft_probs(x)
+    ratio: Tensor  # (B, N) r_j(x) / max(q, 1e-10) as tested (p / q for nodes never tested)
+    u: Tensor  # (B, N) acceptance draws
+    tolerance: Tensor  # (B, N) the rule's tolerance at the parent's entry
+    max_p: Tensor  # (B, N + 1) max P_target per entry
+    next_p: Tensor  # (B,) P_target(next_token) at its entry
+    next_q: Tensor  # (B,) the entry's rank-0 draft probability of next_token (0 for a bonus)
+    distortion: Tensor | None  # (B, D + 1) TV(emitted, P_target) per emitted position, if asked
+    distortion_exact: Tensor | None  # (B, D + 1) bool: exact (else an upper bound)
+
+
+def children_table(parents: Sequence[int], device: torch.device | None = None) -> Tensor:
+    """(N + 1, W) long: the children of each entry in rank order, -1 padded (W >= 1)."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    w = max(1, max(len(k) for k in kids))
+    table = torch.full((len(kids), w), -1, dtype=torch.long)
+    for e, k in enumerate(kids):
+        table[e, : len(k)] = torch.tensor(k, dtype=torch.long)
+    return table.to(device) if device is not None else table
+
+
+def _depths(parents: Sequence[int]) -> list[int]:
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
+
+
+def _check(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int]) -> tuple[int, int, int]:
+    if tokens.dim() != 2 or tokens.dtype != torch.long:
+        raise ValueError(f"tokens must be (B, N) long, got {tuple(tokens.shape)} {tokens.dtype}")
+    b, n = tokens.shape
+    if len(parents) != n or any(not -1 <= p < i for i, p in enumerate(parents)):
+        raise ValueError("parents must list N parent indices, each -1 (the root) or an earlier node")
+    if target_probs.dim() != 3 or target_probs.shape[:2] != (b, n + 1):
+        raise ValueError(f"target_probs must be (B, N+1, V) = ({b}, {n + 1}, V): the root, then every node")
+    v = target_probs.shape[2]
+    if draft_probs.shape != (b, n, v):
+        raise ValueError(f"draft_probs must be (B, N, V) = ({b}, {n}, {v}), got {tuple(draft_probs.shape)}")
+    return b, n, v
+
+
+def verify_tree(
+    target_probs: Tensor,
+    draft_probs: Tensor,
+    tokens: Tensor,
+    parents: Sequence[int] | Tensor,
+    rule: AcceptanceRule,
+    generator: torch.Generator | None = None,
+    *,
+    uniforms: Tensor | None = None,
+    sample_uniforms: Tensor | None = None,
+    with_distortion: bool = False,
+    siblings: str = "sampled",
+) -> TreeVerdict:
+    """Decide B rows of one tree shape at once; see the module docstring.
+
+    target_probs (B, N+1, V): P_target at the root then after each node; draft_probs (B, N, V);
+    tokens (B, N) long; parents: N ints (-1 for the root's children, else an earlier node; siblings
+    in rank order). ``uniforms`` (B, N): each node's acceptance draw; ``sample_uniforms`` (B,), or
+    (B, D+1) with one draw per depth the walk may stop at. Missing draws come from ``generator``.
+    ``siblings``: "sampled" or "fixed", as the tree was built (used only for the distortion).
+    """
+    parents = parents.tolist() if isinstance(parents, Tensor) else list(parents)
+    b, n, v = _check(target_probs, draft_probs, tokens, parents)
+    dev = target_probs.device
+    depth = max(_depths(parents), default=0)
+    if uniforms is None:
+        uniforms = torch.rand((b, n), generator=generator, device=dev)
+    if sample_uniforms is None:
+        sample_uniforms = torch.rand((b,), generator=generator, device=dev)
+    ch = children_table(parents, dev)  # (N+1, W)
+    rows = torch.arange(b, device=dev)
+
+    max_p = target_probs.max(dim=-1).values  # (B, N+1)
+    tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
+    parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
+    p_all = target_probs[:, parent_entry].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
+    q_all = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
+    ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N), overwritten where tested
+    kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.long, device=dev)
+
+    cur = torch.zeros(b, dtype=torch.long, device=dev)  # (B,) current entry
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    path = torch.full((b, depth), -1, dtype=torch.long, device=dev)
+    stop_dist = torch.zeros((b, v), dtype=target_probs.dtype, device=dev)
+    last_rej = torch.full((b,), -1, dtype=torch.long, device=dev)
+    for d in range(depth):
+        at = target_probs[rows, cur]  # (B, V)
+        res, tol, mp = at, tol_e[rows, cur], max_p[rows, cur]  # (B, V), (B,), (B,)
+        moved = torch.zeros(b, dtype=torch.bool, device=dev)
+        nxt, rej_here = cur.clone(), torch.full((b,), -1, dtype=torch.long, device=dev)
+        for j in range(ch.shape[1]):
+            cand = ch[cur, j]  # (B,)
+            active = alive & ~moved & (cand >= 0)
+            c = cand.clamp(min=0)
+            x = tokens[rows, c]  # (B,)
+            qd = draft_probs[rows, c]  # (B, V)
+            p = res.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B,)
+            q = q_all[rows, c]
+            r = p / q.clamp(min=Q_EPS)
+            inputs = RuleInputs(res[:, None], qd[:, None], x[:, None], p[:, None], q[:, None], r[:, None],
+                                mp[:, None], uniforms[rows, c][:, None])
+            acc, par = (t[:, 0] for t in rule.decide(inputs, tol[:, None]))
+            stands = (acc | par) & active
+            rejected = active & ~stands
+            kind = torch.where(acc, int(DraftKind.ACCEPTED),
+                               torch.where(par, int(DraftKind.PARDONED), int(DraftKind.REJECTED)))
+            kinds[rows, c] = torch.where(active, kind, kinds[rows, c])
+            ratio[rows, c] = torch.where(active, r, ratio[rows, c])
+            res = torch.where(rejected[:, None], rule.residual(res, qd), res)
+            rej_here = torch.where(rejected, c, rej_here)
+            nxt = torch.where(stands, c + 1, nxt)
+            moved |= stands
+        stop = alive & ~moved
+        leaf = ch[cur, 0] < 0  # (B,) nothing to test here
+        stop_dist = torch.where(stop[:, None], torch.where(leaf[:, None], rule.bonus(at), res), stop_dist)
+        last_rej = torch.where(stop, rej_here, last_rej)
+        path[:, d] = torch.where(moved, nxt - 1, -1)
+        alive &= moved
+        cur = torch.where(moved, nxt, cur)  # rows that stopped keep their entry
+    # Rows still walking sit at a node of the deepest level: a leaf, so a bonus token.
+    stop_dist = torch.where(alive[:, None], rule.bonus(target_probs[rows, cur]), stop_dist)
+    is_bonus = last_rej < 0
+    num_accepted = (path >= 0).sum(dim=-1)  # (B,)
+    if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
+        sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
+    next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
+    next_p = target_probs[rows, cur].gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+    if n > 0:
+        q0 = draft_probs[rows, ch[cur, 0].clamp(min=0)]  # (B, V) rank-0 draft distribution at the stop
+        next_q = torch.where(is_bonus, 0.0, q0.gather(-1, next_token.unsqueeze(-1)).squeeze(-1))
+    else:
+        next_q = torch.zeros_like(next_p)
+
+    distortion = exact = None
+    if with_distortion:
+        distortion, exact = _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path,
+                                         num_accepted, is_bonus, siblings)
+    return TreeVerdict(
+        num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus, last_rejected=last_rej,
+        kinds=kinds.to(torch.int8), p=p_all, q=q_all, ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry],
+        max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion, distortion_exact=exact,
+    )
+
+
+# ----------------------------------------------------------------------------- exact emission
+
+
+def _is_ratio_rule(rule: AcceptanceRule) -> bool:
+    t = type(rule)
+    return all(getattr(t, m) is getattr(AcceptanceRule, m) for m in ("decide", "acceptance_prob", "residual"))
+
+
+def _accept(rule: AcceptanceRule, r: Tensor, q: Tensor, tol: Tensor) -> Tensor:
+    """(H, V) acceptance probability of every token under residual r (H, V) and draft q (H, V)."""
+    return rule.acceptance_prob(r[:, None], q[:, None], tol.expand(r.shape[0])[:, None])[:, 0]
+
+
+def node_emitted_distribution(
+    rule: AcceptanceRule, target: Tensor, child_tokens: Tensor, child_probs: Tensor, tolerance: Tensor,
+    siblings: str = "sampled", max_states: int = MAX_STATES,
+) -> Tensor | None:
+    """(V,) float64 distribution of the token an entry with these children emits, or None when
+    enumerating the orders of sampled siblings would exceed ``max_states``.
+
+    target (V,): P_target at the entry; child_tokens (m,), child_probs (m, V) as in the tree (for
+    sampled siblings only child_probs[0], the parent's draft distribution, matters: the children
+    are redrawn in every order); tolerance: the rule's tolerance at the entry (0-dim).
+    """
+    p, tol = target.double(), tolerance.double().reshape(())
+    m = int(child_tokens.shape[0])
+    emit = torch.zeros_like(p)
+    if m == 0:
+        return rule.bonus(p)
+    if siblings == "fixed":
+        w, r = p.new_ones(()), p
+        for x, q in zip(child_tokens.tolist(), child_probs.double()):
+            a = _accept(rule, r[None], q[None], tol)[0, x]
+            emit[x] += w * a
+            w, r = w * (1 - a), rule.residual(r, q)
+        return emit + w * r
+    w, r, q = p.new_ones(1), p[None], child_probs[0].double()[None]  # (H,), (H, V), (H, V)
+    for i in range(m):
+        a = _accept(rule, r, q, tol)  # (H, V)
+        emit += (w[:, None] * q * a).sum(0)
+        rej = w[:, None] * q * (1 - a)  # (H, V): reach rank i + 1 after drawing x at rank i
+        r_next = rule.residual(r, q)  # (H, V): does not depend on x
+        left = 1.0 - q  # (H, V): draft mass left once x is removed
+        last = i == m - 1
+        done = rej if last else rej * (left <= 1e-12)  # no sibling follows: the residual is drawn
+        emit += (done.sum(1)[:, None] * r_next).sum(0)
+        if last:
+            break
+        h, x = ((rej > 0) & (left > 1e-12)).nonzero(as_tuple=True)
+        if h.numel() * p.shape[0] > max_states:
+            return None
+        w, r = rej[h, x], r_next[h]
+        q = q[h].clone()
+        q[torch.arange(len(h)), x] = 0.0
+        q = q / left[h, x][:, None]
+    return emit
+
+
+def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: Tensor, tol: Tensor,
+                     siblings: str) -> tuple[float, bool]:
+    if _is_ratio_rule(rule) and float(tol) == 0.0:
+        return 0.0, True  # the ordinary rule: lossless by construction
+    emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings)
+    if emit is not None:
+        return float(0.5 * (emit - target.double()).abs().sum()), True
+    if not _is_ratio_rule(rule):
+        return 1.0, False
+    p, q, m = target.double(), probs[0].double(), toks.shape[0]
+    ratio = p / q.clamp(min=Q_EPS)
+    a0 = torch.where(p > 0, ratio.clamp(max=1.0), torch.zeros_like(p))
+    a = _accept(rule, p[None], q[None], tol.double())[0]
+    pardon_1 = float((q * (a - a0)).sum())
+    reject_1 = 1.0 - float((q * a0).sum())
+    return min(1.0, pardon_1 + (m - 1) * reject_1 * float(tol)), False
+
+
+def _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path, num_accepted, is_bonus, siblings):
+    b, depth = path.shape
+    dist = torch.zeros((b, depth + 1), dtype=torch.float64)
+    exact = torch.ones((b, depth + 1), dtype=torch.bool)
+    paths, ns, bonus = path.tolist(), num_accepted.tolist(), is_bonus.tolist()
+    for row in range(b):
+        for e in range(ns[row] + 1):
+            if e == ns[row] and bonus[row]:
+                continue  # a bonus token: 0, as in the chain
+            entry = 0 if e == 0 else paths[row][e - 1] + 1
+            kids = ch[entry][ch[entry] >= 0]
+            dist[row, e], exact[row, e] = _node_distortion(
+                rule, target_probs[row, entry], tokens[row, kids], draft_probs[row, kids], tol_e[row, entry], siblings)
+    return dist.to(target_probs.device), exact.to(target_probs.device)
