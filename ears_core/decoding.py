@@ -220,6 +220,7 @@ def _speculative_events(
 
     need_h = bool(getattr(drafter, "needs_target_hidden", False))  # an EAGLE-style head reads them
     check = check_enabled(dev)  # verify()'s drafter guard: a host read, skipped on CUDA
+    observe = getattr(rule, "observe_round", None)  # rule.observe_round(events): the round's TokenEvents
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         hidden = None
@@ -263,6 +264,8 @@ def _speculative_events(
                 break
         pardoned = sum(1 for d in drafts if d.kind == "pardoned")
         steps.append(StepRecord(step, k, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts))
+        if observe is not None:  # a rule with state across rounds (e.g. a distortion budget)
+            observe(events)
         for ev in events:
             ev.text = detok.add(ev.token_id)
             yield ev
