@@ -269,7 +269,7 @@ def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: 
                      siblings: str) -> tuple[float, bool]:
     if _is_ratio_rule(rule) and float(tol) == 0.0:
         return 0.0, True  # the ordinary rule: lossless by construction
-    emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings)
+    emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings, MAX_STATES)
     if emit is not None:
         return float(0.5 * (emit - target.double()).abs().sum()), True
     if not _is_ratio_rule(rule):
