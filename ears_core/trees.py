@@ -23,7 +23,12 @@ slot         the promise of a rank-j child of a node before it is drawn, with pr
              score(parent) * (j-th largest draft probability at the parent). Best-first expansion
              pops the best slot, draws its token and never removes a node afterwards, so whether a
              slot exists depends only on draws made before its own. That keeps sampled trees exact;
-             pruning after the draw (EAGLE-2's rerank) would bias which tokens survive.
+             pruning after the draw (EAGLE-2's rerank) would bias which tokens survive. A node's
+             children need its draft distribution: the node waits in the queue with the estimate
+             score(node) * (its parent's top probability) and, when that pops, one draft pass runs
+             every waiting node, so siblings share passes (about one per level). The estimate is
+             exact, and the tree exactly the budget's best nodes by score, when the draft is as
+             confident at every node; otherwise the order is close to best-first.
 spec         budget: the most nodes (the target scores budget + 1 tokens); depth: the deepest
              level; width: the most children of one node. width = 1 is exactly the chain of
              ``depth`` drafts (one node per depth).
@@ -254,7 +259,9 @@ def build_tree(
         if rank + 1 < len(d.top_p):
             push((1.0 if parent < 0 else tree.scores[parent]) * d.top_p[rank + 1], parent, rank + 1)
         if tree.depths[node] < spec.depth:
-            push(score, node, -1)  # an upper bound on its best child's priority
+            # its best child's priority, estimated with the parent's confidence (exact when the
+            # draft is as sure at every node); when it pops, one pass runs every waiting node
+            push(score * d.top_p[0], node, -1)
     if tokens:
         tree.tokens = torch.stack(tokens)  # (N,)
         tree.draft_probs = _one_hot(tree.tokens, vocab) if fixed else torch.stack(probs)  # (N, V)
