@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 
-.PHONY: install browser test test-fast demo demo-cli bench clean
+.PHONY: install browser test test-fast screenshots demo demo-cli bench clean
 
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: install browser
 # Skip the tests marked slow.
 test-fast: install
 	$(PY) -m pytest -m "not slow"
+
+# Refresh the README's pictures (assets/screenshot.png, assets/tpp/screenshot.png): the browser tests,
+# told to save their screenshots there. `make test` writes them to temporary folders only.
+screenshots: install browser
+	EARS_SCREENSHOTS=assets $(PY) -m pytest tests/test_browser.py tests/test_browser_tpp.py -q
 
 # The Gradio app on the embedded pair at http://127.0.0.1:7860 (HOST / PORT override).
 demo: install

@@ -15,27 +15,34 @@ Background  a Generation decoded in a thread of its own, to completion, a deadli
             a UI reads ``events`` at its own frame rate and never slows the decode loop.
 summary     ``summary_rows()``: the one list of (metric, value) the app renders as a table and
             the CLI prints as text.
+record      ``run_record()``: one run as plain data (settings, metrics, baseline, events, rounds):
+            what the app shows as raw metrics and ``export_run()`` writes.
+PairSlot    the one pair a server holds in memory: chosen by (target, draft spec), loaded on first
+            use, switched with the tokenizers checked first; a switch starts a new Session (its
+            cached baselines belong to the old pair).
 """
 
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .decoding import Generation, autoregressive_stream, stream
 from .metrics import GenerationStats
-from .models import ModelPair
+from .models import ModelPair, check_pair, describe_device, load_pair, resolve_draft
 from .rules import AcceptanceRule, GreedyRule, make_rule, rule_spec
+from .settings import Settings
 
 __all__ = ["RunConfig", "Session", "Background", "summary_rows", "summary_markdown", "summary_text",
-           "export_run", "ActivityLog"]
+           "export_run", "run_record", "ActivityLog", "PairSlot"]
 
 
 @dataclass
@@ -198,6 +205,11 @@ class Session:
                              "shorten the prompt")
         return ids
 
+    @property
+    def device_label(self) -> str:
+        """Where the target runs, for people: e.g. 'cpu (float32)' (``models.describe_device``)."""
+        return describe_device(self.pair.target)
+
     def _common(self) -> dict[str, Any]:
         return dict(tokenizer=self.pair.tokenizer, vocab_size=self.pair.vocab_size)
 
@@ -238,6 +250,82 @@ class Session:
             self._baselines.clear()
 
 
+class PairSlot:
+    """The one pair in memory (see the module's terms), thread-safe.
+
+    ``settings`` give the configured pair and how to load (device, cache, downloads);
+    ``default_loader()`` loads the configured pair instead (tests inject a tiny one) and
+    ``loader(target, draft)`` any other (default ``models.load_pair`` on the settings)."""
+
+    def __init__(self, settings: Settings | None = None, default_loader: Callable[[], ModelPair] | None = None,
+                 loader: Callable[[str, str | None], ModelPair] | None = None,
+                 activity: ActivityLog | None = None) -> None:
+        self.settings = settings or Settings()
+        self.default: tuple[str, str | None] = (self.settings.target, self.settings.draft)
+        self.choice = self.default  # the pair in memory, or the one to load on first use
+        self._default_loader, self._loader, self._activity = default_loader, loader or self._load_pair, activity
+        self._session: Session | None = None
+        self._lock = threading.Lock()
+
+    def _load_pair(self, target: str, draft: str | None) -> ModelPair:
+        s = self.settings
+        return load_pair(target, draft, device=s.torch_device, cache_dir=s.cache, allow_download=s.allow_download)
+
+    @staticmethod
+    def same(a: tuple[str, str | None], b: tuple[str, str | None]) -> bool:
+        """Whether two (target, draft spec) choices name one pair once "auto" is resolved."""
+        return a[0] == b[0] and resolve_draft(*a) == resolve_draft(*b)
+
+    def _injected(self, choice: tuple[str, str | None]) -> bool:
+        return self._default_loader is not None and self.same(choice, self.default)
+
+    def _load(self, choice: tuple[str, str | None]) -> Session:
+        pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
+        return Session(pair, self._activity)
+
+    def session(self) -> Session:
+        """The Session on the chosen pair, loading it on first use."""
+        with self._lock:
+            if self._session is None:
+                self._session = self._load(self.choice)
+            return self._session
+
+    @property
+    def loaded(self) -> Session | None:
+        return self._session
+
+    def switch(self, target: str, draft: str | None, check: bool = True,
+               progress: Callable[[str], Any] | None = None) -> Session:
+        """Make (target, draft) the pair in memory. The tokenizers are checked first (seconds), so a
+        pair that is not cached or does not match fails while the current pair stays; then the
+        current pair is dropped before the new one loads. If that load fails, the previous choice
+        loads again on the next ``session()``."""
+        choice = (target, draft)
+        with self._lock:
+            if self._session is not None and self.same(choice, self.choice):
+                return self._session
+            if check and not self._injected(choice):
+                check_pair(target, draft, cache_dir=self.settings.cache, allow_download=self.settings.allow_download)
+            previous, self._session = self.choice, None
+            _free_memory()
+            if progress is not None:
+                progress(f"loading {target}" + ("" if draft is None else f" <- {draft}"))
+            try:
+                self._session = self._load(choice)
+            except BaseException:
+                self.choice = previous
+                _free_memory()
+                raise
+            self.choice = choice
+            return self._session
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 # ------------------------------------------------------------------------------------ the summary
 
 
@@ -276,6 +364,21 @@ def summary_text(rows: Sequence[tuple[str, str]]) -> str:
 
 
 # ------------------------------------------------------------------------------------ export
+
+
+def run_record(result: Any, cfg: RunConfig, *, prompt: str, model: str, device: str,
+               baseline_tps: float | None = None, contended: bool = False) -> dict[str, Any]:
+    """One finished (or timed-out) run as plain data: ``result`` is a ``GenerationResult``."""
+    stats = result.stats
+    rule, temperature = cfg.rule_and_temperature()
+    settings = {"prompt": prompt, "rule": rule.describe(), **cfg.params, "temperature": temperature,
+                "K": cfg.gamma, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k": cfg.top_k,
+                "top_p": cfg.top_p, "model": model, "device": device}
+    return {"settings": settings, "stats": stats.to_dict(), "baseline_tokens_per_s": baseline_tps,
+            "speedup": stats.tokens_per_s / baseline_tps if baseline_tps else None,
+            "contended": contended, "timed_out": result.timed_out, "text": result.text,
+            "events": [e.to_dict() for e in result.events], "steps": [s.to_dict() for s in result.steps]}
+
 
 
 def export_run(run: dict[str, Any], folder: str | os.PathLike | None = None) -> tuple[str, str]:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 
 import pytest
+import torch
 
 from conftest import perturbed_copy, tiny_llama
+from ears_core.models import ModelPair
+from ears_core.settings import Settings
+from ears_core.studio import LAUNCH_KW, build_app
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -27,10 +32,11 @@ def tiny_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>")
 
 
-def tiny_backend():
-    import app
-    target = tiny_llama(0)
-    return app.Backend(target, perturbed_copy(target, 0.03, seed=1), tiny_tokenizer(), 96, "tiny random pair")
+def tiny_backend(target=None):
+    """The tiny pair as ``load_pair`` returns a pair: a draft model, the word-level tokenizer."""
+    target = target if target is not None else tiny_llama(0)
+    return ModelPair(target, perturbed_copy(target, 0.03, seed=1), tiny_tokenizer(), torch.device("cpu"),
+                     torch.float32, "tiny random pair", 96, "tiny-draft")
 
 
 def free_port() -> int:
@@ -43,14 +49,17 @@ def failing_loader():
     raise RuntimeError("weights not found: run `python -m ears_core.models --prepare`")
 
 
+def serve(demo):
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
+    return gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+
+
 @pytest.fixture(scope="module")
 def client():
-    import app
-    demo = app.build_app(pair_loader=tiny_backend)
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
+    demo = build_app(pair_loader=tiny_backend, settings=Settings())
     try:
-        yield gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+        yield serve(demo)
     finally:
         demo.close()
 
@@ -110,33 +119,48 @@ def test_out_of_range_values_are_refused_and_the_app_keeps_serving(client, args,
 
 def test_input_checks_in_the_callback():
     """The callback's own checks (for values that reach it unvalidated, e.g. a direct call)."""
-    import app
-    with pytest.raises(app.InputError, match="whole number"):
-        app._check("hi", 0.1, 0.9, 4, 2.5, 0)
-    with pytest.raises(app.InputError, match="temperature must be between"):
-        app._check("hi", 0.1, 3.0, 4, 8, 0)
-    assert app._check(" hi ", 0.1, 0.9, 4.0, 8.0, 1.0) == (" hi ", 0.1, 0.9, 4, 8, 1)
+    from ears_core.rules import rule_spec
+    from ears_core.studio.errors import InputError, Request, check_params, check_request, resolve_rule
+    with pytest.raises(InputError, match="whole number"):
+        check_request("hi", 0.9, 4, 2.5, 0)
+    with pytest.raises(InputError, match="temperature must be between"):
+        check_request("hi", 3.0, 4, 8, 0)
+    assert check_request(" hi ", 0.9, 4.0, 8.0, 1.0) == Request(" hi ", 0.9, 4, 8, 1)
+    with pytest.raises(InputError, match="beta must be between 0 and 1"):
+        check_params(rule_spec("ears"), {"beta": 1.5})
+    assert check_params(rule_spec("typical"), {"beta": 9.0, "eps": 0.2}) == {"eps": 0.2, "delta": 0.3}
+    # the selector's old values, registry names, aliases and labels all name a rule
+    assert [resolve_rule(n).name for n in ("EARS", "ordinary", "greedy", "ears-entropy", "typical acceptance")] == \
+        ["ears", "standard", "greedy", "ears-entropy", "typical"]
+    with pytest.raises(InputError, match="Unknown rule 'nope': choose one of standard, ears"):
+        resolve_rule("nope")
 
 
 def test_race_and_export(client):
+    """The old call (no rules named) races EARS against the ordinary rule."""
     a, b, c, md, plot = client.predict("the water is long and the", 0.5, 1.0, 4, 16, 0, api_name="/race")
     assert len(re.findall(r'data-kind="target"', c)) == 16
     assert "pardoned" not in re.findall(r'data-kind="(\w+)"', b)
-    assert "| target-only |" in md and "1.00×" in md
+    assert "| target-only |" in md and "1.00×" in md and "| EARS (beta=0.5) |" in md
     if "First divergence" in md:  # same draws: the runs agree up to a pardon
         pos = int(re.search(r"position (\d+)", md).group(1))
         kinds_a = re.findall(r'data-kind="(\w+)"', a)
         assert "pardoned" in kinds_a[: pos + 1]
 
 
+def test_race_any_two_registered_rules(client):
+    """Rule A and rule B are any registry names (or labels); each run equals the same rule in /generate."""
+    a, b, c, md, _ = client.predict("the water is long and the", 0.5, 1.0, 4, 12, 3, "ears-entropy", "typical",
+                                    api_name="/race")
+    assert "| EARS, entropy tolerance (beta=0.5) |" in md and "| typical acceptance (eps=0.09, delta=0.3) |" in md
+    alone = call(client, seed=3, max_new=12, rule="ears-entropy", baseline=False)["details"]
+    assert re.findall(r'data-kind="(\w+)"', a) == alone["kinds"]
+
+
 def test_model_load_failure_is_shown():
-    import app
-    demo = app.build_app(pair_loader=failing_loader)
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True)
+    demo = build_app(pair_loader=failing_loader, settings=Settings())
     try:
-        c = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
-        r = call(c)
+        r = call(serve(demo))
         assert "weights not found" in r["message"]
     finally:
         demo.close()
@@ -168,3 +192,86 @@ def test_two_clients_at_once_both_get_their_answers(client):
         alone = call(client, seed=seed, max_new=16, baseline=False)
         assert re.findall(r"data-kind", r["tokens"]) and r["details"]["kinds"] == alone["details"]["kinds"]
         assert r["details"]["stats"]["accepted"] == alone["details"]["stats"]["accepted"]
+
+
+def slow_pair():
+    """The tiny pair with a target that takes 10 ms per forward: two requests sent together overlap."""
+    target = tiny_llama(0)
+    target.register_forward_pre_hook(lambda *args: time.sleep(0.01))
+    return tiny_backend(target)
+
+
+def test_overlapping_requests_are_contended_and_their_baselines_never_cached():
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ears_core.session import RunConfig
+
+    demo = build_app(pair_loader=slow_pair, settings=Settings(concurrency=2))
+    try:
+        c = serve(demo)
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(call, c, seed=s, max_new=30) for s in (1, 2)]
+            results = [f.result(timeout=120) for f in futures]
+        session = demo.ears_slot.loaded
+        ids = session.encode("the water is long and the")
+        cfgs = {s: RunConfig(rule="ears", params={"beta": 0.5}, temperature=1.0, gamma=4, max_new_tokens=30, seed=s)
+                for s in (1, 2)}
+        for seed, r in zip((1, 2), results):
+            d = r["details"]
+            assert d["contended"] is True and d["baseline_tokens_per_s"] > 0
+            assert "contended" in r["summary"] and "not cached" in r["summary"]
+            assert session.cached_baseline(ids, cfgs[seed]) is None
+        # The same request alone is clean: its baseline is cached, and the next request reads it.
+        alone = call(c, seed=1, max_new=30)
+        assert alone["details"]["contended"] is False and "contended" not in alone["summary"]
+        cached = session.cached_baseline(ids, cfgs[1])
+        assert cached is not None and cached.tokens_per_s == alone["details"]["baseline_tokens_per_s"]
+        again = call(c, seed=1, max_new=30)
+        assert "(cached)" in again["summary"] and again["details"]["baseline_tokens_per_s"] == cached.tokens_per_s
+    finally:
+        demo.close()
+
+
+def test_a_rule_registered_before_build_app_is_in_the_selector_and_runs():
+    from ears_core import rules
+    from ears_core.rules import AcceptanceRule, Param, register_rule
+
+    @register_rule("toy-app", label="toy: constant slack", params=(Param("slack", 0.05, 0.0, 0.5, "constant tolerance"),))
+    class ToySlack(AcceptanceRule):
+        name = "toy-app"
+        lossless = False
+
+        def __init__(self, slack: float = 0.05) -> None:
+            self.slack = slack
+
+        def tolerance(self, target_probs, max_p):
+            return torch.full_like(max_p, self.slack)
+
+    try:
+        demo = build_app(pair_loader=tiny_backend, settings=Settings())
+        by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+        assert ("toy: constant slack", "toy-app") in [tuple(ch) for ch in by_id["rule"].choices]
+        assert ("toy: constant slack", "toy-app") in [tuple(ch) for ch in by_id["race_rule_a"].choices]
+        slider = by_id["param_slack"]
+        assert (slider.minimum, slider.maximum, slider.value, slider.visible) == (0.0, 0.5, 0.05, False)
+        props = {c["props"].get("elem_id"): c["props"] for c in demo.config["components"]}
+        assert ["toy: constant slack", "toy-app"] in [list(ch) for ch in props["rule"]["choices"]]
+        assert by_id["beta"].visible is True and by_id["param_eps"].visible is False
+        try:
+            from ears_core.studio.controls import param_sliders_spec
+            client = serve(demo)
+            extra = [0.4 if p.name == "slack" else p.default for p in param_sliders_spec()[1:]]  # after beta
+            out = client.predict("the water is long and the", 0.1, 1.0, 4, 12, 0, "toy-app", False, *extra,
+                                 api_name="/generate")
+            details = out[7]
+            assert details["rule"] == "toy-app" and details["stats"]["new_tokens"] == 12
+            import json
+            with open(client.predict(api_name="/export")[1], encoding="utf-8") as f:
+                run = json.load(f)
+            tested = [e["tolerance"] for e in run["events"] if e["tolerance"] is not None]
+            assert tested and all(t == pytest.approx(0.4) for t in tested)  # the slider reached the rule
+            assert run["settings"]["slack"] == 0.4
+        finally:
+            demo.close()
+    finally:
+        rules.RULES.pop("toy-app")

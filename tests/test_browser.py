@@ -1,20 +1,19 @@
 """The app in a real browser: Debian's chromium driven by Python playwright, on the embedded pair.
 
 Never `playwright install`: the browser is the system one (`apt-get install -y chromium`).
-Skipped only when /usr/bin/chromium is missing. Saves assets/screenshot.png for the README.
+Skipped only when /usr/bin/chromium is missing. The screenshot goes to a temporary folder; `make
+screenshots` saves it as assets/screenshot.png for the README (browser_support.screenshot_path).
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, require_chromium
+from browser_support import ARGS, CHROMIUM, free_port, require_chromium, screenshot_path
 
 COPY_PROMPT = "Copy this list exactly, twice: apples, pears, plums, figs, dates, limes."
-SCREENSHOT = Path(__file__).resolve().parent.parent / "assets" / "screenshot.png"
 
 require_chromium()
 
@@ -24,11 +23,11 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 @pytest.fixture(scope="module")
 def url():
-    import app
-    demo = app.build_app()  # the embedded pair, as `python app.py` serves it
-    demo.ears_studio.backend()  # load before the browser opens (about a second from the cache)
+    from ears_core.studio import LAUNCH_KW, build_app
+    demo = build_app()  # the embedded pair, as `python app.py` serves it
+    demo.ears_slot.session()  # load before the browser opens (about a second from the cache)
     port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:
@@ -56,7 +55,7 @@ def _tokens(page) -> int:
     return page.locator("#tokens span.tok").count()
 
 
-def test_generate_streams_coloured_tokens_and_charts(page):
+def test_generate_streams_coloured_tokens_and_charts(page, tmp_path):
     rng = page.locator("#beta input[type=range]")
     rng.focus()
     for _ in range(20):  # 0.10 -> 0.30 in steps of 0.01, as a person would with the keyboard
@@ -85,9 +84,9 @@ def test_generate_streams_coloured_tokens_and_charts(page):
     assert re.search(rf"\b{n} / \d+", summary)  # the table counts the tokens shown
     assert "ears(beta=0.3)" in summary and "×" in summary  # the moved slider reached the run; speedup shown
     page.locator("#tokens").scroll_into_view_if_needed()
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert SCREENSHOT.stat().st_size > 20_000
+    shot = screenshot_path(tmp_path, "screenshot.png")
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
 
 
 def test_stop_stops(page):
@@ -101,3 +100,5 @@ def test_stop_stops(page):
     n = _tokens(page)
     page.wait_for_timeout(2500)
     assert _tokens(page) == n < 300
+    from ears_core.session import ACTIVITY
+    assert ACTIVITY.active == 0  # the decode thread ended with its request (the server runs in this process)

@@ -2,18 +2,16 @@
 
 Never `playwright install`: the browser is the system one. Skipped only when /usr/bin/chromium is
 missing outside CI. Opening the tab needs only the shipped TPP (assets/tpp), not the language models.
+The screenshot goes to a temporary folder; `make screenshots` saves it as assets/tpp/screenshot.png.
 """
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, require_chromium
-
-SCREENSHOT = Path(__file__).resolve().parent.parent / "assets" / "tpp" / "screenshot.png"
+from browser_support import ARGS, CHROMIUM, free_port, require_chromium, screenshot_path
 
 require_chromium()
 
@@ -23,10 +21,10 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 @pytest.fixture(scope="module")
 def page():
-    import app
-    demo = app.build_app()  # the language models load lazily, on a first Generate: not needed here
+    from ears_core.studio import LAUNCH_KW, build_app
+    demo = build_app()  # the language models load lazily, on a first Generate: not needed here
     port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
     try:
         with sync_api.sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
@@ -46,7 +44,7 @@ def _set_number(page, elem_id: str, value: str) -> None:
     box.press("Tab")
 
 
-def test_sampling_draws_timeline_laws_qq_and_throughput(page):
+def test_sampling_draws_timeline_laws_qq_and_throughput(page, tmp_path):
     _set_number(page, "tpp_n", "150")
     page.locator("#tpp_sample").click()
     page.wait_for_function("document.querySelector('#tpp_summary') && "
@@ -70,8 +68,9 @@ def test_sampling_draws_timeline_laws_qq_and_throughput(page):
     summary = page.locator("#tpp_summary").inner_text()
     assert "speculative (l=4)" in summary and "autoregressive" in summary and "×" in summary
     assert re.search(r"\b150\b", summary)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert SCREENSHOT.stat().st_size > 20_000
+    shot = screenshot_path(tmp_path, "tpp/screenshot.png")
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000
 
 
 def test_moving_l_reaches_the_sampler(page):

@@ -14,11 +14,18 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from app import CUSTOM
 from ears_core import models as em
+from ears_core.models import AUTO, ModelPair
+from ears_core.session import PairSlot, RunConfig
 from ears_core.settings import NGRAM, Settings
+from ears_core.studio import build_app
+from ears_core.studio.controls import param_sliders_spec
+from ears_core.studio.errors import InputError, public_error
+from ears_core.studio.generate import OUT, export, make_generate
+from ears_core.studio.pairs import CUSTOM, model_status, pick, picker_labels
+from ears_core.studio.race import make_race
 from ears_core.timing import StepClock
-from test_app import call, free_port, tiny_backend
+from test_app import call, serve, tiny_backend
 from test_models import _save_tiny, _tokenizer
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -52,12 +59,9 @@ def empty_hub_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def picker_client():
-    import app
-    demo = app.build_app(pair_loader=tiny_backend, settings=Settings(device="cpu", max_new_tokens=32))
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **app.LAUNCH_KW)
+    demo = build_app(pair_loader=tiny_backend, settings=Settings(device="cpu", max_new_tokens=32))
     try:
-        yield demo, gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+        yield demo, serve(demo)
     finally:
         demo.close()
 
@@ -67,17 +71,17 @@ def load(client, label, target="", draft=""):
 
 
 def test_the_embedded_pair_is_the_default_and_first():
-    import app
     first = em.PRESETS[0]
     assert (first.target, first.draft) == ("embedded", "embedded")
-    studio = app.Studio(settings=Settings())
-    assert studio.default == ("embedded", None) and studio._same(studio.default, ("embedded", "embedded"))
-    assert "loads on the first request" in app.model_status(studio)
+    slot = PairSlot(Settings())
+    assert slot.default == ("embedded", AUTO) and (slot.same(slot.default, ("embedded", "embedded"))
+                                                  == em.embedded_draft_available())
+    assert "loads on the first request" in model_status(slot) and slot.loaded is None
     # Every preset pairs a draft of the target's own family; defaults come from the presets.
     for p in em.PRESETS[1:]:
-        assert p.target.split("/")[0] == p.draft.split("/")[0] and em.default_draft(p.target) == p.draft
-    assert em.default_draft("someone/else") is None
-    assert app.resolve_draft("someone/else", None) is None and app.resolve_draft("x", NGRAM) is None
+        assert p.target.split("/")[0] == p.draft.split("/")[0] and em.resolve_draft(p.target) == p.draft
+    assert em.resolve_draft("someone/else") == NGRAM and em.resolve_draft("x", NGRAM) == NGRAM
+    assert em.resolve_draft("x", None) is None  # target-only
 
 
 def test_a_free_text_pair_from_folders_loads_and_generates(picker_client, folders):
@@ -90,7 +94,7 @@ def test_a_free_text_pair_from_folders_loads_and_generates(picker_client, folder
     assert r["message"] == "" and r["details"]["stats"]["new_tokens"] == 8
     assert r["details"]["model"] == "tiny-target <- tiny-draft" and r["details"]["device"] == "cpu (float32)"
     assert "on cpu (float32)" in r["summary"]
-    be = demo.ears_studio.loaded
+    be = demo.ears_slot.loaded.pair
     assert be.target.config.vocab_size == 100  # the folder's model, not the injected default
     # Greedy speculative decoding reproduces the target's own greedy tokens.
     ids = torch.tensor([[5, 6, 7]])
@@ -103,13 +107,13 @@ def test_a_free_text_pair_from_folders_loads_and_generates(picker_client, folder
 def test_an_uncached_pair_fails_clearly_and_the_loaded_pair_stays(picker_client, folders, empty_hub_cache):
     demo, client = picker_client
     load(client, CUSTOM, str(folders / "tiny-target"), str(folders / "tiny-draft"))
-    before = demo.ears_studio.loaded
+    before = demo.ears_slot.loaded
     label = next(p.label for p in em.PRESETS if p.target == UNCACHED)
     status, msg = load(client, label)
     assert msg.startswith("⚠️") and f"could not load the target tokenizer '{UNCACHED}'" in msg
     assert "not in the local Hugging Face cache" in msg and f"hf download {UNCACHED}" in msg
     assert "[" not in msg and "Traceback" not in msg  # the library's own detail stays in the log
-    assert demo.ears_studio.loaded is before and "tiny-target" in status  # nothing was dropped
+    assert demo.ears_slot.loaded is before and "tiny-target" in status  # nothing was dropped
     assert call(client, prompt="w5 w6", max_new=4, baseline=False)["details"]["stats"]["new_tokens"] == 4
 
 
@@ -124,41 +128,40 @@ def test_a_missing_folder_or_mismatched_pair_is_a_message(picker_client, folders
 
 
 def test_one_pair_in_memory_and_a_failed_load_restores_the_choice(folders):
-    import app
     loads = []
 
     def loader(target, draft):
         loads.append((target, draft))
         if target == "broken":
             raise RuntimeError(f"CUDA out of memory. Tried to allocate 20.00 GiB at {folders}/x/y")
-        return app.Backend(tiny_llama(0), None, None, 96, target, "cpu (float32)")
+        return ModelPair(tiny_llama(0), None, None, torch.device("cpu"), torch.float32, target, 96)
 
-    studio = app.Studio(settings=Settings(device="cpu"), loader=loader)
-    first = studio.switch("a", NGRAM, check=False)
-    second = studio.switch("b", NGRAM, check=False)
-    assert studio.loaded is second and second is not first and studio.choice == ("b", NGRAM)
-    assert studio.switch("b", NGRAM, check=False) is second and loads == [("a", NGRAM), ("b", NGRAM)]
-    studio.baselines[("p",)] = ([], 1.0)
+    slot = PairSlot(Settings(device="cpu"), loader=loader)
+    first = slot.switch("a", NGRAM, check=False)
+    second = slot.switch("b", NGRAM, check=False)
+    assert slot.loaded is second and second is not first and slot.choice == ("b", NGRAM)
+    assert slot.switch("b", NGRAM, check=False) is second and loads == [("a", NGRAM), ("b", NGRAM)]
+    assert second.device_label == "cpu (float32)"
     with pytest.raises(RuntimeError) as info:
-        studio.switch("broken", NGRAM, check=False)
-    assert studio.loaded is None and studio.choice == ("b", NGRAM) and studio.baselines == {}
-    text = app.public_error(info.value)
+        slot.switch("broken", NGRAM, check=False)
+    assert slot.loaded is None and slot.choice == ("b", NGRAM)
+    text = public_error(info.value)
     assert text.startswith("Out of memory") and str(folders) not in text
-    assert studio.backend().name == "b"  # the previous pair comes back on the next request
+    again = slot.session()  # the previous pair comes back on the next request, in a new Session
+    assert again.pair.name == "b" and again is not second  # (its cached baselines went with the old one)
 
 
 def test_presets_only_when_custom_models_are_off():
-    import app
-    studio = app.Studio(settings=Settings(custom_models=False))
-    with pytest.raises(app.InputError, match="listed pairs only"):
-        app._pick(studio, app.CUSTOM, "/etc", "")
+    slot = PairSlot(Settings(custom_models=False))
+    with pytest.raises(InputError, match="listed pairs only"):
+        pick(slot, CUSTOM, "/etc", "")
     label = em.PRESETS[2].label
-    assert app._pick(studio, label, "/etc/anything", "x") == (em.PRESETS[2].target, em.PRESETS[2].draft)
-    open_studio = app.Studio(settings=Settings())
-    assert app._pick(open_studio, label, " org/t ", " ngram ") == ("org/t", NGRAM)
-    assert app._pick(open_studio, label, "org/t", "") == ("org/t", None)
-    with pytest.raises(app.InputError, match="Type a target"):
-        app._pick(open_studio, app.CUSTOM, "  ", "")
+    assert pick(slot, label, "/etc/anything", "x") == (em.PRESETS[2].target, em.PRESETS[2].draft)
+    open_slot = PairSlot(Settings())
+    assert pick(open_slot, label, " org/t ", " ngram ") == ("org/t", NGRAM)
+    assert pick(open_slot, label, "org/t", "") == ("org/t", AUTO)  # an empty draft: the target's default
+    with pytest.raises(InputError, match="Type a target"):
+        pick(open_slot, CUSTOM, "  ", "")
 
 
 @pytest.mark.parametrize("error, shown, hidden", [
@@ -171,31 +174,35 @@ def test_presets_only_when_custom_models_are_off():
      "pick Qwen/Qwen2.5-0.5B-Instruct from https://huggingface.co/Qwen", "<path>"),
 ])
 def test_page_messages_hold_no_paths_or_tracebacks(error, shown, hidden):
-    import app
-    text = app.public_error(error)
+    text = public_error(error)
     assert text.startswith(shown) and hidden not in text and "\n" not in text
 
 
 def test_exports_go_to_a_temporary_folder():
-    import app
-    state = {"events": [{"position": 0, "kind": "accepted"}], "steps": [], "stats": {}}
-    csv_path, json_path, msg = app.export_run(state)
+    state = {"events": [{"position": 0, "kind": "accepted"}], "steps": [], "stats": {}, "measured": None}
+    csv_path, json_path, msg = export(state)
     tmp = os.path.realpath(tempfile.gettempdir())
     assert msg == "" and os.path.dirname(csv_path) == os.path.dirname(json_path)
     assert os.path.commonpath([os.path.realpath(csv_path), tmp]) == tmp
     assert os.path.basename(os.path.dirname(csv_path)).startswith("ears_run_")
 
 
+NAMES = [p.name for p in param_sliders_spec()]
+
+
 def test_a_request_stops_at_the_timeout_with_the_tokens_so_far():
-    import app
-    studio = app.Studio(tiny_backend, Settings(timeout_s=0.001))
-    generate = app.make_generate(studio)
+    slot = PairSlot(Settings(timeout_s=0.001), tiny_backend)
+    generate = make_generate(slot, NAMES)
     outs = list(generate("the water is long and the", 0.1, 1.0, 4, 200, 0, "EARS", True))
-    last = dict(zip(app.MAIN_OUT, outs[-1]))
+    last = dict(zip(OUT, outs[-1]))
     assert "Stopped after 0.001 s" in last["message"]
-    n = last["details"]["stats"]["new_tokens"]
-    assert 1 <= n < 200 and len(last["details"]["kinds"]) == n
-    assert last["details"]["baseline_tokens_per_s"] is None and studio.baselines == {}  # no baseline after a timeout
+    d = last["details"]
+    n = d["stats"]["new_tokens"]
+    assert 1 <= n < 200 and len(d["kinds"]) == n and d["timed_out"] is True
+    assert d["baseline_tokens_per_s"] is None  # no baseline after a timeout
+    ids = slot.loaded.encode("the water is long and the")
+    cfg = RunConfig(rule="ears", params={"beta": 0.1}, temperature=1.0, max_new_tokens=200)
+    assert slot.loaded.cached_baseline(ids, cfg) is None
 
 
 def test_load_pair_names_the_fix_for_no_gpu_and_out_of_memory(monkeypatch, folders):
@@ -233,29 +240,29 @@ def test_the_cuda_step_clock_uses_events():
 
 
 def test_the_picker_lists_presets_the_servers_own_pair_and_free_text():
-    import app
-    labels, default = app.picker_labels(app.Studio(settings=Settings()))
-    assert default == labels[0] == em.PRESETS[0].label and labels[-1] == app.CUSTOM
-    qwen = app.Studio(settings=Settings(target="Qwen/Qwen2.5-1.5B-Instruct"))
-    assert app.picker_labels(qwen)[1] == em.PRESETS[1].label  # a preset target gets the preset's draft
+    labels, default = picker_labels(PairSlot(Settings()))
+    if em.embedded_draft_available():
+        assert default == labels[0] == em.PRESETS[0].label
+    assert labels[-1] == CUSTOM
+    qwen = PairSlot(Settings(target="Qwen/Qwen2.5-1.5B-Instruct"))
+    assert picker_labels(qwen)[1] == em.PRESETS[1].label  # a preset target gets the preset's draft
     own = Settings(target="/srv/models/my-model", draft=NGRAM, custom_models=False)
-    studio = app.Studio(settings=own)
-    labels, default = app.picker_labels(studio)
-    assert default == labels[0] == "Server default: my-model <- ngram" and app.CUSTOM not in labels
+    slot = PairSlot(own)
+    labels, default = picker_labels(slot)
+    assert default == labels[0] == "Server default: my-model <- ngram" and CUSTOM not in labels
     assert not any("/srv" in label for label in labels)
-    assert app._pick(studio, default, "", "") == ("/srv/models/my-model", NGRAM)
-    demo = app.build_app(pair_loader=lambda: None, settings=own)
+    assert pick(slot, default, "", "") == ("/srv/models/my-model", NGRAM)
+    demo = build_app(pair_loader=lambda: None, settings=own)
     by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
     assert by_id["pick"].value == default and by_id["pick_target"].value == ""  # no path in the page
     assert "my-model" in by_id["pair_status"].value and "/srv" not in by_id["pair_status"].value
 
 
 def test_a_race_stops_at_the_timeout():
-    import app
-    race = app.make_race(app.Studio(tiny_backend, Settings(timeout_s=0.001)))
+    race = make_race(PairSlot(Settings(timeout_s=0.001), tiny_backend), NAMES)
     outs = list(race("the water is long and the", 0.1, 1.0, 4, 200, 0))
     ears_html, ordinary_html, _, md, _ = outs[-1]
-    assert "Stopped after 0.001 s" in md and "(during EARS β=0.1)" in md
+    assert "Stopped after 0.001 s" in md and "(during EARS (beta=0.1))" in md
     assert 1 <= ears_html.count("data-kind=") < 200 and "data-kind=" not in ordinary_html
 
 

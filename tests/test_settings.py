@@ -7,20 +7,20 @@ import math
 
 import pytest
 
-from ears_core.settings import NGRAM, Settings, SettingsError
+from ears_core.settings import AUTO, NGRAM, Settings, SettingsError
 
 ALL = {"EARS_TARGET": "Qwen/Qwen2.5-1.5B-Instruct", "EARS_DRAFT": "Qwen/Qwen2.5-0.5B-Instruct",
        "EARS_DEVICE": "CUDA:1", "HOST": "0.0.0.0", "PORT": "8080", "EARS_MAX_NEW_TOKENS": "256",
-       "EARS_MAX_PROMPT_CHARS": "2000", "EARS_QUEUE_SIZE": "8", "EARS_CONCURRENCY": "1",
+       "EARS_MAX_PROMPT_CHARS": "2000", "EARS_QUEUE_SIZE": "8", "EARS_CONCURRENCY": "3",
        "EARS_TIMEOUT_S": "45.5", "EARS_ALLOW_DOWNLOAD": "yes", "EARS_CUSTOM_MODELS": "0", "EARS_CACHE": "/data/ears"}
 
 
 def test_defaults_from_an_empty_environment():
     s = Settings.from_env({})
     assert s == Settings()
-    assert (s.target, s.draft, s.device, s.torch_device) == ("embedded", None, "auto", None)
+    assert (s.target, s.draft, s.device, s.torch_device) == ("embedded", AUTO, "auto", None)
     assert (s.host, s.port) == ("127.0.0.1", 7860)
-    assert (s.max_new_tokens, s.max_prompt_chars, s.queue_size, s.concurrency, s.timeout_s) == (512, 4000, 16, 2, 120.0)
+    assert (s.max_new_tokens, s.max_prompt_chars, s.queue_size, s.concurrency, s.timeout_s) == (512, 4000, 16, 1, 120.0)  # one decode at a time
     assert s.allow_download is False and s.custom_models is True and s.cache is None
 
 
@@ -29,7 +29,7 @@ def test_every_variable_is_read():
     assert s.target == "Qwen/Qwen2.5-1.5B-Instruct" and s.draft == "Qwen/Qwen2.5-0.5B-Instruct"
     assert s.device == "cuda:1" and s.torch_device == "cuda:1"
     assert (s.host, s.port, s.max_new_tokens, s.max_prompt_chars) == ("0.0.0.0", 8080, 256, 2000)
-    assert (s.queue_size, s.concurrency, s.timeout_s) == (8, 1, 45.5)
+    assert (s.queue_size, s.concurrency, s.timeout_s) == (8, 3, 45.5)
     assert s.allow_download is True and s.custom_models is False and s.cache == "/data/ears"
 
 
@@ -69,23 +69,28 @@ def test_infinite_timeout_is_refused():
 
 
 def test_the_app_takes_its_limits_and_queue_from_settings():
-    import app
-    s = Settings(max_new_tokens=40, max_prompt_chars=30, queue_size=3, concurrency=1)
-    demo = app.build_app(pair_loader=lambda: None, settings=s)
-    assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 1
+    from ears_core.studio import build_app
+    s = Settings(max_new_tokens=40, max_prompt_chars=30, queue_size=3, concurrency=2)
+    demo = build_app(pair_loader=lambda: None, settings=s)
+    assert demo._queue.max_size == 3 and demo._queue.default_concurrency_limit == 2
+    # the decodes share one queue group of `concurrency` workers: they never time each other unseen
+    fns = {fn.api_name: fn for fn in demo.fns.values()}
+    assert {fns[n].concurrency_id for n in ("generate", "race", "tpp_sample")} == {"decode"}
+    assert fns["generate"].concurrency_limit == 2
     numbers = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "max_new"]
     assert numbers and numbers[0].maximum == 40
     prompts = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "prompt"]
     assert prompts[0].max_length == 30
-    assert demo.ears_studio.settings is s
+    assert demo.ears_slot.settings is s
 
 
 def test_build_app_reads_the_environment(monkeypatch):
-    import app
+    from ears_core.studio import build_app
     monkeypatch.setenv("EARS_QUEUE_SIZE", "5")
     monkeypatch.setenv("EARS_MAX_NEW_TOKENS", "64")
-    demo = app.build_app(pair_loader=lambda: None)
-    assert demo._queue.max_size == 5 and demo.ears_studio.settings.max_new_tokens == 64
+    demo = build_app(pair_loader=lambda: None)
+    assert demo._queue.max_size == 5 and demo.ears_slot.settings.max_new_tokens == 64
+    assert demo._queue.default_concurrency_limit == 1
 
 
 def test_the_launcher_stops_with_the_variable_named(monkeypatch):
@@ -97,9 +102,9 @@ def test_the_launcher_stops_with_the_variable_named(monkeypatch):
 
 
 def test_the_callback_limits():
-    import app
-    with pytest.raises(app.InputError, match="at most 10"):
-        app._check("x" * 11, 0.1, 0.9, 4, 8, 0, max_prompt_chars=10)
-    with pytest.raises(app.InputError, match="max new tokens must be between 1 and 32"):
-        app._check("hi", 0.1, 0.9, 4, 33, 0, max_new_tokens=32)
-    assert app._check("x" * 10, 0.1, 0.9, 4, 32, 0, max_prompt_chars=10, max_new_tokens=32)[4] == 32
+    from ears_core.studio.errors import InputError, check_request
+    with pytest.raises(InputError, match="at most 10"):
+        check_request("x" * 11, 0.9, 4, 8, 0, max_prompt_chars=10)
+    with pytest.raises(InputError, match="max new tokens must be between 1 and 32"):
+        check_request("hi", 0.9, 4, 33, 0, max_new_tokens=32)
+    assert check_request("x" * 10, 0.9, 4, 32, 0, max_prompt_chars=10, max_new_tokens=32).max_new == 32

@@ -1,7 +1,7 @@
-"""The app's "Point processes" tab: speculative vs autoregressive sampling of event sequences (seed 001).
+"""The "Point processes" tab: speculative vs autoregressive sampling of event sequences (seed 001).
 
-UI only: the sampler is ears_core.tpp.sampler, the figures ears_core.tpp.viz. ``build_tpp_tab()`` is
-called inside an open ``gr.Tabs()``; it loads the shipped TPP (assets/tpp, a few KB) on first use and
+UI only: the sampler is ears_core.tpp.sampler, the figures ears_core.tpp.viz. ``build()`` is called
+inside an open ``gr.Tabs()``; the tab loads the shipped TPP (assets/tpp, a few KB) on first use and
 never touches the app's language models.
 """
 
@@ -46,9 +46,13 @@ def sample_both(l, n_events, seed, model_name=next(iter(MODELS))):
         if not 1 <= n_events <= MAX_EVENTS:
             raise ValueError(f"events must be between 1 and {MAX_EVENTS}")
         model = _model(model_name)
-        torch.set_num_threads(1)
-        ar = autoregressive_sample(model, n_events=n_events, seed=seed)
-        spec = speculative_sample(model, l=l, n_events=n_events, seed=seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # a tiny model: one thread; the setting is the process's, so restore it
+        try:
+            ar = autoregressive_sample(model, n_events=n_events, seed=seed)
+            spec = speculative_sample(model, l=l, n_events=n_events, seed=seed)
+        finally:
+            torch.set_num_threads(threads)
     except ValueError as err:
         raise gr.Error(str(err)) from err
     step, pos = _shown_position(spec, l)
@@ -58,8 +62,9 @@ def sample_both(l, n_events, seed, model_name=next(iter(MODELS))):
                                                                              ar.events_per_second, l))
 
 
-def build_tpp_tab() -> None:
-    """Create the tab and its handlers; call inside ``with gr.Tabs():``."""
+def build(concurrency_id: str | None = None) -> None:
+    """Create the tab and its handlers; call inside ``with gr.Tabs():``. ``concurrency_id``: the
+    queue group it shares with the language-model decodes (they would time each other)."""
     with gr.Tab("Point processes"):
         gr.Markdown(
             "**Speculative sampling for temporal point processes** (seed 001). A neural TPP trained on a Hawkes "
@@ -80,4 +85,5 @@ def build_tpp_tab() -> None:
             laws = gr.Plot(label="proposal, target and envelope at one position", elem_id="tpp_laws")
             qq = gr.Plot(label="QQ plot", elem_id="tpp_qq")
         tput = gr.Plot(label="events per second", elem_id="tpp_tput")
-        btn.click(sample_both, [l, n, seed, which], [summary, timeline, laws, qq, tput], api_name="tpp_sample")
+        btn.click(sample_both, [l, n, seed, which], [summary, timeline, laws, qq, tput], api_name="tpp_sample",
+                  concurrency_id=concurrency_id)

@@ -1,0 +1,84 @@
+"""EARS Studio, the Gradio UI: one module per tab, over ``ears_core.session``; the only part of
+ears_core that imports gradio.
+
+Modules
+-------
+controls   the shared request controls: prompt, the rule selector and one slider per rule
+           parameter (from ``rules.RULES``), temperature, K, length, seed
+pairs      the model-pair picker over ``session.PairSlot`` (``/load``)
+generate   the Generate tab (``/generate``, ``/export``)
+race       the Race tab: two registered rules and target-only on one seed (``/race``)
+theory     the "Why it speeds up" tab
+tpp        the "Point processes" tab (seed 001, ``/tpp_sample``)
+live       decoding in a thread of its own while the page redraws at a steady frame rate
+errors     messages for the page and the checks of a request's values
+
+Terms
+-----
+decode group  ``/generate``, ``/race`` and ``/tpp_sample`` share one queue group of
+              ``Settings.concurrency`` workers (1 by default): requests beyond it wait in Gradio's
+              queue, which shows their position, instead of timing each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gradio as gr
+
+from ears_core.models import ModelPair
+from ears_core.session import PairSlot
+from ears_core.settings import Settings
+
+from . import generate, pairs, race, theory, tpp
+from .controls import build_controls
+
+__all__ = ["build_app", "LAUNCH_KW", "CSS"]
+
+CSS = ".ears-tokens {font-family: ui-sans-serif, system-ui;} #message {color: #b91c1c; font-weight: 600;}"
+LAUNCH_KW: dict[str, Any] = dict(theme=gr.themes.Soft(primary_hue="pink"), css=CSS)
+DECODE_GROUP = "decode"
+INTRO = ("# EARS Studio\nSpeculative decoding with **EARS**: a draft proposes K tokens, the target checks them "
+         "in one pass. EARS *pardons* a draft whose ratio r = p/q falls just short of the uniform U, by at most "
+         "β·(1 − max P_target).")
+
+
+def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Settings | None = None,
+              loader: Callable[[str, str | None], ModelPair] | None = None) -> gr.Blocks:
+    """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot`` (a launcher may preload it).
+
+    ``pair_loader()`` loads the configured pair, once, on the first request (tests inject a tiny
+    pair); ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on the
+    settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders are
+    read from ``rules.RULES`` now."""
+    settings = settings or Settings.from_env()
+    slot = PairSlot(settings, pair_loader, loader)
+    with gr.Blocks(title="EARS Studio") as demo:
+        gr.Markdown(INTRO)
+        controls = build_controls(settings)
+        pairs.build(slot, demo)
+        with gr.Tabs():
+            gen_tab = generate.build()
+            race_tab = race.build()
+            theory_tab = theory.build()
+            tpp.build(concurrency_id=DECODE_GROUP)
+        state = gr.State(None)
+        outs = dict(tokens=gen_tab.tokens, message=gen_tab.message, summary=gen_tab.summary, conf=gen_tab.conf,
+                    ratio=gen_tab.ratio, tput=gen_tab.tput, hist=gen_tab.hist, details=gen_tab.details, state=state,
+                    theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c)
+        decode = dict(concurrency_id=DECODE_GROUP, concurrency_limit=settings.concurrency)
+        gen_event = gen_tab.go.click(generate.make_generate(slot, controls.names),
+                                     [*controls.request, controls.rule, controls.with_base, *controls.extra],
+                                     [outs[n] for n in generate.OUT], api_name="generate", **decode)
+        gen_tab.stop.click(None, cancels=[gen_event])
+        race_event = race_tab.go.click(race.make_race(slot, controls.names),
+                                       [*controls.request, race_tab.rule_a, race_tab.rule_b, *controls.extra],
+                                       [*race_tab.html, race_tab.summary, race_tab.plot], api_name="race", **decode)
+        race_tab.stop.click(None, cancels=[race_event])
+        gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],
+                             api_name="export")
+        theory.wire(theory_tab, state)
+        controls.follow([controls.rule, race_tab.rule_a, race_tab.rule_b])
+    demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
+    demo.ears_slot = slot
+    return demo

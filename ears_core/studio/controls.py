@@ -1,0 +1,136 @@
+"""The request controls above the tabs, shared by Generate and Race, built from the rule registry.
+
+Terms
+-----
+rule selector    ``elem_id="rule"``: one choice per rule in ``rules.RULES`` (its label shown, its
+                 name sent), read when the app is built: a rule registered before ``build_app()``
+                 appears with no other edit. The API also takes aliases and labels ("EARS",
+                 "ordinary", "greedy"), hence a dropdown that lets a value through to the callback,
+                 which resolves it (``errors.resolve_rule``) or answers with the list of rules.
+parameter slider one per parameter name any registered rule takes (``Param``), ``beta`` first
+                 (``elem_id="beta"``), the others ``elem_id="param_<name>"``; its range covers every
+                 rule taking that name, and the callback checks the chosen rule's own range. A slider
+                 shows only while a selected rule (Generate's, or either racer) takes it.
+extra params     the sliders after beta: API inputs appended after the fixed ones, so a client that
+                 sends only the fixed inputs gets their defaults.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import gradio as gr
+
+from ears_core.rules import RULES, Param
+from ears_core.session import RunConfig
+from ears_core.settings import Settings
+
+from .errors import Request, check_params, resolve_rule
+
+EXAMPLES = [
+    ["Write a short poem about a lighthouse keeper who befriends a storm."],  # creative writing
+    ["Why do leaves change colour in autumn? Answer in a few sentences."],  # open QA
+    ["A train travels 120 km in 1.5 hours. What is its average speed? Explain step by step."],  # math
+]
+DEFAULT_RULE = "ears"
+_BETA = Param("beta", 0.1, 0.0, 1.0, "tolerance scale, >= 0 (0 = the ordinary rule)")
+
+
+def rule_choices() -> list[tuple[str, str]]:
+    """(label, name) of every registered rule, in registration order."""
+    return [(spec.label, spec.name) for spec in RULES.values()]
+
+
+def param_sliders_spec() -> list[Param]:
+    """One Param per parameter name of the registered rules, beta first; a name several rules take
+    gets the first one's default and help and a range covering all of them."""
+    by_name: dict[str, list[Param]] = {"beta": []}
+    for spec in RULES.values():
+        for p in spec.params:
+            by_name.setdefault(p.name, []).append(p)
+    out = []
+    for name, ps in by_name.items():
+        ps = ps or [_BETA]
+        out.append(Param(name, ps[0].default, min(p.low for p in ps), max(p.high for p in ps), ps[0].help,
+                         min(p.step for p in ps)))
+    return out
+
+
+def params_of(rule_name: Any) -> set[str]:
+    """The parameter names a rule takes (none for a value that names no rule)."""
+    try:
+        return {p.name for p in resolve_rule(rule_name).params}
+    except ValueError:
+        return set()
+
+
+@dataclass
+class Controls:
+    prompt: gr.Textbox
+    rule: gr.Dropdown
+    sliders: dict[str, gr.Slider]  # parameter name -> slider, beta first
+    temperature: gr.Slider
+    k: gr.Slider
+    max_new: gr.Number
+    seed: gr.Number
+    with_base: gr.Checkbox
+    names: list[str] = field(default_factory=list)  # parameter names in slider order
+
+    @property
+    def request(self) -> list[Any]:
+        """The fixed inputs every run endpoint starts with: prompt, beta, temperature, K, length, seed."""
+        return [self.prompt, self.sliders["beta"], self.temperature, self.k, self.max_new, self.seed]
+
+    @property
+    def extra(self) -> list[gr.Slider]:
+        return [self.sliders[n] for n in self.names[1:]]
+
+    def follow(self, selectors: Sequence[gr.Dropdown]) -> None:
+        """Show exactly the sliders of the rules chosen in ``selectors``."""
+        def visible(*chosen: Any) -> list[Any]:
+            wanted = set().union(*(params_of(r) for r in chosen))
+            return [gr.update(visible=n in wanted) for n in self.names]
+
+        gr.on([s.change for s in selectors], visible, list(selectors), [self.sliders[n] for n in self.names],
+              api_name=False, queue=False)
+
+
+def build_controls(settings: Settings) -> Controls:
+    """The prompt, its examples and the run settings; call inside an open ``gr.Blocks``."""
+    with gr.Row():
+        with gr.Column(scale=2):
+            prompt = gr.Textbox(label="Prompt", lines=3, elem_id="prompt", value=EXAMPLES[0][0],
+                                max_length=settings.max_prompt_chars)
+            gr.Examples(EXAMPLES, inputs=[prompt], label="Examples: creative writing, open QA, math")
+        with gr.Column(scale=1):
+            rule = gr.Dropdown(rule_choices(), value=DEFAULT_RULE, label="Acceptance rule", elem_id="rule",
+                               allow_custom_value=True)
+            shown = params_of(DEFAULT_RULE)
+            sliders = {p.name: gr.Slider(p.low, p.high, value=p.default, step=p.step,
+                                         label=f"{p.name}: {p.help}" if p.help else p.name,
+                                         elem_id="beta" if p.name == "beta" else f"param_{p.name}",
+                                         visible=p.name in shown)
+                       for p in param_sliders_spec()}
+            temperature = gr.Slider(0, 2, value=0.9, step=0.05, label="temperature (0 = greedy)", elem_id="temperature")
+            k = gr.Slider(1, 8, value=4, step=1, label="K (drafts per round)", elem_id="k")
+            with gr.Row():
+                max_new = gr.Number(64, label="max new tokens", precision=0, minimum=1,
+                                    maximum=settings.max_new_tokens, elem_id="max_new")
+                seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="seed")
+            with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
+    return Controls(prompt, rule, sliders, temperature, k, max_new, seed, with_base, names=list(sliders))
+
+
+def run_config(rule_name: Any, req: Request, names: Sequence[str], values: Sequence[Any]) -> RunConfig:
+    """The RunConfig of one rule from the request and the slider values (in ``names`` order)."""
+    spec = resolve_rule(rule_name)
+    params = check_params(spec, dict(zip(names, values)))
+    return RunConfig(rule=spec.name, params=params, temperature=req.temperature, gamma=req.k,
+                     max_new_tokens=req.max_new, seed=req.seed).validate()
+
+
+def run_name(cfg: RunConfig) -> str:
+    """A run's name for tables and legends: the rule's label and its parameters."""
+    label = resolve_rule(cfg.rule).label
+    return label + (f" ({', '.join(f'{k}={v:g}' for k, v in cfg.params.items())})" if cfg.params else "")

@@ -1,0 +1,179 @@
+"""The Generate tab: one request decoded apart from the page, drawn at a steady frame rate.
+
+Terms
+-----
+request    the shared controls' values (``controls``): prompt, rule and its parameters, temperature,
+           K, length, seed, and whether to measure the target-only baseline.
+speed      tokens/s on the Generation's own decode clock, for the speculative run and for the
+           baseline alike (``live``: each decodes in its own thread while the page redraws).
+baseline   target-only decoding of the same request, measured right after the speculative run
+           (its decode budget is what the speculative run left of ``Settings.timeout_s``), or
+           the session's cached figure; cached only when no part of the request overlapped
+           another decode (``contended``) and it was not cut by the deadline.
+outputs    ``OUT``: what ``/generate`` returns, in order (the ``state`` holds the run record for
+           the export and the theory tab, and is not part of the API).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import gradio as gr
+
+from ears_core import viz
+from ears_core.session import PairSlot, export_run, run_record, summary_markdown, summary_rows
+
+from .controls import run_config
+from .errors import check_request, fail, message, public_name, timeout_note
+from .live import Runs, frames, snapshot, steady_samples
+
+OUT = ("tokens", "message", "summary", "conf", "ratio", "tput", "hist", "details", "state",
+       "theory", "theory_k", "theory_c")
+
+
+def pack(**kw: Any) -> tuple:
+    """The outputs in ``OUT`` order; the ones not given stay as they are."""
+    return tuple(kw.get(name, gr.skip()) for name in OUT)
+
+
+def charts(events: Sequence[Any], steps: Sequence[Any], k: int, runs: dict[str, Any]) -> dict[str, Any]:
+    return dict(conf=viz.confidence_figure(events), ratio=viz.ratio_figure(steps),
+                hist=viz.accept_length_figure(steps, k), tput=viz.throughput_figure(runs))
+
+
+def outcome(res: Any, cfg: Any, prompt: str, session: Any, base_tps: float | None,
+            contended: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(state, details) of a finished run: the run record (plus the theory tab's measured point)
+    and the raw metrics the page shows."""
+    record = run_record(res, cfg, prompt=prompt, model=public_name(session.pair.name), device=session.device_label,
+                        baseline_tps=base_tps, contended=contended)
+    st = res.stats
+    measured = None if st.acceptance_rate is None else (st.acceptance_rate, st.mean_accept_length, record["speedup"])
+    details = {k: record[k] for k in ("stats", "baseline_tokens_per_s", "speedup", "contended", "timed_out", "text")}
+    details.update({k: record["settings"][k] for k in ("model", "device", "rule")}, kinds=[e.kind for e in res.events])
+    return {**record, "measured": measured}, details
+
+
+def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
+    """The theory tab at the run's K and measured cost ratio (left as it is when no draft was made)."""
+    if stats.cost_ratio is None:
+        return {}
+    return dict(theory=viz.theory_figure(k, stats.cost_ratio, measured), theory_k=k,
+                theory_c=round(min(stats.cost_ratio, 1.0), 3))
+
+
+def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
+    """The ``/generate`` callback; ``names`` are the parameter sliders' names (beta first)."""
+
+    def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, *extra):
+        """Decode one request; any failure, even mid-run, becomes a short message."""
+        runs = Runs()
+        try:
+            yield from _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, [beta, *extra])
+        except Exception as exc:
+            yield pack(message=fail(exc))
+        finally:  # Stop, a closed page or an error: no decode outlives its request
+            runs.stop_all()
+
+    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, values):
+        settings = slot.settings
+        try:
+            req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
+                                max_prompt_chars=settings.max_prompt_chars)
+            cfg = run_config(rule_name, req, names, values)
+            session = slot.session()
+            ids = session.encode(req.prompt)
+        except Exception as exc:  # bad input, model load failure: show it, keep serving
+            yield pack(message=fail(exc))
+            return
+        yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*")
+        run = runs.start(session.speculative(ids, cfg, deadline_s=settings.timeout_s))
+        label = run.gen.method
+        for _ in frames(run):
+            events, steps, samples = snapshot(run)
+            yield pack(tokens=viz.tokens_html(events, cursor=True), **charts(events, steps, cfg.gamma, {label: samples}))
+        res = run.result()
+        note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
+        contended, curves = run.contended, {label: list(run.gen.samples)}
+        yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.gamma, curves),
+                   summary=summary_markdown(summary_rows(res.stats, contended=contended)))
+
+        base_tps, base_note = None, ""
+        cached = session.cached_baseline(ids, cfg) if with_baseline and not res.timed_out else None
+        if cached is not None:
+            base_tps, base_note = cached.tokens_per_s, " (cached)"
+            curves["target-only (cached)"] = steady_samples(cached)
+        elif with_baseline and not res.timed_out:
+            base = runs.start(session.baseline(ids, cfg, deadline_s=max(settings.timeout_s - res.stats.wall_s, 0.0)))
+            waiting = summary_markdown(summary_rows(res.stats, contended=contended)) + "\n\n*measuring target-only…*"
+            for _ in frames(base):
+                yield pack(tput=viz.throughput_figure({**curves, "target-only": snapshot(base)[2]}), summary=waiting)
+            bres = base.result()
+            contended = contended or base.contended
+            base_tps, curves["target-only"] = bres.stats.tokens_per_s, list(base.gen.samples)
+            if bres.timed_out:  # a partial baseline still measures tokens/s, but is not cached
+                note = message(timeout_note(settings.timeout_s) + " (during the target-only baseline)")
+                base_note = " (cut by the time limit; not cached)"
+            elif contended:
+                base_note = " (contended; not cached)"
+            else:
+                session.remember_baseline(ids, cfg, base)
+
+        state, details = outcome(res, cfg, req.prompt, session, base_tps, contended)
+        rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note)
+        yield pack(tokens=viz.tokens_html(res.events), message=note, tput=viz.throughput_figure(curves),
+                   summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}*",
+                   details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]))
+
+    return generate
+
+
+def export(state: dict | None) -> tuple[Any, Any, str]:
+    """``/export``: the last run as CSV (one row per token) and JSON, in a fresh temporary folder."""
+    if not state or not state.get("events"):
+        return None, None, message("Nothing to export yet: generate first.")
+    run = {k: v for k, v in state.items() if k != "measured"}
+    csv_path, json_path = export_run(run)
+    return csv_path, json_path, ""
+
+
+@dataclass
+class GenerateTab:
+    go: gr.Button
+    stop: gr.Button
+    message: gr.Markdown
+    tokens: gr.HTML
+    conf: gr.Plot
+    ratio: gr.Plot
+    tput: gr.Plot
+    hist: gr.Plot
+    summary: gr.Markdown
+    export: gr.Button
+    csv_file: gr.File
+    json_file: gr.File
+    details: gr.JSON
+
+
+def build() -> GenerateTab:
+    """The tab's components; call inside ``gr.Tabs()``. The handlers are wired by ``build_app``."""
+    with gr.Tab("Generate"):
+        with gr.Row():
+            go = gr.Button("Generate", variant="primary", elem_id="generate")
+            stop = gr.Button("Stop", variant="stop", elem_id="stop")
+        msg = gr.Markdown("", elem_id="message")
+        gr.HTML(viz.legend_html())
+        tokens = gr.HTML(viz.tokens_html([]), elem_id="tokens")
+        with gr.Row():
+            conf = gr.Plot(label="max P and tolerance", elem_id="conf_plot")
+            ratio = gr.Plot(label="ratio vs U", elem_id="ratio_plot")
+        with gr.Row():
+            tput = gr.Plot(label="throughput (decode clock)", elem_id="tput_plot")
+            hist = gr.Plot(label="accepted per round", elem_id="hist_plot")
+        summary = gr.Markdown("", elem_id="summary")
+        with gr.Accordion("Export and raw metrics", open=False):
+            export_btn = gr.Button("Export events (CSV + JSON)", elem_id="export")
+            with gr.Row():
+                csv_file, json_file = gr.File(label="CSV"), gr.File(label="JSON")
+            details = gr.JSON(label="metrics of the last run", elem_id="details")
+    return GenerateTab(go, stop, msg, tokens, conf, ratio, tput, hist, summary, export_btn, csv_file, json_file, details)
