@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from .costs import expected_tokens
 from .drafters import Drafter, ModelDrafter, model_vocab_size
 from .events import DraftRecord, StepRecord, TokenEvent
 from .metrics import GenerationStats, summarize
@@ -61,6 +62,8 @@ class _Config:
     vocab_size: int
     eos: frozenset[int]
     with_distortion: bool
+    policy: Any = None  # costs.DraftPolicy: how many drafts each round sends; None: always gamma
+    calibration: Any = None  # costs.Calibration: drafter confidence -> acceptance estimate
 
 
 class Generation:
@@ -221,6 +224,17 @@ def _speculative_events(
     need_h = bool(getattr(drafter, "needs_target_hidden", False))  # an EAGLE-style head reads them
     check = check_enabled(dev)  # verify()'s drafter guard: a host read, skipped on CUDA
     observe = getattr(rule, "observe_round", None)  # rule.observe_round(events): the round's TokenEvents
+    with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed
+    policy, calib = cfg.policy, cfg.calibration
+    estimates: list[float] = []  # this round's acceptance estimates, one per position kept
+
+    def keep(conf: float, limit: int) -> bool:
+        """Asked by the drafter before each draw: verify one more position? (costs.DraftPolicy)"""
+        estimates.append(calib(conf))
+        if policy.keep_going(estimates, limit):
+            return True
+        estimates.pop()
+        return False
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         hidden = None
@@ -235,8 +249,14 @@ def _speculative_events(
         pos = torch.arange(produced, produced + k + 1, device=dev)  # (k+1,) output positions
         with torch.inference_mode():
             t0 = clock.mark()
-            tokens, dprobs = drafter.propose(k, probs_fn, counter_uniforms(cfg.seed, pos[:k], Stream.DRAFT)[None])
-            if tokens.shape[1] < k:  # a drafter may stop early (no n-gram match, low confidence)
+            draft_u = counter_uniforms(cfg.seed, pos[:k], Stream.DRAFT)[None]  # (1, k)
+            if policy is None:
+                tokens, dprobs = drafter.propose(k, probs_fn, draft_u)
+            else:
+                estimates.clear()
+                policy.prior = calib.mean()
+                tokens, dprobs = drafter.propose(k, probs_fn, draft_u, keep=lambda c, lim=k: keep(c, lim))
+            if tokens.shape[1] < k:  # a drafter may stop early (no n-gram match, the policy)
                 k = tokens.shape[1]
                 pos = pos[: k + 1]
             t1 = clock.mark()
@@ -248,7 +268,7 @@ def _speculative_events(
                 tprobs, dprobs, tokens, rule,
                 uniforms=counter_uniforms(cfg.seed, pos[:k], Stream.ACCEPT)[None],  # (1, k)
                 sample_uniforms=counter_uniforms(cfg.seed, pos, Stream.TARGET)[None],  # (1, k+1)
-                with_distortion=cfg.with_distortion, check=check,
+                with_distortion=with_distortion, check=check,
             )
             host = _RoundHost.read(v, tokens)  # the round's one host sync
         n = host.num_accepted
@@ -263,7 +283,15 @@ def _speculative_events(
                 events, stop = events[: j + 1], True
                 break
         pardoned = sum(1 for d in drafts if d.kind == "pardoned")
-        steps.append(StepRecord(step, k, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts))
+        expected = None
+        if policy is not None:
+            confs = list(getattr(drafter, "confidence", []))
+            for j in range(min(n + 1, k, len(confs))):  # every verified position teaches the calibration
+                calib.observe(confs[j], j < n)
+            expected = expected_tokens(estimates[:k])[k] if len(estimates) >= k else None
+        t3 = clock.mark()
+        steps.append(StepRecord(step, k, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts,
+                                clock.ms(t2, t3), list(estimates[:k]) if policy is not None else [], expected))
         if observe is not None:  # a rule with state across rounds (e.g. a distortion budget)
             observe(events)
         for ev in events:
@@ -381,12 +409,18 @@ def stream(
     vocab_size: int | None = None,
     with_distortion: bool = True,
     deadline_s: float | None = None,
+    policy: Any = None,
+    calibration: Any = None,
 ) -> Generation:
     """Speculative decoding of one prompt; iterate the result for TokenEvents as they are decided.
 
     ``draft`` is a Hugging Face causal LM sharing the target's tokenizer, or any ``Drafter``.
     ``rule`` defaults to StandardRule (lossless). ``tokenizer`` (optional) fills event text.
     ``deadline_s``: stop after this many seconds of decoding, keeping the tokens so far.
+    ``policy`` (``costs.DraftPolicy``): each round sends as many drafts (0 .. gamma) as the measured
+    prices and the acceptance estimates (``calibration``, a ``costs.Calibration``) say pay; None:
+    always gamma. The policy reads only the draft side before each draw: every rule stays exactly
+    as lossless (or as distorted) as without it.
     """
     rule = StandardRule() if rule is None else rule
     if not isinstance(rule, AcceptanceRule):
@@ -403,6 +437,9 @@ def stream(
         max_new_tokens=max_new_tokens, seed=seed, vocab_size=vocab, eos_token_id=eos_token_id,
         with_distortion=with_distortion,
     )
+    if policy is not None:
+        from .costs import Calibration
+        cfg.policy, cfg.calibration = policy, calibration if calibration is not None else Calibration()
     steps: list[StepRecord] = []
     events = _speculative_events(target, drafter, ids, rule, cfg, steps, Detokenizer(tokenizer))
     return Generation(rule.describe(), gamma, steps, events, deadline_s)

@@ -40,9 +40,12 @@ class Drafter(Protocol):
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         """input_ids (B, T): the prompt; target_hidden (B, T, d) or None."""
 
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
+                ) -> tuple[Tensor, Tensor]:
         """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), with k' <= k (a drafter
-        may stop early)."""
+        may stop early). ``keep(confidence)``, when given, is asked BEFORE each token is drawn,
+        with the drafter's confidence at that position (its probability mass on its top token);
+        the drafter stops at the first False. It records the confidences in ``confidence``."""
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""
@@ -70,6 +73,8 @@ class ModelDrafter:
         self._pending: Tensor | None = None  # (B, P) committed tokens not yet in the cache
         self._proposed: Tensor | None = None  # (B, k) the last proposal
         self._base = 0  # committed length when the last proposal started
+        self._start = 0  # cache length when the last proposal started (pending begins there)
+        self.confidence: list[float] = []
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
@@ -82,41 +87,45 @@ class ModelDrafter:
         self._proposed = None
 
     @torch.inference_mode()
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
+                ) -> tuple[Tensor, Tensor]:
         assert self._pending is not None, "prefill() first"
         b = self._pending.shape[0]
+        self._start = self._cache_len  # where the committed tokens not yet fed (pending) begin
         self._base = self._cache_len + self._pending.shape[1]
-        tokens, probs = [], []
+        tokens, probs, self.confidence = [], [], []
         inp = self._pending  # (B, P)
         for i in range(k):
             logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+            self._cache_len += inp.shape[1]
+            if keep is not None:
+                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1)  # (B, V) at T = 1
+                conf = float(raw.max(dim=-1).values.mean())  # one host read, before the draw
+                if not keep(conf):
+                    break
+                self.confidence.append(conf)
             pr = probs_fn(logits[:, -1, :])  # (B, V)
             tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
             tokens.append(tok)
             probs.append(pr)
             inp = tok.unsqueeze(-1)
-        if k == 0:
+        if not tokens:
             self._proposed = torch.empty((b, 0), dtype=torch.long, device=self.device)
             return self._proposed, torch.empty((b, 0, self.vocab_size), device=self.device)
-        self._cache_len = self._base + k - 1  # x_k is drawn but not fed
-        self._proposed = torch.stack(tokens, dim=1)  # (B, k)
-        return self._proposed, torch.stack(probs, dim=1)  # (B, k), (B, k, V)
+        self._proposed = torch.stack(tokens, dim=1)  # (B, k'); the last one drawn is not fed
+        return self._proposed, torch.stack(probs, dim=1)  # (B, k'), (B, k', V)
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
+        """The committed tokens from ``_start`` on are pending + the n drafts that stood + next;
+        the cache keeps those it already holds (at most base + n) and the rest become pending."""
         assert self._proposed is not None and self._pending is not None, "propose() first"
-        k = self._proposed.shape[1]
         nxt = next_token.reshape(-1, 1)  # (B, 1)
-        if k == 0:
-            self._pending = torch.cat([self._pending, nxt], dim=1)
-            return
-        keep = self._base + min(num_accepted, k - 1)
+        tail = torch.cat([self._pending, self._proposed[:, :num_accepted], nxt], dim=1)  # (B, P + n + 1)
+        keep = min(self._cache_len, self._base + num_accepted)
         if self._cache_len > keep:
             self._cache.crop(keep - self._cache_len)  # transformers 5: negative = drop the last n
             self._cache_len = keep
-        if num_accepted == k:  # x_k stood but was never fed to the draft
-            self._pending = torch.cat([self._proposed[:, k - 1 :], nxt], dim=1)
-        else:
-            self._pending = nxt
+        self._pending = tail[:, keep - self._start :]
         self._proposed = None
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
@@ -193,6 +202,7 @@ class NGramDrafter:
         self._seq: list[int] = []
         self._proposed: list[int] = []
         self._device = torch.device("cpu")
+        self.confidence: list[float] = []
 
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
         if input_ids.shape[0] != 1:
@@ -200,17 +210,29 @@ class NGramDrafter:
         self._seq = input_ids[0].tolist()
         self._device = input_ids.device
 
-    def _lookup(self, k: int) -> list[int]:
+    def _lookup(self, k: int) -> tuple[list[int], int]:
+        """(up to k tokens that followed the latest match of the longest matching tail, its length n)."""
         seq = self._seq
         for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
             tail = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):  # latest match first
                 if seq[start : start + n] == tail:
-                    return seq[start + n : start + n + k]
-        return []
+                    return seq[start + n : start + n + k], n
+        return [], 0
 
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor) -> tuple[Tensor, Tensor]:
-        self._proposed = self._lookup(k)
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
+                ) -> tuple[Tensor, Tensor]:
+        """The continuation of the longest matching n-gram; its confidence is n / max_ngram for
+        every token (known before the proposal: it is a function of the committed sequence)."""
+        found, n = self._lookup(k)
+        self.confidence = []
+        if keep is not None:
+            for _ in found:
+                if not keep(n / self.max_ngram * 0.999):
+                    break
+                self.confidence.append(n / self.max_ngram * 0.999)
+            found = found[: len(self.confidence)]
+        self._proposed = found
         tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
         probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)
         probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)  # (1, k', V) one-hot

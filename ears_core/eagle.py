@@ -14,10 +14,11 @@ drafting        after a round the head has consumed true features up to the last
                 feeds back the head's *predicted* feature with the drafted token.
 commit          drop the entries made from predicted features, then feed the target's true
                 features for the kept drafts and the new token (one small batched forward).
-min_confidence  dynamic draft length: a round stops drafting at the first token whose raw
-                (T = 1) draft probability is below it (possibly before the first, making the round a plain
-                target step). The rule still sees q, so verification stays exact; on a CPU, where
-                every extra verified position costs, it drops drafts that were unlikely to stand.
+confidence      the head's raw (T = 1) probability mass on its top token at a position, known
+                before that position's token is drawn: what the draft-length policy (costs.py)
+                maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
+                before each draw and stops at the first False (a stopping rule: verification
+                stays exact; deciding after the draw would bias the output).
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
 
@@ -92,7 +93,7 @@ class DraftHead(nn.Module):
         bad = [m for m in missing if not m.startswith("body.embed_tokens")]
         if bad or unexpected:
             raise ValueError(f"draft head files in {folder} do not match the head: missing {bad}, unexpected {unexpected}")
-        head.meta = info.get("meta", {})  # training record and inference settings (min_confidence)
+        head.meta = info.get("meta", {})  # the training record
         return head.to(dtype).eval()
 
 
@@ -109,12 +110,8 @@ class EagleDrafter:
 
     needs_target_hidden = True
 
-    def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None,
-                 min_confidence: float | None = None) -> None:
-        if min_confidence is not None and not 0.0 <= min_confidence < 1.0:
-            raise ValueError(f"min_confidence must be in [0, 1) or None, got {min_confidence}")
+    def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.head = head
-        self.min_confidence = min_confidence
         self.embed = target.get_input_embeddings()
         w = target.get_output_embeddings().weight  # (V, d)
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
@@ -123,6 +120,7 @@ class EagleDrafter:
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self._s: _State | None = None
+        self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
     def fresh(self) -> "EagleDrafter":
         """A drafter sharing these weights with no decode state: one per concurrent generation."""
@@ -143,40 +141,36 @@ class EagleDrafter:
             self._s.cache_len = t - 1
 
     @torch.inference_mode()
-    def propose(self, k: int, probs_fn: Any, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None) -> tuple[Tensor, Tensor]:
+        """Draft up to k tokens; ``keep(confidence) -> bool`` (optional) is asked before each draw."""
         s = self._s
         assert s is not None, "prefill() first"
         b = 1 if s.next_feat is None else s.next_feat.shape[0]
         dev = self.w_sub.device
+        self.confidence = []
         if s.next_feat is None or k == 0:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         feat, tokens, probs = s.next_feat, [], []
         for i in range(k):
+            if i > 0:  # the head's predicted feature after the previous draft
+                feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
             sub = (feat @ self.w_sub.T).float()  # (B, N)
+            if keep is not None:
+                conf = float(torch.softmax(sub, dim=-1).max(dim=-1).values.mean())  # one host read, pre-draw
+                if not keep(conf):
+                    break
+                self.confidence.append(conf)
             logits = torch.full((b, self.vocab_size), float("-inf"), device=dev)
             logits[:, self.vocab_ids] = sub  # (B, V)
             pr = probs_fn(logits)  # (B, V), zero outside vocab_ids
-            tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
-            if self.min_confidence is not None and self._unsure(sub, tok):
-                break  # a draft this unsure costs a wider verify pass more than it is likely to win
-            tokens.append(tok)
+            tokens.append(sample_with_uniforms(pr, uniforms[:, i]))  # (B,)
             probs.append(pr)
-            if i < k - 1:
-                feat = self._head(feat.unsqueeze(1), tok.unsqueeze(1))[:, -1]
         if not tokens:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         s.proposed = torch.stack(tokens, dim=1)  # (B, k') with k' <= k
         return s.proposed, torch.stack(probs, dim=1)  # (B, k'), (B, k', V)
-
-    def _unsure(self, sub_logits: Tensor, tok: Tensor) -> bool:
-        """Every row's drafted token has a raw (T = 1) draft probability below ``min_confidence``.
-        Raw, not after temperature: at T = 0 the sampling distribution is one-hot and says nothing.
-        One host read per draft step, only with dynamic draft length, which needs it to decide."""
-        raw = torch.softmax(sub_logits, dim=-1)  # (B, N)
-        conf = raw.gather(-1, self._slot[tok].unsqueeze(-1)).squeeze(-1)  # (B,)
-        return bool((conf < self.min_confidence).all())
 
     @torch.inference_mode()
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
@@ -204,7 +198,7 @@ class EagleDrafter:
     def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None) -> Any:
         """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
         fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
-        cache at position cache_len + depth - 1, as the chain would. min_confidence is not used
+        cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
         (the tree's best-first budget decides what is drafted). -> DraftTree"""
         from .trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
 

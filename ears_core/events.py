@@ -14,8 +14,9 @@ TokenEvent   one emitted token. ``kind`` says how it was decided:
              token it is the test the rejected draft (``rejected_token``) failed. Fields that do
              not apply are None (a bonus token has no draft and no test).
 StepRecord   one round: how many tokens were drafted, how many stood, the kind of every
-             drafted token (including the rejected one), and the time spent in the draft and in
-             the target, in milliseconds.
+             drafted token (including the rejected one), the time spent in the draft, in the
+             target and in the rest of the round (milliseconds) and, with a draft-length policy,
+             its acceptance estimates and the tokens it expected (``costs``).
 DraftRecord  one drafted token inside a step, including rejected ones: what the ratio chart plots.
 """
 
@@ -72,6 +73,9 @@ class StepRecord:
     draft_ms: float
     target_ms: float
     drafts: list[DraftRecord] = field(default_factory=list)
+    overhead_ms: float = 0.0  # the round's work outside the draft and the verify pass
+    estimates: list[float] = field(default_factory=list)  # the policy's acceptance estimate per drafted position
+    expected: float | None = None  # tokens the policy expected from this round: E(k)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -284,7 +284,7 @@ def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, voca
 
     device = target_model.get_input_embeddings().weight.device
     head = DraftHead.load(_embedded_draft_dir(), dtype=dtype).to(device)
-    return EagleDrafter(head, target_model, vocab_size, min_confidence=head.meta.get("min_confidence"))
+    return EagleDrafter(head, target_model, vocab_size)
 
 
 # ---------------------------------------------------------------- any spec: embedded, hub id, folder

@@ -77,23 +77,29 @@ def test_fresh_drafters_share_weights_not_state(target_and_head):
     assert b.head is a.head and b.w_sub is a.w_sub and b._s is None and a._s is not None
 
 
-def test_dynamic_draft_length_stops_at_unsure_drafts_and_stays_exact(target_and_head):
+def test_the_draft_length_policy_stops_before_drawing_and_stays_exact(target_and_head):
+    from ears_core.costs import Calibration, DraftPolicy, PriceCurve
+
     target, head = target_and_head
     prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
     expected = hf_greedy(target, prompt, 30)
-    every = generate(target, EagleDrafter(head, target, min_confidence=0.0), prompt, **kw)
     plain = generate(target, EagleDrafter(head, target), prompt, **kw)
+    cheap = PriceCurve([10.0] * 5, 0.0, 0.0)  # drafting and verifying are free: every round drafts K
+    every = generate(target, EagleDrafter(head, target), prompt, policy=DraftPolicy(cheap, 4),
+                     calibration=Calibration(), **kw)
     assert every.token_ids == expected and [s.drafted for s in every.steps] == [s.drafted for s in plain.steps]
-    never = generate(target, EagleDrafter(head, target, min_confidence=0.999), prompt, **kw)
-    assert never.token_ids == expected  # a random head is never that sure: plain target steps
+    dear = PriceCurve([10.0 * m for m in range(1, 6)], 1.0, 0.0)  # verifying never pays
+    never = generate(target, EagleDrafter(head, target), prompt, policy=DraftPolicy(dear, 4),
+                     calibration=Calibration(), **kw)
+    assert never.token_ids == expected
     assert sum(s.drafted for s in never.steps) == 0 and {e.kind for e in never.events} == {"target"}
-    mixed = []  # thresholds where some rounds stop early and some draft all K
-    for tau in (0.03, 0.05, 0.08, 0.12, 0.2, 0.3):
-        out = generate(target, EagleDrafter(head, target, min_confidence=tau), prompt, **kw)
+    mixed = []  # curves where some rounds stop early and some draft all K
+    for slope in (0.05, 0.1, 0.2, 0.3, 0.5):
+        curve = PriceCurve([10.0 + slope * 10 * (m - 1) for m in range(1, 6)], 0.5, 0.0)
+        d = EagleDrafter(head, target)
+        out = generate(target, d, prompt, policy=DraftPolicy(curve, 4), calibration=Calibration(), **kw)
         assert out.token_ids == expected
-        counts = {s.drafted for s in out.steps[1:]}
-        if len(counts) > 1:
-            mixed.append(tau)
+        assert all(len(s.estimates) == s.drafted for s in out.steps)
+        if len({s.drafted for s in out.steps[1:]}) > 1:
+            mixed.append(slope)
     assert mixed
-    with pytest.raises(ValueError, match="min_confidence"):
-        EagleDrafter(head, target, min_confidence=1.5)

@@ -1,0 +1,327 @@
+"""This machine's prices, and the policy that picks each round's draft length from them.
+
+Terms
+-----
+verify price V(m)  milliseconds of one target forward over m new tokens on a realistic cache
+                   (m = 1 is one plain decode step). ``PriceCurve.steps(m)`` = V(m) / V(1): on
+                   a GPU about 1 for small m; on 2 CPU cores 1.06 (m = 2) to 2.5 (m = 5),
+                   depending on the machine. This is why a fixed K tuned on one machine is wrong
+                   on another.
+draft price d      milliseconds of one draft step (one drafted token).
+overhead o         milliseconds of a round's work outside the two model passes (the drafter's
+                   commit, probabilities, verify(), events).
+round time T(k)    k d + V(k + 1) + o for a round that sends k drafts for verification.
+acceptance a_i     the estimated probability that draft i stands given drafts 1..i-1 stood.
+E(k)               1 + sum_{i<=k} prod_{j<=i} a_j: expected tokens a round emits with k drafts.
+value(k)           E(k) / T(k): expected tokens per millisecond. k = 0 is a plain target step.
+profile            a PriceCurve measured once per (model, device, dtype, threads) in a few seconds
+                   and cached as JSON under $EARS_CACHE/costs/; ``RunningPrices`` keeps it current
+                   from the rounds' own timings (exponential moving averages).
+calibration        ``Calibration`` maps a drafter's confidence at position i (its own probability
+                   mass on its top token, known BEFORE the token is drawn) to a_i: a Beta-smoothed
+                   table per confidence bin, learnt online from the rounds (per rule and
+                   temperature: one Calibration per generation settings).
+
+Why the policy is lossless: the decision to verify position i uses only what is known before x_i
+is drawn (the prefix, the drafter's confidence at i, the prices). The output at position i is
+then P_target whether or not the position is verified (``DraftPolicy.keep_going`` is a stopping
+rule). Deciding after the draw (e.g. dropping a token whose own probability is low) would bias it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DraftPolicy", "expected_tokens", "round_value", "best_k",
+           "measure_prices", "load_or_measure", "profile_key", "break_even_acceptance", "describe"]
+
+
+@dataclass
+class PriceCurve:
+    """verify_ms[m - 1] = V(m) for m = 1 .. len(verify_ms); draft_ms = d; overhead_ms = o."""
+
+    verify_ms: list[float]
+    draft_ms: float
+    overhead_ms: float = 0.0
+    key: str = ""  # what it was measured on: model, device, dtype, threads
+    measured_at: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.verify_ms or any(not (v > 0) for v in self.verify_ms):
+            raise ValueError(f"verify prices must be > 0 ms, got {self.verify_ms}")
+        if self.draft_ms < 0 or self.overhead_ms < 0:
+            raise ValueError("draft and overhead prices must be >= 0 ms")
+
+    @property
+    def step_ms(self) -> float:
+        return self.verify_ms[0]
+
+    @property
+    def max_m(self) -> int:
+        return len(self.verify_ms)
+
+    def verify(self, m: int) -> float:
+        """V(m); beyond the measured range, extrapolated linearly from the last two points."""
+        if m <= self.max_m:
+            return self.verify_ms[m - 1]
+        last = self.verify_ms[-1]
+        slope = last - self.verify_ms[-2] if self.max_m >= 2 else last
+        return last + max(slope, 0.0) * (m - self.max_m)
+
+    def steps(self, m: int) -> float:
+        return self.verify(m) / self.step_ms
+
+    def round_ms(self, k: int) -> float:
+        return k * self.draft_ms + self.verify(k + 1) + self.overhead_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def expected_tokens(a: Sequence[float]) -> list[float]:
+    """[E(0), E(1), ..., E(len(a))] for per-position acceptance a_1..a_n."""
+    out, run, e = [1.0], 1.0, 1.0
+    for x in a:
+        run *= min(max(float(x), 0.0), 1.0)
+        e += run
+        out.append(e)
+    return out
+
+
+def round_value(a: Sequence[float], prices: PriceCurve) -> list[float]:
+    """[value(0), ..., value(len(a))]: expected tokens per millisecond for each k."""
+    return [e / prices.round_ms(k) for k, e in enumerate(expected_tokens(a))]
+
+
+def best_k(a: Sequence[float], prices: PriceCurve) -> int:
+    """The k in 0..len(a) with the highest expected tokens per millisecond (the smallest on ties)."""
+    values = round_value(a, prices)
+    return max(range(len(values)), key=lambda k: (values[k], -k))
+
+
+def break_even_acceptance(prices: PriceCurve, k: int) -> float:
+    """The per-position acceptance a (the same at every position) at which k drafts pay as much
+    as a plain target step (value(k) = value(0)); 1.0 if they never do."""
+    if k == 0:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    if round_value([hi] * k, prices)[k] <= round_value([], prices)[0]:
+        return 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if round_value([mid] * k, prices)[k] > round_value([], prices)[0]:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# ------------------------------------------------------------------------------- calibration
+
+
+@dataclass
+class Calibration:
+    """confidence -> acceptance, by bins over [0, 1]: a Beta(prior) mean per bin, updated online.
+
+    prior: the acceptance assumed before any evidence, as a function of the bin's centre c
+    (``prior_scale * c``), worth ``prior_weight`` observations."""
+
+    bins: int = 10
+    prior_scale: float = 1.0
+    prior_weight: float = 4.0
+    stood: list[float] = field(default_factory=list)
+    seen: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.stood:
+            self.stood = [0.0] * self.bins
+            self.seen = [0.0] * self.bins
+
+    def _bin(self, conf: float) -> int:
+        return min(int(max(conf, 0.0) * self.bins), self.bins - 1)
+
+    def __call__(self, conf: float) -> float:
+        b = self._bin(conf)
+        centre = (b + 0.5) / self.bins
+        prior = min(self.prior_scale * centre, 1.0)
+        return (self.stood[b] + self.prior_weight * prior) / (self.seen[b] + self.prior_weight)
+
+    def mean(self, default: float = 0.4) -> float:
+        """The acceptance seen over all bins (``default`` before any evidence)."""
+        seen = sum(self.seen)
+        return (sum(self.stood) + self.prior_weight * default) / (seen + self.prior_weight)
+
+    def copy(self) -> "Calibration":
+        return Calibration(self.bins, self.prior_scale, self.prior_weight, list(self.stood), list(self.seen))
+
+    def observe(self, conf: float, stood: bool) -> None:
+        b = self._bin(conf)
+        self.seen[b] += 1.0
+        self.stood[b] += float(stood)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------- online prices
+
+
+class RunningPrices:
+    """A PriceCurve kept current from measured rounds: each V(m), d and o is an exponential moving
+    average (weight ``alpha`` for a new sample) seeded by the measured profile."""
+
+    def __init__(self, prices: PriceCurve, alpha: float = 0.1) -> None:
+        self.curve = PriceCurve(list(prices.verify_ms), prices.draft_ms, prices.overhead_ms, prices.key,
+                                prices.measured_at)
+        self.alpha = alpha
+
+    def _ema(self, old: float, new: float) -> float:
+        return (1 - self.alpha) * old + self.alpha * new
+
+    def observe(self, k: int, draft_ms: float, verify_ms: float, overhead_ms: float) -> None:
+        """One round with k drafts: its draft time (all steps), verify pass and overhead, in ms."""
+        c = self.curve
+        m = k + 1
+        if m <= c.max_m and verify_ms > 0:
+            c.verify_ms[m - 1] = self._ema(c.verify_ms[m - 1], verify_ms)
+        if k > 0 and draft_ms >= 0:
+            c.draft_ms = self._ema(c.draft_ms, draft_ms / k)
+        if overhead_ms >= 0:
+            c.overhead_ms = self._ema(c.overhead_ms, overhead_ms)
+
+
+# ------------------------------------------------------------------------------------ policy
+
+
+class DraftPolicy:
+    """Each round: how many drafts to send. ``keep_going(a_known)`` is asked before drawing draft
+    i = len(a_known) (with a_known[-1] the estimate for it); it says whether verifying position i
+    can still pay: the best value over k >= i, with ``prior`` for the positions not seen yet,
+    beats stopping at i - 1. With every a known this reaches exactly ``best_k``.
+
+    fixed: send K drafts every round (the old behaviour, for comparison).
+    """
+
+    def __init__(self, prices: RunningPrices | PriceCurve, max_k: int, *, prior: float = 0.5, fixed: bool = False) -> None:
+        if max_k < 0:
+            raise ValueError(f"max_k must be >= 0, got {max_k}")
+        self.prices = prices if isinstance(prices, RunningPrices) else RunningPrices(prices)
+        self.max_k, self.prior, self.fixed = max_k, prior, fixed
+
+    @property
+    def curve(self) -> PriceCurve:
+        return self.prices.curve
+
+    def keep_going(self, a_known: Sequence[float], limit: int | None = None,
+                   future: Sequence[float] | None = None) -> bool:
+        """Verify position i = len(a_known)? ``future``: estimates for the positions after i when
+        known (else ``prior`` for each)."""
+        i = len(a_known)  # position asked about (1-based): a_known[i - 1] is its estimate
+        limit = self.max_k if limit is None else min(limit, self.max_k)
+        if i > limit:
+            return False
+        if self.fixed:
+            return True
+        seen = list(a_known)
+        stop_value = round_value(seen[:-1], self.curve)[i - 1]
+        rest = list(future)[: limit - i] if future is not None else [self.prior] * (limit - i)
+        values = round_value(seen + rest, self.curve)
+        return max(values[i:]) > stop_value
+
+    def choose(self, a: Sequence[float]) -> int:
+        """k for fully known estimates: the stopping rule run to its end (equals ``best_k``)."""
+        k, n = 0, min(len(a), self.max_k)
+        while k < n and self.keep_going(a[: k + 1], n, future=a[k + 1 : n]):
+            k += 1
+        return k
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def profile_key(model: torch.nn.Module, extra: str = "") -> str:
+    p = next(model.parameters())
+    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return f"{Path(str(name)).name}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}{extra}"
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+@torch.inference_mode()
+def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
+                   repeats: int = 5, vocab: int | None = None, key: str = "") -> PriceCurve:
+    """V(1) .. V(max_m) of ``target`` on a cache of ``cache_len`` tokens, median of ``repeats``
+    (interleaved over m, after a warm-up), in milliseconds. ``drafter_ms``: a measured draft
+    step (else 5 % of a step until the rounds measure it)."""
+    from transformers import DynamicCache
+
+    from .timing import StepClock
+
+    dev = next(target.parameters()).device
+    v = vocab or int(target.config.get_text_config().vocab_size)
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, v, (1, cache_len), generator=g).to(dev)
+    new = torch.randint(0, v, (1, max_m), generator=g).to(dev)
+    cache = DynamicCache(config=target.config)
+    target(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    clock = StepClock(dev)
+    times: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
+    for r in range(repeats + 1):
+        for m in range(1, max_m + 1):
+            t0 = clock.mark()
+            target(new[:, :m], past_key_values=cache, use_cache=True, logits_to_keep=m)
+            t1 = clock.mark()
+            cache.crop(-m)
+            if r > 0:  # the first pass over every m is the warm-up
+                times[m].append(clock.ms(t0, t1))
+    verify = [_median(times[m]) for m in range(1, max_m + 1)]
+    for m in range(1, max_m):  # a longer pass never costs less than a shorter one
+        verify[m] = max(verify[m], verify[m - 1])
+    return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,
+                      time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
+    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+    return root / "costs" / f"{safe}.json"
+
+
+def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
+                    refresh: bool = False, key_extra: str = "") -> PriceCurve:
+    """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
+    seconds) written to the cache. ``refresh`` measures again."""
+    key = profile_key(target, key_extra)
+    path = _cache_file(key, cache_dir)
+    if path.is_file() and not refresh:
+        try:
+            data = json.loads(path.read_text())
+            curve = PriceCurve(**data)
+            if curve.max_m >= max_m:
+                return curve
+        except (ValueError, TypeError):
+            pass  # a damaged or old file: measure again
+    curve = measure_prices(target, max_m=max_m, key=key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
+    tmp.replace(path)
+    return curve
+
+
+def describe(curve: PriceCurve) -> str:
+    """'V(m) in steps: 1.00 1.06 1.12 ... (31.0 ms a step; draft 1.2 ms)' for summaries and notes."""
+    steps = " ".join(f"{curve.steps(m):.2f}" for m in range(1, curve.max_m + 1))
+    return (f"verify price in steps for m = 1..{curve.max_m}: {steps} ({curve.step_ms:.1f} ms a step; "
+            f"draft step {curve.draft_ms:.2f} ms; overhead {curve.overhead_ms:.2f} ms)")
+

@@ -1,0 +1,261 @@
+"""costs.py: the price curve, the draft-length policy and its losslessness.
+
+The policy tests use synthetic price curves with known answers (a brute-force search over k).
+The distribution tests decode 20,000 tokens from a bigram "model" (a table of next-token logits:
+exact transitions, microseconds a call) with the policy on; the emitted sequence must be a
+Markov chain with the target's transitions (ordinary rule), or EARS's exact verified-position
+distribution where a draft was verified. A drafter that decides AFTER drawing (the old fixed
+confidence threshold) fails the same test: the test can fail.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from transformers import PretrainedConfig
+
+from ears_core import EARSRule, GreedyRule, StandardRule, autoregressive, generate
+from ears_core import costs
+from ears_core.costs import Calibration, DraftPolicy, PriceCurve, RunningPrices, best_k, round_value
+from ears_core.drafters import ModelDrafter
+from ears_core.sampling import SamplingConfig, logits_to_probs, sample_with_uniforms
+from conftest import PROMPTS
+
+
+def brute_force(a, prices):
+    best, arg = -1.0, 0
+    for k in range(len(a) + 1):
+        e = 1 + sum(np.prod(a[: i + 1]) for i in range(k))
+        v = e / (k * prices.draft_ms + prices.verify(k + 1) + prices.overhead_ms)
+        if v > best + 1e-12:
+            best, arg = v, k
+    return arg
+
+
+def test_the_policy_picks_what_a_brute_force_search_picks():
+    rng = random.Random(0)
+    picked = set()
+    for _ in range(500):
+        m = rng.randint(2, 9)
+        step = rng.uniform(5, 80)
+        verify = [step]
+        for _ in range(m - 1):  # a non-decreasing, sometimes flat, sometimes steep curve
+            verify.append(verify[-1] + step * rng.choice([0.0, 0.03, 0.1, 0.4, 1.0]) * rng.random())
+        prices = PriceCurve(verify, rng.uniform(0, 0.2) * step, rng.uniform(0, 0.1) * step)
+        a = [rng.random() ** rng.choice([0.3, 1, 3]) for _ in range(m - 1)]
+        want = brute_force(a, prices)
+        assert best_k(a, prices) == want
+        assert DraftPolicy(prices, m - 1).choose(a) == want  # the sequential stopping rule, run to its end
+        picked.add(want)
+    assert len(picked) >= 4  # the cases exercise short and long drafts alike
+
+
+def test_a_curve_where_verifying_never_pays_always_picks_zero():
+    # V(m) = m V(1) and a draft step dearer than the overhead: k drafts can never beat a plain step
+    prices = PriceCurve([30.0 * m for m in range(1, 9)], draft_ms=2.0, overhead_ms=1.0)
+    policy = DraftPolicy(prices, 7, prior=1.0)
+    for a in ([1.0] * 7, [0.99] * 7, [0.5, 0.9, 0.9], [0.0]):
+        assert best_k(a, prices) == 0 and policy.choose(a) == 0
+    assert not policy.keep_going([1.0])
+    assert costs.break_even_acceptance(prices, 1) == 1.0
+
+
+def test_break_even_and_values_on_a_known_curve():
+    prices = PriceCurve([30.0, 31.8, 33.6], draft_ms=1.5, overhead_ms=0.0)  # 1.06 and 1.12 steps
+    v = round_value([0.5, 0.5], prices)
+    assert v == pytest.approx([1 / 30, 1.5 / 33.3, 1.75 / 36.6])
+    a1 = costs.break_even_acceptance(prices, 1)  # (1 + a) / 33.3 = 1 / 30
+    assert a1 == pytest.approx(33.3 / 30 - 1, abs=1e-6)
+    assert prices.steps(3) == pytest.approx(1.12) and prices.verify(5) == pytest.approx(33.6 + 2 * 1.8)
+    with pytest.raises(ValueError, match="> 0 ms"):
+        PriceCurve([0.0], 1.0)
+
+
+def test_running_prices_and_calibration_learn_from_rounds():
+    run = RunningPrices(PriceCurve([10.0, 20.0], 1.0, 0.0), alpha=0.5)
+    run.observe(1, draft_ms=3.0, verify_ms=12.0, overhead_ms=2.0)
+    assert run.curve.verify_ms == [10.0, 16.0] and run.curve.draft_ms == 2.0 and run.curve.overhead_ms == 1.0
+    cal = Calibration(bins=4, prior_weight=2.0)
+    assert cal(0.9) == pytest.approx(0.875)  # the prior: the bin's centre
+    for _ in range(8):
+        cal.observe(0.9, False)
+    assert cal(0.9) == pytest.approx(0.875 * 2 / 10) and cal(0.1) == pytest.approx(0.125)
+    assert cal.copy().seen == cal.seen and cal.copy() is not cal
+
+
+def test_load_or_measure_caches_the_profile_per_machine_key(tmp_path, monkeypatch):
+    from conftest import tiny_llama
+    model = tiny_llama(0)
+    first = costs.load_or_measure(model, max_m=4, cache_dir=tmp_path)
+    assert len(first.verify_ms) == 4 and all(b >= a for a, b in zip(first.verify_ms, first.verify_ms[1:]))
+    files = list((tmp_path / "costs").glob("*.json"))
+    assert len(files) == 1 and "threads=" in json.loads(files[0].read_text())["key"]
+    monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: pytest.fail("measured again"))
+    assert costs.load_or_measure(model, max_m=4, cache_dir=tmp_path).verify_ms == first.verify_ms
+
+
+# --------------------------------------------------------------------- losslessness with the policy
+
+
+class Bigram(torch.nn.Module):
+    """A causal "LM" whose next-token logits depend on the last token only: table (V, V)."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        super().__init__()
+        self.table = table
+        self.config = PretrainedConfig(vocab_size=table.shape[0], max_position_embeddings=10**6, num_hidden_layers=1)
+        self.anchor = torch.nn.Parameter(torch.zeros(1))
+        self.generation_config = SimpleNamespace(eos_token_id=None)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cpu")
+
+    def get_output_embeddings(self):
+        return None
+
+    def forward(self, ids, past_key_values=None, use_cache=True, logits_to_keep=1, output_hidden_states=False):
+        if past_key_values is not None:  # a cache entry per token, so that the loop's crop() is real
+            kv = torch.zeros(1, 1, ids.shape[1], 1)
+            past_key_values.update(kv, kv, 0)
+        return SimpleNamespace(logits=self.table[ids[:, -logits_to_keep:]], hidden_states=None)
+
+
+class BigramDrafter:
+    """Drafts from its own bigram table. ``after_draw`` (the old threshold): drop a drawn token
+    whose own probability is below the threshold, a decision made after the draw."""
+
+    needs_target_hidden = False
+
+    def __init__(self, table: torch.Tensor, after_draw: float | None = None) -> None:
+        self.table, self.after_draw, self.vocab_size = table, after_draw, table.shape[0]
+        self.confidence: list[float] = []
+
+    def prefill(self, input_ids, target_hidden):
+        self.last = int(input_ids[0, -1])
+
+    def propose(self, k, probs_fn, uniforms, keep=None):
+        toks, probs, self.confidence, last = [], [], [], self.last
+        for i in range(k):
+            logits = self.table[last]
+            conf = float(torch.softmax(logits, -1).max())
+            if keep is not None and not keep(conf):
+                break
+            pr = probs_fn(logits[None])  # (1, V)
+            tok = sample_with_uniforms(pr, uniforms[:, i])
+            if self.after_draw is not None and float(torch.softmax(logits, -1)[tok]) < self.after_draw:
+                break
+            self.confidence.append(conf)
+            toks.append(tok)
+            probs.append(pr)
+            last = int(tok)
+        self.proposed = toks
+        if not toks:
+            return torch.empty((1, 0), dtype=torch.long), torch.empty((1, 0, self.vocab_size))
+        return torch.stack(toks, 1), torch.stack(probs, 1)
+
+    def commit(self, n, next_token, target_hidden):
+        self.last = int(next_token.reshape(-1)[0])
+
+
+V, T = 6, 0.9
+
+
+def tables():
+    g = torch.Generator().manual_seed(5)
+    target = torch.randn(V, V, generator=g) * 0.9
+    draft = target + torch.randn(V, V, generator=g) * 0.9  # agrees often, not always
+    return target, draft
+
+
+def transition_test(events, start, expected_of):
+    """chi-squared of the emitted tokens' counts per (previous token, verified?) cell against
+    ``expected_of(prev, verified)`` (V,) -> p-value, cells used."""
+    obs, exp = {}, {}
+    prev = start
+    for ev in events:
+        verified = ev.kind in ("accepted", "pardoned", "resampled")
+        key = (prev, verified)
+        obs.setdefault(key, np.zeros(V))[ev.token_id] += 1
+        prev = ev.token_id
+    o, e = [], []
+    for key, counts in obs.items():
+        dist = expected_of(*key)
+        o.append(counts)
+        e.append(dist * counts.sum())
+    o, e = np.concatenate(o), np.concatenate(e)
+    ok = e > 0
+    assert o[~ok].sum() == 0  # nothing emitted where the distribution has no mass
+    stat = float((((o - e) ** 2)[ok] / e[ok]).sum())
+    dof = int(ok.sum()) - len(obs)  # each (prev, verified) row's counts are fixed by its total
+    return float(stats.chi2.sf(stat, dof)), len(obs)
+
+
+def policy():
+    # V(1..3) nearly flat, a draft step and overhead: break-even near the drafts' typical confidence
+    return DraftPolicy(PriceCurve([10.0, 13.0, 16.0], draft_ms=1.5, overhead_ms=0.5), max_k=2)
+
+
+def decode(rule, drafter, n=20_000, seed=0):
+    t_table, _ = tables()
+    out = generate(Bigram(t_table), drafter, [0], rule=rule, gamma=2, temperature=T, max_new_tokens=n, seed=seed,
+                   policy=policy(), calibration=Calibration(prior_weight=8.0))
+    return out
+
+
+def probs(table_row):
+    return logits_to_probs(table_row[None], SamplingConfig(T))[0].double().numpy()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beta", [0.0, 0.5])
+def test_policy_keeps_the_rule_exact_over_20000_tokens(beta):
+    t_table, d_table = tables()
+    rule = StandardRule() if beta == 0 else EARSRule(beta)
+    out = decode(rule, BigramDrafter(d_table))
+    drafted = [s.drafted for s in out.steps]
+    assert {0, 1, 2} <= set(drafted)  # the policy really varies k, so the test can see a bias
+
+    def expected(prev, verified):
+        p = probs(t_table[prev])
+        if not verified or beta == 0:
+            return p
+        q = probs(d_table[prev])
+        tol = beta * (1 - p.max())
+        a = np.where(p > 0, np.minimum(1, p / np.maximum(q, 1e-10) + tol), 0)
+        res = np.maximum(p - q, 0)
+        res = res / res.sum()
+        return q * a + (1 - (q * a).sum()) * res
+
+    pvalue, cells = transition_test(out.events, 0, expected)
+    assert cells >= V + 2 and pvalue > 1e-4  # verified and unverified positions after several tokens
+
+
+@pytest.mark.slow
+def test_deciding_after_the_draw_is_caught_by_the_same_test():
+    t_table, d_table = tables()
+    out = decode(StandardRule(), BigramDrafter(d_table, after_draw=0.3), n=10_000)
+    pvalue, _ = transition_test(out.events, 0, lambda prev, verified: probs(t_table[prev]))
+    assert pvalue < 1e-6
+
+
+# --------------------------------------------------------------------------- greedy stays greedy
+
+
+def test_greedy_with_the_policy_equals_the_targets_greedy_output(tiny_pair):
+    target, draft = tiny_pair
+    pol = DraftPolicy(PriceCurve([10.0, 10.5, 11.0, 11.5, 12.0], 0.3, 0.2), max_k=4)
+    for prompt in PROMPTS:
+        ref = autoregressive(target, prompt, temperature=0, max_new_tokens=24)
+        out = generate(target, ModelDrafter(draft), prompt, rule=GreedyRule(), gamma=4, temperature=0,
+                       max_new_tokens=24, policy=pol, calibration=Calibration())
+        assert out.token_ids == ref.token_ids
+        assert all(len(s.estimates) == s.drafted and (s.expected is None) == (s.drafted > 0 and False) for s in out.steps)
+    drafted = [s.drafted for s in out.steps]
+    assert max(drafted) > 0
