@@ -45,7 +45,7 @@ from .verify import DraftKind
 
 __all__ = ["TreeVerdict", "verify_tree", "node_emitted_distribution", "children_table"]
 
-MAX_STATES = 1 << 22  # sibling-order enumeration limit: histories x vocabulary
+MAX_STATES = 1 << 18  # sibling-order enumeration limit: histories x vocabulary
 
 
 @dataclass
