@@ -11,6 +11,10 @@ section     main     every method at T0, K0 on the benchmark prompts
             k        ordinary and EARS (the headline beta) for K in the K list, at T0
             fidelity target-only, ordinary and EARS on the math prompts with several seeds: final-answer
                      exact match against the answer key and against target-only under the same seed
+            frontier every lossy rule's knob swept (--frontier: EARS beta, entropy beta, typical eps,
+                     FLy's gate, the budget's epsilon) at T0, K0 on the sweep prompts and seeds, beside
+                     ordinary and target-only: acceptance and tokens/s against exact distortion (FLy's
+                     distortion is its per-position approximation; see rules.FLyRule)
 ratio       a config's pooled tokens/s (total tokens / total seconds) over target-only's pooled
             tokens/s at the same T on the same prompts and seeds, both measured in this process with
             the configs of one prompt run back to back in a rotating order (interleaved); a warm-up
@@ -220,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(name:param=value); registered: " + ", ".join(
                        f"{r.name}" + (f" ({', '.join(p.name for p in r.params)})" if r.params else "")
                        for r in RULES.values()))
+    p.add_argument("--frontier", default=d.frontier,
+                   help="the frontier section's sweeps, comma-separated: rule:param=v1/v2/...[:fixed=value]")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild summary.json, report.html (and PNGs) from --out's runs.csv")
     return p
@@ -233,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       temperatures=a.temperatures, gammas=a.gammas, fidelity_seeds=a.fidelity_seeds,
                       fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
                       assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
-                      draft_confidence=a.draft_confidence, rules=a.rules,
+                      draft_confidence=a.draft_confidence, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
     from .models import ModelLoadError
 

@@ -5,6 +5,8 @@ Terms are those of ``bench`` (method, config, run, section). A config's method i
 ``rules.RULES`` (by name or alias). ``--rules`` names the main section's rules, each with optional
 parameters: ``ordinary,ears,typical,ears-entropy:beta=0.2``. A rule that takes beta and is given
 none runs at every ``--betas`` value when it is ``ears``, else at the headline beta.
+``--frontier`` names the frontier section's sweeps, one per rule: its first parameter takes every
+value listed (separated by ``/``), later ones are fixed: ``ears:beta=0.1/0.3,fly:gate=0.3/0.6:window=2``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from typing import Any
 from .rules import AcceptanceRule, make_rule, rule_spec
 
 __all__ = ["Config", "BenchSettings", "Job", "build_plan", "load_prompts", "spread", "final_answer", "parse_rules",
-           "SECTIONS", "PROMPTS_FILE"]
+           "SECTIONS", "PROMPTS_FILE", "FRONTIER", "parse_frontier"]
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
-SECTIONS = ("main", "sweep", "k", "fidelity")
+SECTIONS = ("main", "sweep", "k", "fidelity", "frontier")
+# The frontier section's default sweeps: every lossy rule's knob, from nearly lossless to loose.
+FRONTIER = ("ears:beta=0.05/0.1/0.2/0.3/0.5/1,ears-entropy:beta=0.05/0.1/0.2/0.5/1,typical:eps=0.3/0.2/0.1/0.05/0.02,"
+            "fly:gate=1/0.7/0.5/0.3/0.1/0,ears-budget:epsilon=0.005/0.01/0.02/0.05/0.1")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,44 @@ def parse_rules(text: str) -> tuple[tuple[str, tuple[tuple[str, float], ...]], .
     return tuple(out)
 
 
+Sweep = tuple[str, str, tuple[float, ...], tuple[tuple[str, float], ...]]
+
+
+def parse_frontier(text: str) -> tuple[Sweep, ...]:
+    """'ears:beta=0.1/0.3,fly:gate=0.3/0.6:window=2' -> ((name, swept parameter, its values,
+    ((fixed parameter, value), ...)), ...): per rule, the first parameter is swept over its '/'
+    separated values and the others are fixed; names and parameters checked against the registry."""
+    out: list[Sweep] = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        name, *pairs = (x.strip() for x in item.split(":"))
+        spec = rule_spec(name)  # unknown: a ValueError listing the registered rules
+        taken = {p.name for p in spec.params}
+        if not pairs:
+            raise ValueError(f"--frontier: {item!r}: name the parameter to sweep, e.g. {spec.name}:"
+                             f"{next(iter(taken), 'param')}=0.1/0.2 (it takes: {', '.join(sorted(taken)) or 'none'})")
+        parsed = []
+        for i, pair in enumerate(pairs):
+            key, _, values = (x.strip() for x in pair.partition("="))
+            if key not in taken:
+                raise ValueError(f"--frontier: rule {spec.name} takes no parameter {key!r} (it takes: "
+                                 f"{', '.join(sorted(taken)) or 'none'})")
+            try:
+                nums = tuple(float(v) for v in values.split("/") if v.strip())
+            except ValueError:
+                raise ValueError(f"--frontier: {item!r}: {key} needs numbers separated by '/', got {values!r}") from None
+            if not nums or (i > 0 and len(nums) != 1):
+                raise ValueError(f"--frontier: {item!r}: sweep the first parameter ({key if i == 0 else pairs[0]}) "
+                                 "over one or more values; the others take exactly one")
+            parsed.append((key, nums))
+        (swept, values), fixed = parsed[0], tuple((k, v[0]) for k, v in parsed[1:])
+        out.append((name.lower(), swept, values, fixed))
+    if not out:
+        raise ValueError("--frontier is empty: name at least one rule and its parameter, e.g. ears:beta=0.1/0.3")
+    return tuple(out)
+
+
 @dataclass
 class BenchSettings:
     target: str = "embedded"
@@ -104,6 +147,7 @@ class BenchSettings:
     images: bool = False
     draft_confidence: str = "default"  # the embedded head's dynamic length: "default", "off" or a threshold
     rules: str = "ordinary,ears,typical,entropy"  # the main section's rules (see parse_rules)
+    frontier: str = FRONTIER  # the frontier section's sweeps (see parse_frontier)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
@@ -126,6 +170,7 @@ class BenchSettings:
         if unknown:
             raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
         parse_rules(self.rules)
+        parse_frontier(self.frontier)
 
 
 # ------------------------------------------------------------------------------------- the plan
@@ -182,6 +227,14 @@ def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Conf
         return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k), Config("ears", t0, k, hb))]
     if section == "fidelity":
         return [Config("target", t0), Config("ordinary", t0, k0)] + [Config("ears", t0, k0, b) for b in s.fidelity_betas]
+    if section == "frontier":  # every lossy rule's knob at T0, K0, beside the lossless anchor
+        cfgs = [Config("target", t0), Config("ordinary", t0, k0)]
+        for name, swept, values, fixed in parse_frontier(s.frontier):
+            for x in values:
+                given = dict(fixed, **{swept: x})
+                rest = tuple((k, v) for k, v in (*((swept, x),), *fixed) if k != "beta")
+                cfgs.append(Config(name, t0, k0, given.get("beta", 0.0), rest))
+        return list(dict.fromkeys(cfgs))
     raise ValueError(section)
 
 

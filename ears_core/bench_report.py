@@ -274,6 +274,23 @@ def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
         fig.update_xaxes(title_text="K")
         fig.update_layout(title="Draft length K")
         figs["k"] = fig
+    if "frontier" in secs:  # one curve per lossy rule, ordered by distortion; the ordinary rule at 0
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
+        palette = ["#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
+        rows = [r for r in secs["frontier"] if r["method"] != "target" and r.get("distortion") is not None]
+        for n, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
+            pts = sorted((r for r in rows if r["method"] == m), key=lambda r: (r["distortion"], r["acceptance"]))
+            lossless = m == "ordinary"
+            style = dict(mode="markers", marker=dict(symbol="star", size=13, color="#636efa")) if lossless else dict(
+                mode="lines+markers", line=dict(color=palette[n % len(palette)]))
+            for col, key in ((1, "acceptance"), (2, "ratio")):
+                fig.add_scatter(x=[r["distortion"] for r in pts], y=[r.get(key) for r in pts], text=[r["label"] for r in pts],
+                                name=m, legendgroup=m, showlegend=col == 1, row=1, col=col, **style)
+        fig.update_xaxes(title_text="mean exact distortion, TV per token (FLy: its approximation)")
+        fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
+        fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
+        fig.update_layout(title="Lossy rules, same prompts and seeds: acceptance and speed vs distortion")
+        figs["lossy"] = fig
     if "fidelity" in secs:
         rows = secs["fidelity"]
         fig = go.Figure()

@@ -39,17 +39,19 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     rc = bench.main(["--target", str(target), "--draft", str(draft), "--device", "cpu", "--prompts", "3",
                      "--sweep-prompts", "2", "--max-new-tokens", "10", "--fidelity-tokens", "10",
                      "--fidelity-seeds", "2", "--betas", "0.1,0.5", "--temperatures", "0.6,1.2",
-                     "--gammas", "1,2", "--out", str(out), *(["--images"] if HAS_CHROMIUM else [])])
+                     "--gammas", "1,2", "--out", str(out), "--frontier", FRONTIER_SMALL,
+                     *(["--images"] if HAS_CHROMIUM else [])])
     assert rc == 0 and torch.is_grad_enabled()  # no global side effect on later tests
     printed = capsys.readouterr().out
-    for section in ("[main]", "[sweep]", "[k]", "[fidelity]"):
+    for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]"):
         assert section in printed
     assert "vs target" in printed and "cost-model S" in printed
 
     with open(out / "runs.csv", newline="") as f:
         runs = list(csv.DictReader(f))
     assert list(runs[0].keys()) == RUN_FIELDS
-    assert {r["method"] for r in runs} == {"target", "ordinary", "ears", "typical", "entropy", "assisted"}
+    assert {r["method"] for r in runs} == {"target", "ordinary", "ears", "typical", "entropy", "assisted",
+                                           "ears-entropy", "fly", "ears-budget"}
     for r in runs:
         assert 1 <= int(r["new_tokens"]) <= 10 and float(r["wall_s"]) > 0 and r["sections"]
         assert float(r["logprob"]) < 0
@@ -59,7 +61,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert math_rows and all(r["correct"] in ("True", "False") for r in math_rows)
 
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity"}
+    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier"}
     main = {r["config"]: r for r in summary["sections"]["main"]}
     assert set(main) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.1 T=0.9 K=4", "ears 0.5 T=0.9 K=4",
                          "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4", "assisted T=0.9 K=4"}
@@ -82,18 +84,56 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert summary["assisted"].startswith("transformers assisted generation")
 
     if HAS_CHROMIUM:  # the plots as images, drawn by plotly.js in the browser the tests use
-        for name in ("speed", "frontier", "k", "fidelity"):
+        for name in ("speed", "frontier", "k", "fidelity", "lossy"):
             assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
-    assert html.count("<table>") == 4 and "plotly" in html
-    for div in ("speed", "frontier", "k", "fidelity"):
+    assert html.count("<table>") == 5 and "plotly" in html
+    for div in ("speed", "frontier", "k", "fidelity", "lossy"):
         assert f'id="{div}"' in html
+
+    front = {r["config"]: r for r in summary["sections"]["frontier"]}
+    assert set(front) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.5 T=0.9 K=4", "ears 2 T=0.9 K=4",
+                          "ears-entropy 0.5 T=0.9 K=4", "typical eps=0.05 T=0.9 K=4", "fly gate=0 window=1 T=0.9 K=4",
+                          "fly gate=1.2 window=1 T=0.9 K=4", "ears-budget epsilon=0.01 T=0.9 K=4",
+                          "ears-budget epsilon=0.05 T=0.9 K=4"}
+    assert front["ordinary T=0.9 K=4"]["distortion"] < 1e-5 and front["fly gate=1.2 window=1 T=0.9 K=4"]["distortion"] == 0
+    assert front["fly gate=0 window=1 T=0.9 K=4"]["distortion"] > 0.01 and front["ears 2 T=0.9 K=4"]["distortion"] > 0.01
+    for eps in (0.01, 0.05):  # the budget holds in every run, so in the pooled mean too, and is used
+        assert 0.3 * eps < front[f"ears-budget epsilon={eps:g} T=0.9 K=4"]["distortion"] <= eps + 1e-5
+    assert all(r["ratio"] is not None and r.get("acceptance", 0) >= 0 for r in front.values())
 
     # --report-only rebuilds the same summary from runs.csv without decoding anything again
     assert bench.main(["--out", str(out), "--report-only"]) == 0
     again = json.loads((out / "summary.json").read_text())
     for sec, rows in summary["sections"].items():
         assert sorted(again["sections"][sec], key=lambda r: r["config"]) == sorted(rows, key=lambda r: r["config"])
+
+
+FRONTIER_SMALL = ("ears:beta=0.5/2,ears-entropy:beta=0.5,typical:eps=0.05,fly:gate=0/1.2:window=1,"
+                  "ears-budget:epsilon=0.01/0.05")
+
+
+def test_frontier_plan_sweeps_every_lossy_rule_beside_the_lossless_anchor() -> None:
+    from ears_core.bench_plan import FRONTIER, parse_frontier, section_configs
+    from ears_core.rules import RULES
+
+    cfgs = section_configs(BenchSettings(), "frontier", assisted=False)
+    assert [c.method for c in cfgs[:2]] == ["target", "ordinary"] and len(cfgs) == len(set(cfgs))
+    lossy = {n for n, spec in RULES.items() if spec.params}  # every registered rule with a knob
+    assert {c.method for c in cfgs[2:]} == lossy == {"ears", "ears-entropy", "typical", "fly", "ears-budget"}
+    swept = {name: (param, values) for name, param, values, _ in parse_frontier(FRONTIER)}
+    assert swept["fly"][0] == "gate" and swept["ears-budget"][0] == "epsilon" and swept["typical"][0] == "eps"
+    fly = [c.rule() for c in section_configs(BenchSettings(frontier="fly:gate=0.2/0.4:window=3"), "frontier", False)[2:]]
+    assert [(r.gate, r.window, r.top_n) for r in fly] == [(0.2, 3, 3), (0.4, 3, 3)]
+    assert [c.rule().beta for c in cfgs if c.method == "ears"] == [0.05, 0.1, 0.2, 0.3, 0.5, 1.0]
+    s = BenchSettings(sweep_prompts=2, sections=("main", "frontier"))
+    jobs, by_section = build_plan(s, load_prompts(PROMPTS_FILE), assisted=False)
+    shared = set(by_section["main"]) & set(by_section["frontier"])  # ordinary and EARS runs serve both sections
+    assert {j.config.method for j in shared} == {"target", "ordinary", "ears"}
+    for bad, needle in (("ears", "name the parameter"), ("ears:eps=0.1", "takes no parameter 'eps'"),
+                        ("fly:gate=0.1:window=1/2", "the others take exactly one"), ("", "is empty")):
+        with pytest.raises(ValueError, match=needle):
+            parse_frontier(bad)
 
 
 def test_plan_shares_runs_between_sections_and_interleaves() -> None:
