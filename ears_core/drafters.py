@@ -130,7 +130,8 @@ class ModelDrafter:
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
     @torch.inference_mode()
-    def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None):
+    def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
+                     keep=None):
         """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
         the nodes being expanded with a tree mask over the cache: each sees the committed tokens
         and its own ancestors. -> DraftTree"""
@@ -158,7 +159,7 @@ class ModelDrafter:
             slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
-        self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn)
+        self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn, keep=keep)
         return self._tree
 
     @torch.inference_mode()

@@ -195,7 +195,8 @@ class EagleDrafter:
         return logits
 
     @torch.inference_mode()
-    def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None) -> Any:
+    def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,
+                     keep: Any = None) -> Any:
         """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
         fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
         cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
@@ -225,7 +226,8 @@ class EagleDrafter:
             feats.update(zip(ids, out))
             return self._sub_logits(out)
 
-        tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn)
+        tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn,
+                          keep=keep)
         s.proposed = tree.tokens[None]  # (1, N)
         return tree
 

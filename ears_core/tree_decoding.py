@@ -39,7 +39,7 @@ from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
-from .trees import DraftTree, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids
+from .trees import DraftTree, KeepFn, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids
 from .verify import DraftKind
 from .verify_tree import verify_tree
 
@@ -60,6 +60,7 @@ class TreeRecord:
     depths: list[int]
     ranks: list[int]
     scores: list[float]
+    priorities: list[float]  # slot priority of each node when it was drawn
     kinds: list[str]  # per node: accepted / pardoned / rejected, "" if never tested
     path: list[int]  # the accepted nodes, root first
     next_token: int
@@ -124,6 +125,7 @@ class _Config:
     vocab_size: int
     eos: frozenset[int]
     with_distortion: bool
+    keep: KeepFn | None
 
 
 def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: AcceptanceRule, cfg: _Config,
@@ -152,7 +154,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
         with torch.inference_mode():
             t0 = clock.mark()
             tree = drafter.propose_tree(spec, probs_fn, TreeDraws(cfg.seed, produced, cfg.spec.branching),
-                                        greedy=cfg.sampling.greedy, rank_fn=rank_fn)
+                                        greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep)
             t1 = clock.mark()
             prefix = cache.get_seq_length() + 1  # the committed prefix and the root
             logits, hidden = score_tree(target, cache, last, tree, need_h)
@@ -216,7 +218,7 @@ def _round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[l
     drafts = [DraftRecord(produced + tree.depths[i] - 1, toks[i], kinds[i], p[i], q[i], ratio[i], u[i], tol[i],
                           max_p[tree.parents[i] + 1]) for i in tested]
     record = TreeRecord(step, produced, toks, list(tree.parents), list(tree.depths), list(tree.ranks), list(tree.scores),
-                        kinds, path, nxt, kind, exact)
+                        list(tree.priorities), kinds, path, nxt, kind, exact)
     return events, drafts, record
 
 
@@ -258,13 +260,16 @@ def tree_stream(
     eos_token_id: int | Sequence[int] | None = None,
     vocab_size: int | None = None,
     with_distortion: bool = True,
+    keep: KeepFn | None = None,
 ) -> TreeGeneration:
     """Speculative decoding of one prompt with a tree of drafts per round; iterate for TokenEvents.
 
     ``drafter``: a Hugging Face causal LM sharing the target's tokenizer (wrapped in a
     ModelDrafter) or a drafter with ``propose_tree`` / ``commit_tree`` (ModelDrafter,
     EagleDrafter). budget / depth / width / siblings: the ``TreeSpec``; width=1 with
-    budget = depth = K is the chain decoder with gamma = K, token for token.
+    budget = depth = K is the chain decoder with gamma = K, token for token. ``keep(priority,
+    nodes so far, depth)`` is asked before each node is drawn and ends the round's tree at the
+    first False (a size policy from measured prices: it sees only what precedes the draw).
     """
     rule = StandardRule() if rule is None else rule
     if not isinstance(rule, AcceptanceRule):
@@ -295,7 +300,7 @@ def tree_stream(
         raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
                          f"context length ({limit})")
     cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos(target, eos_token_id),
-                  with_distortion)
+                  with_distortion, keep)
     steps: list[StepRecord] = []
     trees: list[TreeRecord] = []
     events = _tree_events(target, drafter, ids, rule, cfg, steps, trees, Detokenizer(tokenizer))

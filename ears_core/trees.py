@@ -46,7 +46,7 @@ rearrangement after a round the cache keeps the committed prefix, the root and t
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -63,6 +63,7 @@ __all__ = [
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 # expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
 ExpandFn = Callable[[list[int], "DraftTree"], Tensor]
+KeepFn = Callable[[float, int, int], bool]  # (priority, nodes so far, depth) -> draw this node?
 
 _MASK64 = (1 << 64) - 1
 
@@ -147,6 +148,7 @@ class DraftTree:
     ranks: list[int]  # order among siblings
     scores: list[float]  # product of draft probabilities along the path
     siblings: str  # "sampled" or "fixed"
+    priorities: list[float] = field(default_factory=list)  # each node's slot priority, known before its draw
 
     @property
     def size(self) -> int:
@@ -191,7 +193,7 @@ def _prepare(q: Tensor, kmax: int) -> _Dist:
 
 def build_tree(
     root_logits: Tensor, expand: ExpandFn, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, *,
-    greedy: bool = False, rank_fn: ProbsFn | None = None,
+    greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
 ) -> DraftTree:
     """Best-first expansion up to ``spec``; see the module docstring.
 
@@ -199,6 +201,9 @@ def build_tree(
     over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
     ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
     ranked by ``rank_fn`` (default ``probs_fn``; at T = 0 pass the raw T = 1 softmax).
+    ``keep(priority, nodes so far, depth)``, when given, is asked before each node is drawn and
+    ends the tree at the first False: a stopping rule (e.g. from the cost model) that sees only
+    what is known before the draw, so it keeps sampled trees exact.
     """
     fixed = spec.siblings == "fixed" or (spec.siblings == "auto" and greedy)
     rank_fn = rank_fn if (fixed and rank_fn is not None) else probs_fn
@@ -222,7 +227,7 @@ def build_tree(
 
     push(dists[-1].top_p[0], -1, 0)
     while heap and tree.size < spec.budget:
-        _, _, parent, rank = heapq.heappop(heap)
+        neg_priority, _, parent, rank = heapq.heappop(heap)
         if rank < 0:  # a node whose children were promised: run the draft over every pending node
             if parent in dists:
                 continue
@@ -235,6 +240,9 @@ def build_tree(
                 push(tree.scores[i] * dists[i].top_p[0], i, 0)
             continue
         d = dists[parent]
+        depth = 1 if parent < 0 else tree.depths[parent] + 1
+        if keep is not None and not keep(-neg_priority, tree.size, depth):
+            break
         if fixed:
             tok = d.top_ids[rank]
         else:
@@ -243,16 +251,16 @@ def build_tree(
                 q_node = q_node.clone()
                 q_node[d.drawn] = 0.0
                 q_node = q_node / q_node.sum()
-            depth = 1 if parent < 0 else tree.depths[parent] + 1
             ranks = ([] if parent < 0 else tree.path_ranks(parent)) + [rank]
             tok = int(sample_with_uniforms(q_node, draws.uniform(depth, ranks, dev)))
         d.drawn.append(tok)
         node = tree.size
         score = (1.0 if parent < 0 else tree.scores[parent]) * float(d.q[tok])
         tree.parents.append(parent)
-        tree.depths.append(1 if parent < 0 else tree.depths[parent] + 1)
+        tree.depths.append(depth)
         tree.ranks.append(rank)
         tree.scores.append(score)
+        tree.priorities.append(-neg_priority)
         tokens.append(torch.tensor(tok, device=dev))
         if not fixed:
             probs.append(q_node)

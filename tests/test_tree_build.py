@@ -24,7 +24,7 @@ def markov_logits(v, seed):
     return torch.log_softmax(1.5 * torch.randn(v, v, generator=g), -1)  # (V, V): row = previous token
 
 
-def synthetic_build(spec, seed=0, v=6, greedy=False, start=0, calls=None, logits=None):
+def synthetic_build(spec, seed=0, v=6, greedy=False, start=0, calls=None, logits=None, keep=None):
     """A tree from a Markov draft: the logits after a node depend on its token only (root token 0)."""
     logits = markov_logits(v, 1) if logits is None else logits
 
@@ -35,7 +35,7 @@ def synthetic_build(spec, seed=0, v=6, greedy=False, start=0, calls=None, logits
         return logits[tree.tokens[ids]]
 
     probs = lambda x: torch.softmax(x, -1)  # noqa: E731  (T = 1)
-    return build_tree(logits[0], expand, spec, probs, TreeDraws(seed, start, spec.branching), greedy=greedy)
+    return build_tree(logits[0], expand, spec, probs, TreeDraws(seed, start, spec.branching), greedy=greedy, keep=keep)
 
 
 def test_spec_checks_its_numbers():
@@ -130,6 +130,24 @@ def test_width_one_is_the_chain_draw_for_draw():
         tok = int(sample_with_uniforms(q, counter_uniforms(seed, torch.tensor(start + d), Stream.DRAFT)))
         assert int(tree.tokens[d]) == tok
         assert torch.equal(tree.draft_probs[d], q)
+
+
+@pytest.mark.parametrize("siblings", ["sampled", "fixed"])
+def test_a_stopping_rule_sees_each_priority_before_the_draw_and_ends_the_tree(siblings):
+    asked = []
+
+    def keep(priority, nodes, depth):
+        asked.append((priority, nodes, depth))
+        return nodes < 7
+
+    full = synthetic_build(TreeSpec(12, 4, 3, siblings), seed=5)
+    cut = synthetic_build(TreeSpec(12, 4, 3, siblings), seed=5, keep=keep)
+    budget7 = synthetic_build(TreeSpec(7, 4, 3, siblings), seed=5)
+    # stopping after 7 nodes is the budget of 7: the same nodes, tokens and draws
+    assert cut.parents == budget7.parents == full.parents[:7] and cut.tokens.tolist() == budget7.tokens.tolist()
+    assert [a[0] for a in asked[:7]] == cut.priorities and [a[1] for a in asked] == list(range(8))
+    assert [a[2] for a in asked[:7]] == cut.depths and asked[7][0] == pytest.approx(full.priorities[7])
+    assert all(p > 0 for p in full.priorities)
 
 
 def test_draft_keys_are_the_chains_without_branching_and_unique_per_round_with_it():

@@ -134,6 +134,15 @@ def test_eos_and_max_new_tokens_are_exact(tiny_pair):
         assert len(tree_generate(target, draft, PROMPTS[0], budget=8, depth=4, max_new_tokens=n).token_ids) == n
 
 
+def test_a_size_policy_asked_before_each_draw_keeps_greedy_exact(tiny_pair):
+    target, draft = tiny_pair
+    gen = tree_stream(target, draft, PROMPTS[2], rule=GreedyRule(), budget=12, depth=5, temperature=0,
+                      max_new_tokens=40, keep=lambda priority, nodes, depth: priority >= 0.05)
+    assert gen.result().token_ids == hf_greedy(target, PROMPTS[2], 40)
+    sizes = [len(tr.tokens) for tr in gen.trees]
+    assert all(p >= 0.05 for tr in gen.trees for p in tr.priorities) and min(sizes) < 12 and max(sizes) > 1
+
+
 def test_unusable_arguments_are_explained(tiny_pair):
     target, draft = tiny_pair
     with pytest.raises(ValueError, match="propose_tree"):
