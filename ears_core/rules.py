@@ -327,7 +327,7 @@ class TypicalRule(AcceptanceRule):
 
 def _whole(value: float, name: str, low: int) -> int:
     """A registry number (a float from a slider or a flag) that must be a whole number >= low."""
-    if not isinstance(value, (int, float)) or value != value or float(value) != int(value) or value < low:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or float(value) != int(value) or value < low:
         raise ValueError(f"{name} must be a whole number >= {low}, got {value!r}")
     return int(value)
 

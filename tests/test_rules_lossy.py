@@ -168,7 +168,7 @@ def test_fly_parameters_from_the_registry():
     rule = make_rule("fly", gate=0.5, window=3.0, top_n=2.0)  # slider and flag values arrive as floats
     assert isinstance(rule, FLyRule) and (rule.gate, rule.window, rule.top_n) == (0.5, 3, 2)
     assert (make_rule("fly").gate, make_rule("fly").window, make_rule("fly").top_n) == (0.3, 2, 3)
-    for bad in (dict(window=1.5), dict(window=-1), dict(top_n=0), dict(gate=-0.1)):
+    for bad in (dict(window=1.5), dict(window=-1), dict(window=float("inf")), dict(top_n=0), dict(gate=-0.1)):
         with pytest.raises(ValueError, match="FLy"):
             make_rule("fly", **bad)
     # lossless exactly when no deferral is possible: window 0, or a gate above the largest top-n entropy
