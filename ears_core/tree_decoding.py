@@ -39,7 +39,9 @@ from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
-from .trees import DraftTree, KeepFn, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids
+from .trees import (
+    DraftTree, KeepFn, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids,
+)
 from .verify import DraftKind
 from .verify_tree import verify_tree
 
@@ -109,8 +111,8 @@ def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequen
             cache.crop(len(path) - tree_size)
         return
     dev = cache.layers[0].keys.device
-    keep = torch.cat([torch.arange(prefix_len, device=dev), prefix_len + torch.tensor(list(path), dtype=torch.long, device=dev)])
-    keep_cache_positions(cache, keep)
+    nodes = torch.tensor(list(path), dtype=torch.long, device=dev)
+    keep_cache_positions(cache, torch.cat([torch.arange(prefix_len, device=dev), prefix_len + nodes]))
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -308,7 +310,8 @@ def tree_stream(
     return TreeGeneration(method, budget, steps, trees, events)
 
 
-def tree_generate(target: PreTrainedModel, drafter: PreTrainedModel | Drafter, input_ids: Any, **kwargs: Any) -> GenerationResult:
+def tree_generate(target: PreTrainedModel, drafter: PreTrainedModel | Drafter, input_ids: Any,
+                  **kwargs: Any) -> GenerationResult:
     """Tree decoding to the end; same arguments as ``tree_stream``. -> GenerationResult (the trees
     are in ``tree_stream(...).trees``; use that to keep them)."""
     return tree_stream(target, drafter, input_ids, **kwargs).result()

@@ -8,7 +8,7 @@ from scipy import stats
 import ears_core.tree_decoding as td
 import ears_core.trees as trees_mod
 from conftest import PROMPTS, tiny_llama
-from ears_core import EARSRule, GreedyRule, StandardRule, generate, stream
+from ears_core import EARSRule, GreedyRule, StandardRule, generate
 from ears_core.drafters import NGramDrafter
 from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.tree_decoding import tree_generate, tree_stream
