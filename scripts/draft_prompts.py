@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 from pathlib import Path
+from typing import Iterable
 
 TEMPLATES = [
     "Explain {t} to a ten-year-old.",
@@ -75,8 +77,56 @@ def held_out_prompts() -> list[dict[str, str]]:
     return json.loads(path.read_text())["prompts"]
 
 
+class HeldOutLeak(ValueError):
+    """A training prompt equals, contains, or nearly repeats a held-out prompt of assets/prompts.json."""
+
+
+_STOP = set("""a an the and or but of to in on at for from by with about as is are was were be been it its this
+that these those what which who whom whose why how when where do does did doing can could would should will
+shall may might must i you he she we they me him her us them my your his our their there here not no so if
+then than too very just into out up down over under again more most some any each every all both few other
+such only own same one two three after before while during because through between also please write give tell
+explain describe""".split())
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def near_held_out(prompt: str, held: Iterable[str], jaccard: float = 0.6) -> str | None:
+    """The held-out prompt that ``prompt`` repeats, else None. A repeat is: the same words (case,
+    spacing and punctuation ignored); one containing the other (4+ words); or content-word sets
+    (stop words dropped) sharing 2+ words with Jaccard similarity >= ``jaccard`` (a reworded copy,
+    e.g. the same word problem with other phrasing)."""
+    w = _words(prompt)
+    s, ws = " ".join(w), {x for x in w if x not in _STOP}
+    for h in held:
+        hw = _words(h)
+        hs, hws = " ".join(hw), {x for x in hw if x not in _STOP}
+        if s == hs or (len(hw) >= 4 and f" {hs} " in f" {s} ") or (len(w) >= 4 and f" {s} " in f" {hs} "):
+            return h
+        common = len(ws & hws)
+        if common >= 2 and common / len(ws | hws) >= jaccard:
+            return h
+    return None
+
+
+def held_out_leaks(prompts: Iterable[str], held: Iterable[str] | None = None) -> list[tuple[str, str]]:
+    """(training prompt, held-out prompt) for every training prompt that repeats a held-out one."""
+    held = [x["prompt"] for x in held_out_prompts()] if held is None else list(held)
+    return [(p, h) for p in prompts if (h := near_held_out(p, held)) is not None]
+
+
+def assert_no_held_out(prompts: Iterable[str], held: Iterable[str] | None = None) -> None:
+    """Fail loudly if any training prompt repeats a held-out prompt (assets/prompts.json)."""
+    leaks = held_out_leaks(prompts, held)
+    if leaks:
+        shown = "\n".join(f"  {p!r} ~ held-out {h!r}" for p, h in leaks[:10])
+        raise HeldOutLeak(f"{len(leaks)} training prompt(s) repeat held-out prompts of assets/prompts.json "
+                          f"(the evaluation set must never be trained on):\n{shown}")
+
+
 if __name__ == "__main__":
     p = training_prompts()
     print(len(p), "training prompts; e.g.", p[:3])
-    held = {x["prompt"] for x in held_out_prompts()}
-    assert not held & set(p), "held-out prompts leak into training"
+    assert_no_held_out(p)

@@ -1,5 +1,6 @@
 """Step 2 of the embedded draft: train the EAGLE-style head (ears_core/eagle.py) on the shards
-written by make_draft_data.py, then save it to assets/embedded_draft/.
+written by make_draft_data.py, or (--features) on the feature cache of scripts/draft_data.py, then
+save it to assets/embedded_draft/ (or --out).
 
 What is learnt: fc and one decoder layer (initialised from the target's last layer) so that
 head(f_j, x_{j+1}) predicts f_{j+1}, the target's next feature. Losses, on answer positions:
@@ -9,6 +10,12 @@ Both are applied twice: once from true (noised) input features, once from the he
 predictions fed back (what the second and later drafts of a round see at inference).
 
     python scripts/train_draft.py [--minutes 12] [--vocab 6144] [--out assets/embedded_draft]
+    python scripts/train_draft.py --features ~/.cache/ears_studio/draft_features/Llast \
+        --positions 250000 --out /tmp/head-250k     # a nested subset, for the saturation curve
+
+With --features, validation is by prompt (prompt id % --val-mod == 0 never trains: answers to
+prompts the head never saw), and --positions takes a fixed-seed prefix of the shuffled training
+answers until that many answer positions, so smaller subsets are nested in larger ones.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -37,6 +45,34 @@ def load_rows(folder: Path) -> list[dict]:
     if not rows:
         sys.exit(f"no shards in {folder}: run scripts/make_draft_data.py first")
     return rows
+
+
+def split_feature_rows(folder: Path, val_mod: int, val_rows: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
+    """(validation, training) rows of a draft_data.py feature cache, split by prompt, both shuffled."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from draft_data import load_feature_rows
+
+    rows = load_feature_rows(folder)
+    if not rows:
+        sys.exit(f"no features in {folder}: run `python scripts/draft_data.py features` first")
+    val = [r for r in rows if r["prompt_id"] % val_mod == 0]
+    train = [r for r in rows if r["prompt_id"] % val_mod != 0]
+    rng.shuffle(val)
+    rng.shuffle(train)
+    return val[:val_rows], train
+
+
+def take_positions(rows: list[dict], positions: int) -> list[dict]:
+    """The shortest prefix of ``rows`` holding at least ``positions`` answer positions."""
+    out, n = [], 0
+    for r in rows:
+        if n >= positions:
+            break
+        out.append(r)
+        n += len(r["ids"]) - r["prompt_len"]
+    if n < positions:
+        print(f"warning: only {n} answer positions available, fewer than --positions {positions}", flush=True)
+    return out
 
 
 def pick_vocab(rows: list[dict], n: int, always: list[int]) -> tuple[torch.Tensor, float]:
@@ -72,7 +108,8 @@ def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     mask = torch.zeros(len(batch), lmax - 1, dtype=torch.bool)
     for i, r in enumerate(batch):
         n = len(r["ids"]) - 1  # features f_0 .. f_{n-1}
-        feats[i, :n] = r["feats"].float()
+        f = r["feats"]  # (n, d): a float16 tensor (make_draft_data) or a memory-mapped array (draft_data)
+        feats[i, :n] = (torch.from_numpy(np.asarray(f, dtype=np.float32)) if isinstance(f, np.ndarray) else f.float())
         tokens[i, : n - 1] = r["ids"][1:n].long()
         j = torch.arange(n - 1)
         mask[i, : n - 1] = j + 2 >= r["prompt_len"]
@@ -110,14 +147,24 @@ def main() -> None:
     ap.add_argument("--batch-tokens", type=int, default=3072)
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--holdout", type=float, default=0.05, help="fraction of rows kept for validation")
+    ap.add_argument("--features", default=None, help="a feature cache of scripts/draft_data.py features")
+    ap.add_argument("--positions", type=int, default=None, help="train on this many answer positions (nested subsets)")
+    ap.add_argument("--val-mod", type=int, default=20, help="--features: prompts with id %% this == 0 validate")
+    ap.add_argument("--val-rows", type=int, default=600, help="--features: at most this many validation answers")
+    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.manual_seed(0)
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
     rng = random.Random(0)
-    rows = load_rows(Path(args.data) if args.data else cache_root() / "draft_data")
-    rng.shuffle(rows)
-    n_val = max(1, int(len(rows) * args.holdout))
-    val, train = rows[:n_val], rows[n_val:]
+    if args.features:
+        val, train = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows, rng)
+    else:
+        rows = load_rows(Path(args.data) if args.data else cache_root() / "draft_data")
+        rng.shuffle(rows)
+        n_val = max(1, int(len(rows) * args.holdout))
+        val, train = rows[:n_val], rows[n_val:]
+    if args.positions:
+        train = take_positions(train, args.positions)
     pair = load_pair("embedded", device="cpu")
     target, tok = pair.target, pair.tokenizer
     for p in target.parameters():
@@ -184,7 +231,9 @@ def main() -> None:
     meta = {"train_answers": len(train), "val_answers": len(val), "answer_positions": positions,
             "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": epoch,
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
-            "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens}
+            "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
+            "data": "draft_data features" if args.features else "make_draft_data shards",
+            "positions_asked": args.positions}
     head.eval()
     head.save(args.out, meta=meta)
     (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))
