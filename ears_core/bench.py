@@ -47,7 +47,7 @@ from transformers import PreTrainedModel
 
 from . import bench_report
 from .bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
-from .decoding import autoregressive, generate
+from .decoding import autoregressive, stream
 from .rules import RULES
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
@@ -64,6 +64,7 @@ class Bench:
     vocab_size: int
     pair: Any  # the ModelPair: new_drafter() gives each run a fresh drafter
     draft_label: str
+    session: Any = None  # session.Session: the draft-length policy's prices and calibrations
 
     @property
     def draft(self) -> Any:
@@ -86,7 +87,12 @@ class Bench:
         elif cfg.method == "assisted":
             return self._assisted(cfg, ids, seed, max_new)
         else:
-            res = generate(self.target, self.drafter(), ids, rule=cfg.rule(), gamma=cfg.gamma, **kw)
+            rule = cfg.rule()
+            extra = self.session.policy_for(rule, cfg.temperature, cfg.gamma, cfg.draft) if self.session else {}
+            gen = stream(self.target, self.drafter(), ids, rule=rule, gamma=cfg.gamma, **kw, **extra)
+            res = gen.result()
+            if self.session is not None:
+                self.session.absorb(gen, rule, cfg.temperature, extra.get("calibration"))
         s = res.stats
         return dict(token_ids=res.token_ids, text=res.text, new_tokens=s.new_tokens, wall_s=s.wall_s,
                     steps=s.steps, drafted=s.drafted, accepted=s.accepted, pardoned=s.pardoned,
@@ -124,12 +130,14 @@ class Bench:
 def load_bench(s: BenchSettings) -> Bench:
     from .models import load_pair
 
+    from .session import Session
+
     pair = load_pair(s.target, s.draft, device=s.device)
     label = pair.draft_spec or "none"
-    if s.draft_confidence != "default" and hasattr(pair.draft, "min_confidence"):
-        pair.draft.min_confidence = None if s.draft_confidence == "off" else float(s.draft_confidence)
-        label = f"{label} (min confidence {pair.draft.min_confidence})"
-    return Bench(pair.target, pair.tokenizer, pair.vocab_size, pair, "n-gram prompt lookup" if label == "ngram" else label)
+    session = Session(pair)
+    session.warm_up()  # the price curve (measured or cached) and the draft step, before any timed run
+    return Bench(pair.target, pair.tokenizer, pair.vocab_size, pair, "n-gram prompt lookup" if label == "ngram" else label,
+                 session)
 
 
 @torch.no_grad()
@@ -217,8 +225,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--images", action="store_true", help="also write the figures as PNG (drawn in /usr/bin/chromium via playwright)")
     p.add_argument("--out", type=Path, default=d.out, help="folder for runs.csv, summary.json, report.html")
-    p.add_argument("--draft-confidence", default="default",
-                   help="dynamic draft length of a head drafter: 'default' (its own), 'off' (always K) or a threshold")
+    p.add_argument("--draft-length", default=d.draft_length, choices=("policy", "fixed", "threshold"),
+                   help="draft length of the main, sweep, fidelity and frontier sections: policy (this machine's "
+                   "measured prices pick 0..K each round), fixed (always K) or threshold (confidence 0.35)")
+    p.add_argument("--policy-temperatures", type=_floats, default=d.policy_temperatures,
+                   help="the policy section's temperatures (0 = greedy)")
+    p.add_argument("--policy-gammas", type=_ints, default=d.policy_gammas, help="the policy section's fixed K values")
+    p.add_argument("--policy-tokens", type=int, default=d.policy_tokens, help="max new tokens in the policy section")
     p.add_argument("--rules", default=d.rules,
                    help="the main section's rules, comma-separated, each with optional parameters "
                    "(name:param=value); registered: " + ", ".join(
@@ -239,7 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       temperatures=a.temperatures, gammas=a.gammas, fidelity_seeds=a.fidelity_seeds,
                       fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
                       assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
-                      draft_confidence=a.draft_confidence, rules=a.rules, frontier=a.frontier,
+                      draft_length=a.draft_length, policy_temperatures=a.policy_temperatures,
+                      policy_gammas=a.policy_gammas, policy_tokens=a.policy_tokens, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
     from .models import ModelLoadError
 

@@ -5,6 +5,10 @@ Terms are those of ``bench`` (method, config, run, section). A config's method i
 ``rules.RULES`` (by name or alias). ``--rules`` names the main section's rules, each with optional
 parameters: ``ordinary,ears,typical,ears-entropy:beta=0.2``. A rule that takes beta and is given
 none runs at every ``--betas`` value when it is ``ears``, else at the headline beta.
+Every speculative config has a draft length (``session.DRAFT_LENGTHS``): ``policy`` (the measured
+cost model picks 0..K drafts each round; the default), ``fixed`` (always K; the k section) or
+``threshold`` (the old confidence threshold, asked before each draw). The policy section compares
+them on the same prompts at T = 0 and T = 0.9: the policy, fixed K = 1..4 and the threshold.
 ``--frontier`` names the frontier section's sweeps, one per rule: its first parameter takes every
 value listed (separated by ``/``), later ones are fixed: ``ears:beta=0.1/0.3,fly:gate=0.3/0.6:window=2``.
 """
@@ -23,7 +27,8 @@ __all__ = ["Config", "BenchSettings", "Job", "build_plan", "load_prompts", "spre
            "SECTIONS", "PROMPTS_FILE", "FRONTIER", "parse_frontier"]
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
-SECTIONS = ("main", "sweep", "k", "fidelity", "frontier")
+SECTIONS = ("main", "sweep", "k", "fidelity", "frontier", "policy")
+DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 # The frontier section's default sweeps: every lossy rule's knob, from nearly lossless to loose.
 FRONTIER = ("ears:beta=0.05/0.1/0.2/0.3/0.5/1,ears-entropy:beta=0.05/0.1/0.2/0.5/1,typical:eps=0.3/0.2/0.1/0.05/0.02,"
             "fly:gate=1/0.7/0.5/0.3/0.1/0,ears-budget:epsilon=0.005/0.01/0.02/0.05/0.1")
@@ -32,13 +37,14 @@ FRONTIER = ("ears:beta=0.05/0.1/0.2/0.3/0.5/1,ears-entropy:beta=0.05/0.1/0.2/0.5
 @dataclass(frozen=True)
 class Config:
     """One decoding setup: ``method`` is target, assisted or a registered rule; ``beta`` and
-    ``params`` (other (name, value) pairs) are the rule's parameters."""
+    ``params`` (other (name, value) pairs) are the rule's parameters; ``draft`` its draft length."""
 
     method: str
     temperature: float
     gamma: int = 0  # 0 for target-only
     beta: float = 0.0
     params: tuple[tuple[str, float], ...] = ()
+    draft: str = "policy"  # policy / fixed / threshold (see the module docstring)
 
     @property
     def label(self) -> str:
@@ -46,7 +52,7 @@ class Config:
             return self.method
         names = {p.name for p in rule_spec(self.method).params}
         values = ([f"{self.beta:g}"] if "beta" in names else []) + [f"{k}={v:g}" for k, v in self.params]
-        return " ".join([self.method, *values])
+        return " ".join([self.method, *values]) + ("" if self.draft == "policy" else f" [{self.draft}]")
 
     @property
     def key(self) -> str:
@@ -145,7 +151,10 @@ class BenchSettings:
     out: Path = Path("bench_out")
     threads: int | None = None
     images: bool = False
-    draft_confidence: str = "default"  # the embedded head's dynamic length: "default", "off" or a threshold
+    draft_length: str = "policy"  # the main, sweep, fidelity and frontier sections' draft length
+    policy_temperatures: tuple[float, ...] = (0.0, 0.9)  # the policy section (T = 0 is greedy)
+    policy_gammas: tuple[int, ...] = (1, 2, 3, 4)  # its fixed K; the policy and threshold use K0
+    policy_tokens: int = 64
     rules: str = "ordinary,ears,typical,entropy"  # the main section's rules (see parse_rules)
     frontier: str = FRONTIER  # the frontier section's sweeps (see parse_frontier)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -162,11 +171,10 @@ class BenchSettings:
         if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
             raise ValueError("beta must be >= 0")
         unknown = set(self.sections) - set(SECTIONS)
-        if self.draft_confidence not in ("default", "off"):
-            try:
-                float(self.draft_confidence)
-            except ValueError:
-                raise ValueError(f"--draft-confidence must be 'default', 'off' or a number, got {self.draft_confidence!r}")
+        if self.draft_length not in DRAFT_LENGTHS:
+            raise ValueError(f"--draft-length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
+        if any(t < 0 for t in self.policy_temperatures) or any(k < 1 for k in self.policy_gammas):
+            raise ValueError("--policy-temperatures must be >= 0 and --policy-gammas >= 1")
         if unknown:
             raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
         parse_rules(self.rules)
@@ -206,6 +214,29 @@ def spread(prompts: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
 
 
 def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Config]:
+    """The section's configs; every speculative one takes ``s.draft_length`` unless the section
+    is about the draft length itself (k: fixed K; policy: all three)."""
+    from dataclasses import replace
+
+    if section == "k":
+        t0, k0, hb = s.temperature, s.gamma, s.headline_beta
+        return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k, draft="fixed"),
+                                                                      Config("ears", t0, k, hb, draft="fixed"))]
+    if section == "policy":
+        cfgs: list[Config] = []
+        for t in s.policy_temperatures:
+            rules = [("ordinary", 0.0)] + ([("ears", s.headline_beta)] if t > 0 else [])
+            cfgs.append(Config("target", t))
+            for name, beta in rules:
+                cfgs.append(Config(name, t, s.gamma, beta, draft="policy"))
+                cfgs += [Config(name, t, k, beta, draft="fixed") for k in s.policy_gammas]
+                cfgs.append(Config(name, t, s.gamma, beta, draft="threshold"))
+        return cfgs
+    return [c if c.method in ("target", "assisted") else replace(c, draft=s.draft_length)
+            for c in _section_configs(s, section, assisted)]
+
+
+def _section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Config]:
     t0, k0, hb = s.temperature, s.gamma, s.headline_beta
     if section == "main":
         cfgs = [Config("target", t0)]
@@ -223,8 +254,6 @@ def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Conf
     if section == "sweep":
         return [c for t in s.temperatures for c in
                 [Config("target", t), Config("ordinary", t, k0), *(Config("ears", t, k0, b) for b in s.betas)]]
-    if section == "k":
-        return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k), Config("ears", t0, k, hb))]
     if section == "fidelity":
         return [Config("target", t0), Config("ordinary", t0, k0)] + [Config("ears", t0, k0, b) for b in s.fidelity_betas]
     if section == "frontier":  # every lossy rule's knob at T0, K0, beside the lossless anchor
@@ -245,6 +274,8 @@ def build_plan(s: BenchSettings, prompts: list[dict[str, Any]], assisted: bool) 
         if sec == "fidelity":
             chosen = [p for p in prompts if p.get("answer") is not None]
             seeds, tokens = range(s.fidelity_seeds), s.fidelity_tokens
+        elif sec == "policy":
+            chosen, seeds, tokens = spread(prompts, s.prompts), range(1), s.policy_tokens
         else:
             chosen = spread(prompts, s.prompts if sec == "main" else s.sweep_prompts)
             seeds, tokens = range(1), s.max_new_tokens

@@ -24,7 +24,7 @@ from .metrics import round_theory
 
 __all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson"]
 
-RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "params", "sections", "prompt_id", "task", "seed",
+RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "params", "draft_length", "sections", "prompt_id", "task", "seed",
               "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
               "draft_ms", "target_ms", "total_distortion", "logprob", "expected", "answer", "correct", "text"]
 
@@ -105,7 +105,7 @@ def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, A
             p = prompts[j.prompt_id]
             w.writerow(dict(method=j.config.method, label=j.config.label, temperature=j.config.temperature,
                             gamma=j.config.gamma, beta=j.config.beta, sections=" ".join(sections_of[j]),
-                            params=";".join(f"{k}={v:g}" for k, v in j.config.params),
+                            params=";".join(f"{k}={v:g}" for k, v in j.config.params), draft_length=j.config.draft,
                             prompt_id=j.prompt_id, task=p.get("task"), seed=j.seed, max_new_tokens=j.max_new_tokens,
                             tokens_per_s=round(r["new_tokens"] / r["wall_s"], 3) if r["wall_s"] else None,
                             expected=p.get("answer"), **{k: r[k] for k in RUN_FIELDS if k in r}))
@@ -148,7 +148,8 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
     with open(out / "runs.csv", newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             params = tuple((k, float(v)) for k, _, v in (x.partition("=") for x in (r.get("params") or "").split(";") if x))
-            cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]), params)
+            cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]), params,
+                         r.get("draft_length") or "policy")
             job = Job(cfg, int(r["prompt_id"]), int(r["seed"]), int(r["max_new_tokens"]))
             expected = r["expected"] or None
             answer = final_answer(r["text"]) if expected else None

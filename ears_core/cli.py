@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from .rules import RULES
-from .session import RunConfig, Session, summary_rows, summary_text
+from .session import DRAFT_LENGTHS, RunConfig, Session, summary_rows, summary_text
 
 COLOURS = {"accepted": "\033[32m", "pardoned": "\033[1;35m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -47,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, text) in rule_params().items():
         p.add_argument(f"--{name}", type=float, default=None, help=text)
     p.add_argument("--temperature", type=float, default=0.9, help=">= 0; 0 is greedy decoding")
-    p.add_argument("--gamma", "-K", type=int, default=4, help="draft tokens per round (K), >= 1")
+    p.add_argument("--gamma", "-K", type=int, default=4, help="draft tokens per round at most (K), 1-8")
+    p.add_argument("--draft-length", choices=DRAFT_LENGTHS, default="policy",
+                   help="policy: each round drafts what this machine's measured prices say pays (0..K); "
+                   "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate, >= 1")
     p.add_argument("--seed", type=int, default=0, help="seed of the counter-based random draws")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (draft and target alike)")
@@ -66,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     params = {name: getattr(args, name) for name in rule_params() if getattr(args, name) is not None}
     return RunConfig(rule=args.rule, params=params, temperature=args.temperature, gamma=args.gamma,
-                     max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, top_p=args.top_p).validate()
+                     max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, top_p=args.top_p,
+                     draft_length=args.draft_length).validate()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,7 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"[{session.pair.name}; {session.pair.device}]", file=sys.stderr)
+    print(f"[{session.pair.name}; {session.pair.device}; draft length: {cfg.draft_length}]", file=sys.stderr)
+    if cfg.draft_length == "policy":
+        print(f"[this machine: {session.profile_text()}]", file=sys.stderr)
     if colour:
         print(" ".join(f"{c}{k}{RESET}" for k, c in COLOURS.items() if c), file=sys.stderr)
     with torch.inference_mode():

@@ -174,27 +174,36 @@ class Calibration:
 
 
 class RunningPrices:
-    """A PriceCurve kept current from measured rounds: each V(m), d and o is an exponential moving
-    average (weight ``alpha`` for a new sample) seeded by the measured profile."""
+    """A PriceCurve kept current from measured rounds. Each V(m), d and o is a running mean over
+    its samples until it has ``1 / alpha`` of them, then an exponential moving average (weight
+    ``alpha`` for a new sample). The measured V(m) count as ``measured_weight`` samples; the draft
+    and overhead prices of a fresh profile are guesses (weight 0: the first round replaces them)."""
 
-    def __init__(self, prices: PriceCurve, alpha: float = 0.1) -> None:
+    def __init__(self, prices: PriceCurve, alpha: float = 0.1, measured_weight: int = 5) -> None:
         self.curve = PriceCurve(list(prices.verify_ms), prices.draft_ms, prices.overhead_ms, prices.key,
                                 prices.measured_at)
         self.alpha = alpha
+        self._n_verify = [measured_weight] * prices.max_m
+        self._n_draft = 0 if prices.measured_at else measured_weight
+        self._n_overhead = 0
 
-    def _ema(self, old: float, new: float) -> float:
-        return (1 - self.alpha) * old + self.alpha * new
+    def _mix(self, old: float, new: float, n: int) -> float:
+        w = max(self.alpha, 1.0 / (n + 1))
+        return (1 - w) * old + w * new
 
     def observe(self, k: int, draft_ms: float, verify_ms: float, overhead_ms: float) -> None:
         """One round with k drafts: its draft time (all steps), verify pass and overhead, in ms."""
         c = self.curve
         m = k + 1
         if m <= c.max_m and verify_ms > 0:
-            c.verify_ms[m - 1] = self._ema(c.verify_ms[m - 1], verify_ms)
+            c.verify_ms[m - 1] = self._mix(c.verify_ms[m - 1], verify_ms, self._n_verify[m - 1])
+            self._n_verify[m - 1] += 1
         if k > 0 and draft_ms >= 0:
-            c.draft_ms = self._ema(c.draft_ms, draft_ms / k)
+            c.draft_ms = self._mix(c.draft_ms, draft_ms / k, self._n_draft)
+            self._n_draft += 1
         if overhead_ms >= 0:
-            c.overhead_ms = self._ema(c.overhead_ms, overhead_ms)
+            c.overhead_ms = self._mix(c.overhead_ms, overhead_ms, self._n_overhead)
+            self._n_overhead += 1
 
 
 # ------------------------------------------------------------------------------------ policy
@@ -207,13 +216,16 @@ class DraftPolicy:
     beats stopping at i - 1. With every a known this reaches exactly ``best_k``.
 
     fixed: send K drafts every round (the old behaviour, for comparison).
+    threshold: verify position i while its estimate is at least this (the old fixed confidence
+        threshold, but asked before the draw), ignoring the prices.
     """
 
-    def __init__(self, prices: RunningPrices | PriceCurve, max_k: int, *, prior: float = 0.5, fixed: bool = False) -> None:
+    def __init__(self, prices: RunningPrices | PriceCurve, max_k: int, *, prior: float = 0.5, fixed: bool = False,
+                 threshold: float | None = None) -> None:
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
         self.prices = prices if isinstance(prices, RunningPrices) else RunningPrices(prices)
-        self.max_k, self.prior, self.fixed = max_k, prior, fixed
+        self.max_k, self.prior, self.fixed, self.threshold = max_k, prior, fixed, threshold
 
     @property
     def curve(self) -> PriceCurve:
@@ -229,6 +241,8 @@ class DraftPolicy:
             return False
         if self.fixed:
             return True
+        if self.threshold is not None:
+            return a_known[-1] >= self.threshold
         seen = list(a_known)
         stop_value = round_value(seen[:-1], self.curve)[i - 1]
         rest = list(future)[: limit - i] if future is not None else [self.prior] * (limit - i)
@@ -248,20 +262,17 @@ class DraftPolicy:
 
 def profile_key(model: torch.nn.Module, extra: str = "") -> str:
     p = next(model.parameters())
-    name = getattr(model.config, "_name_or_path", "") or type(model).__name__
-    return f"{Path(str(name)).name}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}{extra}"
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
+    cfg = model.config.get_text_config()
+    name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
+    shape = f"{getattr(cfg, 'num_hidden_layers', '?')}x{getattr(cfg, 'hidden_size', '?')}x{getattr(cfg, 'vocab_size', '?')}"
+    return f"{name}|{shape}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}{extra}"
 
 
 @torch.inference_mode()
 def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
                    repeats: int = 5, vocab: int | None = None, key: str = "") -> PriceCurve:
-    """V(1) .. V(max_m) of ``target`` on a cache of ``cache_len`` tokens, median of ``repeats``
-    (interleaved over m, after a warm-up), in milliseconds. ``drafter_ms``: a measured draft
+    """V(1) .. V(max_m) of ``target`` on a cache of ``cache_len`` tokens, the fastest of ``repeats``
+    (interleaved over m, after a warm-up: another job on the cores only ever adds time), in ms. ``drafter_ms``: a measured draft
     step (else 5 % of a step until the rounds measure it)."""
     from transformers import DynamicCache
 
@@ -284,7 +295,7 @@ def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, 
             cache.crop(-m)
             if r > 0:  # the first pass over every m is the warm-up
                 times[m].append(clock.ms(t0, t1))
-    verify = [_median(times[m]) for m in range(1, max_m + 1)]
+    verify = [min(times[m]) for m in range(1, max_m + 1)]
     for m in range(1, max_m):  # a longer pass never costs less than a shorter one
         verify[m] = max(verify[m], verify[m - 1])
     return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,

@@ -9,40 +9,44 @@ RunConfig   one request's settings: rule name and its parameters (from the regis
 Session     a loaded ``ModelPair`` and what runs on it: ``speculative()`` and ``baseline()``
             return ``decoding.Generation`` objects (a fresh drafter per generation, the decode
             clock, an optional deadline); clean target-only baselines are cached per request.
-contended   a run that overlapped another decode in this process: two decodes on the same cores
-            time each other, so such a run is labelled and its baseline is never cached.
-Background  a Generation decoded in a thread of its own, to completion, a deadline or ``stop()``;
-            a UI reads ``events`` at its own frame rate and never slows the decode loop.
+contended   a run that overlapped another decode (``runs``): labelled, its baseline never cached.
+policy      how many drafts each round sends (``costs.DraftPolicy``): from this machine's price
+            curve (measured once per model, device, dtype and threads, cached, and kept current
+            from every finished run) and a confidence calibration per rule and temperature (also
+            learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
+            K) or "threshold" (stop when the draft's confidence falls below 0.35).
 summary     ``summary_rows()``: the one list of (metric, value) the app renders as a table and
             the CLI prints as text.
 record      ``run_record()``: one run as plain data (settings, metrics, baseline, events, rounds):
             what the app shows as raw metrics and ``export_run()`` writes.
-PairSlot    the one pair a server holds in memory: chosen by (target, draft spec), loaded on first
-            use, switched with the tokenizers checked first; a switch starts a new Session (its
-            cached baselines belong to the old pair).
 """
 
 from __future__ import annotations
 
 import csv
-import gc
 import json
 import os
 import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
+from .costs import Calibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
 from .decoding import Generation, autoregressive_stream, stream
 from .metrics import GenerationStats
-from .models import ModelPair, check_pair, describe_device, load_pair, resolve_draft
+from .models import ModelPair, describe_device
 from .rules import AcceptanceRule, GreedyRule, make_rule, rule_spec
-from .settings import Settings
+from .runs import ACTIVITY, ActivityLog, Background, Tracked
 
-__all__ = ["RunConfig", "Session", "Background", "summary_rows", "summary_markdown", "summary_text",
-           "export_run", "run_record", "ActivityLog", "PairSlot"]
+__all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "summary_rows", "summary_markdown",
+           "summary_text", "export_run", "run_record", "DRAFT_LENGTHS"]
+
+DRAFT_LENGTHS = ("policy", "fixed", "threshold")
+THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
+MAX_K = 8
+STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
 
 
 @dataclass
@@ -57,9 +61,12 @@ class RunConfig:
     seed: int = 0
     top_k: int | None = None
     top_p: float | None = None
+    draft_length: str = "policy"  # "policy": the measured cost model; "fixed": always K; "threshold"
 
     def validate(self) -> "RunConfig":
         rule_spec(self.rule)  # unknown name: a ValueError listing the registered rules
+        if self.draft_length not in DRAFT_LENGTHS:
+            raise ValueError(f"draft length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
         for name, value in self.params.items():
             if value is None or value != value:
                 raise ValueError(f"the rule parameter {name} must be a number, got {value!r}")
@@ -67,8 +74,8 @@ class RunConfig:
             raise ValueError(f"beta must be >= 0 (0 is the ordinary lossless rule), got {self.params['beta']!r}")
         if self.temperature is None or self.temperature != self.temperature or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy decoding), got {self.temperature!r}")
-        if not isinstance(self.gamma, int) or self.gamma < 1:
-            raise ValueError(f"K (drafts per round) must be a whole number >= 1, got {self.gamma!r}")
+        if not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_K:
+            raise ValueError(f"K (drafts per round) must be a whole number from 1 to {MAX_K}, got {self.gamma!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max new tokens must be a whole number >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -88,113 +95,23 @@ class RunConfig:
                     top_k=self.top_k, top_p=self.top_p)
 
 
-class ActivityLog:
-    """Which decodes run now in this process; a decode that overlaps another is contended."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._active: list[dict[str, bool]] = []
-
-    def begin(self) -> dict[str, bool]:
-        with self._lock:
-            mark = {"contended": bool(self._active)}
-            for other in self._active:
-                other["contended"] = True
-            self._active.append(mark)
-            return mark
-
-    def end(self, mark: dict[str, bool]) -> None:
-        with self._lock:
-            if mark in self._active:
-                self._active.remove(mark)
-
-    @property
-    def active(self) -> int:
-        with self._lock:
-            return len(self._active)
-
-
-ACTIVITY = ActivityLog()  # one per process: every Session's decodes share the cores
-
-
-class Tracked:
-    """A Generation whose decoding is registered with the activity log while it runs."""
-
-    def __init__(self, gen: Generation, activity: ActivityLog) -> None:
-        self.gen, self._activity, self._mark = gen, activity, None
-        self.contended = False
-
-    def __iter__(self) -> Iterator[Any]:
-        self._mark = self._activity.begin()
-        try:
-            for ev in self.gen:
-                yield ev
-        finally:
-            self._activity.end(self._mark)
-            self.contended = self._mark["contended"]
-
-    def __getattr__(self, name: str) -> Any:  # events, steps, samples, decode_s, stats(), result()
-        return getattr(self.gen, name)
-
-
-class Background:
-    """Decode a Generation in a thread of its own; read ``events`` while it runs.
-
-    ``wait(timeout)`` returns True once decoding ended (finished, deadline, ``stop()`` or an
-    error, re-raised by ``result()``). The decode clock is the Generation's own."""
-
-    def __init__(self, tracked: Tracked) -> None:
-        self.tracked = tracked
-        self.gen = tracked.gen
-        self._stop = threading.Event()
-        self._done = threading.Event()
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, daemon=True)
-        self._thread.start()
-
-    def _work(self) -> None:
-        try:
-            with torch.inference_mode():
-                for _ in self.tracked:
-                    if self._stop.is_set():
-                        break
-        except BaseException as exc:  # shown by result(); never kills the server
-            self.error = exc
-        finally:
-            self._done.set()
-
-    @property
-    def events(self) -> list[Any]:
-        return self.gen.events
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    @property
-    def contended(self) -> bool:
-        return self.tracked.contended
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return self._done.wait(timeout)
-
-    def result(self) -> Any:
-        self._done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.gen.result()
-
-
 class Session:
-    """One loaded pair and the runs made on it (see the module's terms)."""
+    """One loaded pair and the runs made on it (see the module's terms).
 
-    def __init__(self, pair: ModelPair, activity: ActivityLog | None = None) -> None:
+    prices: this machine's price curve for the target (``costs.load_or_measure`` on first use,
+    then kept current from every finished speculative run); calibrations: drafter confidence ->
+    acceptance, one per (rule, temperature), learnt from the runs."""
+
+    def __init__(self, pair: ModelPair, activity: ActivityLog | None = None, prices: PriceCurve | None = None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
         self.pair = pair
         self.activity = activity or ACTIVITY
         self._baselines: dict[tuple, GenerationStats] = {}
+        self._calibrations: dict[tuple[str, float], Calibration] = {}
+        self._prices = RunningPrices(prices) if prices is not None else None
+        self._measured_step: float | None = prices.step_ms if prices is not None else None
+        self._refresh = False  # the rounds disagree with the cached profile: measure again
+        self._cache_dir = cache_dir
         self._lock = threading.Lock()
 
     def encode(self, prompt: Any, chat: bool = True) -> torch.Tensor:
@@ -213,13 +130,70 @@ class Session:
     def _common(self) -> dict[str, Any]:
         return dict(tokenizer=self.pair.tokenizer, vocab_size=self.pair.vocab_size)
 
+    @property
+    def prices(self) -> PriceCurve:
+        """The price curve in force (measured on first use: a few seconds, then cached on disk)."""
+        with self._lock:
+            if self._prices is None or self._refresh:
+                curve = load_or_measure(self.pair.target, max_m=MAX_K + 1, cache_dir=self._cache_dir,
+                                        refresh=self._refresh)
+                self._prices, self._measured_step, self._refresh = RunningPrices(curve), curve.step_ms, False
+            return self._prices.curve
+
+    def warm_up(self, tokens: int = 24) -> None:
+        """Measure the prices (if not cached) and run one short speculative generation with K = 2:
+        the first kernels run, and the draft step and per-round overhead are measured."""
+        self.prices  # noqa: B018  (measured on first use)
+        if self.pair.draft is None:
+            return
+        ids = self.encode("Say hello in one short sentence.")
+        run = self.speculative(ids, RunConfig(rule="standard", params={}, gamma=2, max_new_tokens=tokens,
+                                              draft_length="fixed"))
+        for _ in run:
+            pass
+
+    def profile_text(self) -> str:
+        return describe(self.prices)
+
+    def policy_for(self, rule: AcceptanceRule, temperature: float, gamma: int, draft_length: str
+                   ) -> dict[str, Any]:
+        """``stream`` keyword arguments for a draft-length mode: a policy on a snapshot of the
+        prices (a run's decisions do not change with timings taken during it) and a copy of the
+        calibration for (rule, temperature)."""
+        if draft_length == "fixed":
+            return {}
+        curve = self.prices
+        if draft_length == "threshold":  # raw confidence: 100 bins, a prior no run can move
+            calib = Calibration(bins=100, prior_weight=1e12)
+        else:
+            with self._lock:
+                calib = self._calibrations.setdefault((rule.describe(), temperature), Calibration()).copy()
+        policy = DraftPolicy(PriceCurve(list(curve.verify_ms), curve.draft_ms, curve.overhead_ms, curve.key,
+                                        curve.measured_at), gamma,
+                             threshold=THRESHOLD if draft_length == "threshold" else None)
+        return dict(policy=policy, calibration=calib)
+
+    def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None) -> None:
+        """Fold a finished run into the session: its rounds' timings into the running prices, its
+        calibration (learnt during the run) into the one for (rule, temperature)."""
+        with self._lock:
+            if self._prices is not None:
+                for st in gen.steps:
+                    self._prices.observe(st.drafted, st.draft_ms, st.target_ms, st.overhead_ms)
+                step, measured = self._prices.curve.step_ms, self._measured_step
+                if measured and len(gen.steps) >= 8 and not 1 / STALE < step / measured < STALE:
+                    self._refresh = True  # e.g. measured while another job held the cores
+            if calibration is not None and calibration.prior_weight < 1e9:
+                self._calibrations[(rule.describe(), temperature)] = calibration
+
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
-        """The speculative run of ``cfg`` on ``ids`` with a fresh drafter (iterate it, or run it in
-        ``Background``)."""
+        """The speculative run of ``cfg`` on ``ids`` with a fresh drafter and the draft-length
+        policy of ``cfg.draft_length`` (iterate it, or run it in ``Background``)."""
         rule, temperature = cfg.validate().rule_and_temperature()
+        extra = self.policy_for(rule, temperature, cfg.gamma, cfg.draft_length)
         gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, gamma=cfg.gamma,
-                     deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common())
-        return Tracked(gen, self.activity)
+                     deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common(), **extra)
+        return Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
 
     def baseline(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """Target-only decoding of the same request (same temperature, seed, length)."""
@@ -248,82 +222,6 @@ class Session:
     def clear(self) -> None:
         with self._lock:
             self._baselines.clear()
-
-
-class PairSlot:
-    """The one pair in memory (see the module's terms), thread-safe.
-
-    ``settings`` give the configured pair and how to load (device, cache, downloads);
-    ``default_loader()`` loads the configured pair instead (tests inject a tiny one) and
-    ``loader(target, draft)`` any other (default ``models.load_pair`` on the settings)."""
-
-    def __init__(self, settings: Settings | None = None, default_loader: Callable[[], ModelPair] | None = None,
-                 loader: Callable[[str, str | None], ModelPair] | None = None,
-                 activity: ActivityLog | None = None) -> None:
-        self.settings = settings or Settings()
-        self.default: tuple[str, str | None] = (self.settings.target, self.settings.draft)
-        self.choice = self.default  # the pair in memory, or the one to load on first use
-        self._default_loader, self._loader, self._activity = default_loader, loader or self._load_pair, activity
-        self._session: Session | None = None
-        self._lock = threading.Lock()
-
-    def _load_pair(self, target: str, draft: str | None) -> ModelPair:
-        s = self.settings
-        return load_pair(target, draft, device=s.torch_device, cache_dir=s.cache, allow_download=s.allow_download)
-
-    @staticmethod
-    def same(a: tuple[str, str | None], b: tuple[str, str | None]) -> bool:
-        """Whether two (target, draft spec) choices name one pair once "auto" is resolved."""
-        return a[0] == b[0] and resolve_draft(*a) == resolve_draft(*b)
-
-    def _injected(self, choice: tuple[str, str | None]) -> bool:
-        return self._default_loader is not None and self.same(choice, self.default)
-
-    def _load(self, choice: tuple[str, str | None]) -> Session:
-        pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
-        return Session(pair, self._activity)
-
-    def session(self) -> Session:
-        """The Session on the chosen pair, loading it on first use."""
-        with self._lock:
-            if self._session is None:
-                self._session = self._load(self.choice)
-            return self._session
-
-    @property
-    def loaded(self) -> Session | None:
-        return self._session
-
-    def switch(self, target: str, draft: str | None, check: bool = True,
-               progress: Callable[[str], Any] | None = None) -> Session:
-        """Make (target, draft) the pair in memory. The tokenizers are checked first (seconds), so a
-        pair that is not cached or does not match fails while the current pair stays; then the
-        current pair is dropped before the new one loads. If that load fails, the previous choice
-        loads again on the next ``session()``."""
-        choice = (target, draft)
-        with self._lock:
-            if self._session is not None and self.same(choice, self.choice):
-                return self._session
-            if check and not self._injected(choice):
-                check_pair(target, draft, cache_dir=self.settings.cache, allow_download=self.settings.allow_download)
-            previous, self._session = self.choice, None
-            _free_memory()
-            if progress is not None:
-                progress(f"loading {target}" + ("" if draft is None else f" <- {draft}"))
-            try:
-                self._session = self._load(choice)
-            except BaseException:
-                self.choice = previous
-                _free_memory()
-                raise
-            self.choice = choice
-            return self._session
-
-
-def _free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 # ------------------------------------------------------------------------------------ the summary
@@ -373,12 +271,11 @@ def run_record(result: Any, cfg: RunConfig, *, prompt: str, model: str, device: 
     rule, temperature = cfg.rule_and_temperature()
     settings = {"prompt": prompt, "rule": rule.describe(), **cfg.params, "temperature": temperature,
                 "K": cfg.gamma, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k": cfg.top_k,
-                "top_p": cfg.top_p, "model": model, "device": device}
+                "top_p": cfg.top_p, "draft_length": cfg.draft_length, "model": model, "device": device}
     return {"settings": settings, "stats": stats.to_dict(), "baseline_tokens_per_s": baseline_tps,
             "speedup": stats.tokens_per_s / baseline_tps if baseline_tps else None,
             "contended": contended, "timed_out": result.timed_out, "text": result.text,
             "events": [e.to_dict() for e in result.events], "steps": [s.to_dict() for s in result.steps]}
-
 
 
 def export_run(run: dict[str, Any], folder: str | os.PathLike | None = None) -> tuple[str, str]:

@@ -39,11 +39,12 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     rc = bench.main(["--target", str(target), "--draft", str(draft), "--device", "cpu", "--prompts", "3",
                      "--sweep-prompts", "2", "--max-new-tokens", "10", "--fidelity-tokens", "10",
                      "--fidelity-seeds", "2", "--betas", "0.1,0.5", "--temperatures", "0.6,1.2",
-                     "--gammas", "1,2", "--out", str(out), "--frontier", FRONTIER_SMALL,
+                     "--gammas", "1,2", "--out", str(out), "--frontier", FRONTIER_SMALL, "--draft-length", "fixed",
+                     "--policy-tokens", "10", "--policy-gammas", "1,2",
                      *(["--images"] if HAS_CHROMIUM else [])])
     assert rc == 0 and torch.is_grad_enabled()  # no global side effect on later tests
     printed = capsys.readouterr().out
-    for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]"):
+    for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]", "[policy]"):
         assert section in printed
     assert "vs target" in printed and "cost-model S" in printed
 
@@ -55,16 +56,23 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     for r in runs:
         assert 1 <= int(r["new_tokens"]) <= 10 and float(r["wall_s"]) > 0 and r["sections"]
         assert float(r["logprob"]) < 0
-    spec = [r for r in runs if r["method"] in ("ordinary", "ears", "typical", "entropy")]
+    spec = [r for r in runs if r["method"] in ("ordinary", "ears", "typical", "entropy") and r["draft_length"] == "fixed"]
     assert all(int(r["drafted"]) > 0 and 0 <= int(r["accepted"]) <= int(r["drafted"]) for r in spec)
     math_rows = [r for r in runs if r["expected"]]
     assert math_rows and all(r["correct"] in ("True", "False") for r in math_rows)
 
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier"}
-    main = {r["config"]: r for r in summary["sections"]["main"]}
+    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier", "policy"}
+    main = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["main"]}
     assert set(main) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.1 T=0.9 K=4", "ears 0.5 T=0.9 K=4",
                          "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4", "assisted T=0.9 K=4"}
+    policy = {r["config"] for r in summary["sections"]["policy"]}
+    assert policy == {"target T=0 K=0", "ordinary T=0 K=4", "ordinary [fixed] T=0 K=1", "ordinary [fixed] T=0 K=2",
+                      "ordinary [threshold] T=0 K=4", "target T=0.9 K=0", "ordinary T=0.9 K=4",
+                      "ordinary [fixed] T=0.9 K=1", "ordinary [fixed] T=0.9 K=2", "ordinary [threshold] T=0.9 K=4",
+                      "ears 0.1 T=0.9 K=4", "ears 0.1 [fixed] T=0.9 K=1", "ears 0.1 [fixed] T=0.9 K=2",
+                      "ears 0.1 [threshold] T=0.9 K=4"}
+    assert {r["draft_length"] for r in runs} == {"policy", "fixed", "threshold"}
     assert main["target T=0.9 K=0"]["ratio"] == 1.0
     for key in ("ordinary T=0.9 K=4", "ears 0.5 T=0.9 K=4", "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4"):
         row = main[key]
@@ -78,7 +86,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert main["assisted T=0.9 K=4"]["ratio"] > 0
     assert {r["temperature"] for r in summary["sections"]["sweep"]} == {0.6, 1.2}
     assert {r["gamma"] for r in summary["sections"]["k"]} == {0, 1, 2}
-    fid = {r["config"]: r for r in summary["sections"]["fidelity"]}
+    fid = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["fidelity"]}
     assert fid["target T=0.9 K=0"]["agreement"] == 1.0  # target-only agrees with itself
     assert all(len(r["accuracy_ci"]) == 2 for r in fid.values())
     assert summary["assisted"].startswith("transformers assisted generation")
@@ -87,11 +95,11 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
         for name in ("speed", "frontier", "k", "fidelity", "lossy"):
             assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
-    assert html.count("<table>") == 5 and "plotly" in html
+    assert html.count("<table>") == 6 and "plotly" in html
     for div in ("speed", "frontier", "k", "fidelity", "lossy"):
         assert f'id="{div}"' in html
 
-    front = {r["config"]: r for r in summary["sections"]["frontier"]}
+    front = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["frontier"]}
     assert set(front) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.5 T=0.9 K=4", "ears 2 T=0.9 K=4",
                           "ears-entropy 0.5 T=0.9 K=4", "typical eps=0.05 T=0.9 K=4", "fly gate=0 window=1 T=0.9 K=4",
                           "fly gate=1.2 window=1 T=0.9 K=4", "ears-budget epsilon=0.01 T=0.9 K=4",
@@ -145,7 +153,11 @@ def test_plan_shares_runs_between_sections_and_interleaves() -> None:
     assert len(jobs) == len(set(jobs))
     assert set(jobs) == {j for js in by_section.values() for j in js}
     ordinary = Job(Config("ordinary", 0.9, 4), spread(prompts, 3)[0]["id"], 0, s.max_new_tokens)
-    assert all(ordinary in by_section[sec] for sec in ("main", "sweep", "k"))  # one run, three sections
+    assert all(ordinary in by_section[sec] for sec in ("main", "sweep", "frontier"))  # one run, three sections
+    fixed = Job(Config("ordinary", 0.9, 4, draft="fixed"), spread(prompts, 3)[0]["id"], 0, s.max_new_tokens)
+    assert fixed in by_section["k"] and ordinary not in by_section["k"]  # the k section is about fixed K
+    policy = {(j.config.temperature, j.config.draft, j.config.gamma) for j in by_section["policy"] if j.config.method == "ordinary"}
+    assert policy == {(t, d, k) for t in (0.0, 0.9) for d, k in [("policy", 4), ("threshold", 4), *(("fixed", k) for k in (1, 2, 3, 4))]}
     assert [p["task"] for p in spread(prompts, 6)] == ["creative", "qa", "math"] * 2
     assert all(prompts[j.prompt_id].get("answer") for j in by_section["fidelity"])
     assert {j.seed for j in by_section["fidelity"]} == {0, 1}

@@ -78,9 +78,11 @@ def test_break_even_and_values_on_a_known_curve():
 
 
 def test_running_prices_and_calibration_learn_from_rounds():
-    run = RunningPrices(PriceCurve([10.0, 20.0], 1.0, 0.0), alpha=0.5)
-    run.observe(1, draft_ms=3.0, verify_ms=12.0, overhead_ms=2.0)
-    assert run.curve.verify_ms == [10.0, 16.0] and run.curve.draft_ms == 2.0 and run.curve.overhead_ms == 1.0
+    run = RunningPrices(PriceCurve([10.0, 20.0], 1.0, 0.0, measured_at="now"), alpha=0.5, measured_weight=1)
+    run.observe(1, draft_ms=3.0, verify_ms=12.0, overhead_ms=2.0)  # draft and overhead were guesses: replaced
+    assert run.curve.verify_ms == [10.0, 16.0] and run.curve.draft_ms == 3.0 and run.curve.overhead_ms == 2.0
+    run.observe(2, draft_ms=2.0, verify_ms=99.0, overhead_ms=4.0)  # m = 3 is beyond the curve: not used
+    assert run.curve.draft_ms == 2.0 and run.curve.overhead_ms == 3.0 and run.curve.verify_ms == [10.0, 16.0]
     cal = Calibration(bins=4, prior_weight=2.0)
     assert cal(0.9) == pytest.approx(0.875)  # the prior: the bin's centre
     for _ in range(8):

@@ -16,7 +16,8 @@ import torch
 from conftest import tiny_llama
 from ears_core import models as em
 from ears_core.models import AUTO, ModelPair
-from ears_core.session import PairSlot, RunConfig
+from ears_core.pair_slot import PairSlot
+from ears_core.session import RunConfig
 from ears_core.settings import NGRAM, Settings
 from ears_core.studio import build_app
 from ears_core.studio.controls import param_sliders_spec

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from ears_core.models import ModelPair
-from ears_core.session import PairSlot
+from ears_core.pair_slot import PairSlot
 from ears_core.settings import Settings
 
 from . import generate, pairs, race, theory, tpp
@@ -68,7 +68,8 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
                     theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c)
         decode = dict(concurrency_id=DECODE_GROUP, concurrency_limit=settings.concurrency)
         gen_event = gen_tab.go.click(generate.make_generate(slot, controls.names),
-                                     [*controls.request, controls.rule, controls.with_base, *controls.extra],
+                                     [*controls.request, controls.rule, controls.with_base, *controls.extra,
+                                      controls.draft_length],
                                      [outs[n] for n in generate.OUT], api_name="generate", **decode)
         gen_tab.stop.click(None, cancels=[gen_event])
         race_event = race_tab.go.click(race.make_race(slot, controls.names),

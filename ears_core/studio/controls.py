@@ -12,7 +12,7 @@ parameter slider one per parameter name any registered rule takes (``Param``), `
                  rule taking that name, and the callback checks the chosen rule's own range. A slider
                  shows only while a selected rule (Generate's, or either racer) takes it.
 extra params     the sliders after beta: API inputs appended after the fixed ones, so a client that
-                 sends only the fixed inputs gets their defaults.
+                 sends only the fixed inputs gets their defaults; the draft-length choice comes last.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import gradio as gr
 
 from ears_core.rules import RULES, Param
-from ears_core.session import RunConfig
+from ears_core.session import DRAFT_LENGTHS, RunConfig
 from ears_core.settings import Settings
 
 from .errors import Request, check_params, resolve_rule
@@ -75,6 +75,7 @@ class Controls:
     max_new: gr.Number
     seed: gr.Number
     with_base: gr.Checkbox
+    draft_length: gr.Radio
     names: list[str] = field(default_factory=list)  # parameter names in slider order
 
     @property
@@ -118,16 +119,20 @@ def build_controls(settings: Settings) -> Controls:
                 max_new = gr.Number(64, label="max new tokens", precision=0, minimum=1,
                                     maximum=settings.max_new_tokens, elem_id="max_new")
                 seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="seed")
+            draft_length = gr.Radio(list(DRAFT_LENGTHS), value="policy", elem_id="draft_length",
+                                    label="draft length: policy = this machine's prices pick 0..K drafts each round; "
+                                    "fixed = always K; threshold = stop below confidence 0.35")
             with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
-    return Controls(prompt, rule, sliders, temperature, k, max_new, seed, with_base, names=list(sliders))
+    return Controls(prompt, rule, sliders, temperature, k, max_new, seed, with_base, draft_length, names=list(sliders))
 
 
-def run_config(rule_name: Any, req: Request, names: Sequence[str], values: Sequence[Any]) -> RunConfig:
+def run_config(rule_name: Any, req: Request, names: Sequence[str], values: Sequence[Any],
+               draft_length: str | None = "policy") -> RunConfig:
     """The RunConfig of one rule from the request and the slider values (in ``names`` order)."""
     spec = resolve_rule(rule_name)
     params = check_params(spec, dict(zip(names, values)))
     return RunConfig(rule=spec.name, params=params, temperature=req.temperature, gamma=req.k,
-                     max_new_tokens=req.max_new, seed=req.seed).validate()
+                     max_new_tokens=req.max_new, seed=req.seed, draft_length=draft_length or "policy").validate()
 
 
 def run_name(cfg: RunConfig) -> str:

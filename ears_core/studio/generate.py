@@ -22,7 +22,8 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from ears_core import viz
-from ears_core.session import PairSlot, export_run, run_record, summary_markdown, summary_rows
+from ears_core.pair_slot import PairSlot
+from ears_core.session import export_run, run_record, summary_markdown, summary_rows
 
 from .controls import run_config
 from .errors import check_request, fail, message, public_name, timeout_note
@@ -55,6 +56,13 @@ def outcome(res: Any, cfg: Any, prompt: str, session: Any, base_tps: float | Non
     return {**record, "measured": measured}, details
 
 
+def profile_note(session: Any, cfg: Any) -> str:
+    """Which machine profile the draft-length policy used (its price curve), for the summary."""
+    if cfg.draft_length != "policy":
+        return ""
+    return f"\n\n*this machine's profile: {session.profile_text()}*"
+
+
 def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
     """The theory tab at the run's K and measured cost ratio (left as it is when no draft was made)."""
     if stats.cost_ratio is None:
@@ -66,22 +74,26 @@ def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
 def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
     """The ``/generate`` callback; ``names`` are the parameter sliders' names (beta first)."""
 
-    def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, *extra):
-        """Decode one request; any failure, even mid-run, becomes a short message."""
+    def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, *rest):
+        """Decode one request; any failure, even mid-run, becomes a short message. ``rest``: the
+        other parameter sliders, then the draft length."""
         runs = Runs()
+        extra, tail = rest[: len(names) - 1], rest[len(names) - 1 :]
+        draft_length = tail[0] if tail else "policy"
         try:
-            yield from _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, [beta, *extra])
+            yield from _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, [beta, *extra],
+                                 draft_length)
         except Exception as exc:
             yield pack(message=fail(exc))
         finally:  # Stop, a closed page or an error: no decode outlives its request
             runs.stop_all()
 
-    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, values):
+    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, values, draft_length):
         settings = slot.settings
         try:
             req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
                                 max_prompt_chars=settings.max_prompt_chars)
-            cfg = run_config(rule_name, req, names, values)
+            cfg = run_config(rule_name, req, names, values, draft_length)
             session = slot.session()
             ids = session.encode(req.prompt)
         except Exception as exc:  # bad input, model load failure: show it, keep serving
@@ -123,7 +135,8 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
         state, details = outcome(res, cfg, req.prompt, session, base_tps, contended)
         rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note)
         yield pack(tokens=viz.tokens_html(res.events), message=note, tput=viz.throughput_figure(curves),
-                   summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}*",
+                   summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
+                   f"draft length: {cfg.draft_length}*" + profile_note(session, cfg),
                    details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]))
 
     return generate

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ears_core.metrics import GenerationStats
-from ears_core.session import Background, Tracked
+from ears_core.runs import Background, Tracked
 
 FRAME_S = 0.25  # about 4 frames a second
 

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from ears_core.models import AUTO, NGRAM, PRESETS
-from ears_core.session import PairSlot
+from ears_core.pair_slot import PairSlot
 
 from .errors import InputError, fail, public_name
 

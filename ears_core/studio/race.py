@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from ears_core import viz
-from ears_core.session import PairSlot, RunConfig
+from ears_core.pair_slot import PairSlot
+from ears_core.session import RunConfig
 
 from .controls import DEFAULT_RULE, rule_choices, run_config, run_name
 from .errors import check_request, fail, message, timeout_note
@@ -62,7 +63,9 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
         try:
             req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
                                 max_prompt_chars=settings.max_prompt_chars)
-            cfgs = [run_config(r, req, names, values) for r in rules]
+            # K drafts every round for both rules: the same draws at the same positions, so their first
+            # difference is where the rules decided differently (a policy would verify different positions)
+            cfgs = [run_config(r, req, names, values, "fixed") for r in rules]
             base_cfg = RunConfig(rule=RULE_B, params={}, temperature=req.temperature, gamma=req.k,
                                  max_new_tokens=req.max_new, seed=req.seed)
             session = slot.session()

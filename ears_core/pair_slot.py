@@ -1,0 +1,95 @@
+"""The one pair a server holds in memory: chosen by (target, draft spec), loaded on first use,
+switched with the tokenizers checked first; a switch starts a new Session (its cached baselines
+and learnt prices belong to the old pair).
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Any, Callable
+
+import torch
+
+from .models import ModelPair, check_pair, load_pair, resolve_draft
+from .runs import ActivityLog
+from .session import Session
+from .settings import Settings
+
+__all__ = ["PairSlot"]
+
+
+class PairSlot:
+    """The one pair in memory (see the module's terms), thread-safe.
+
+    ``settings`` give the configured pair and how to load (device, cache, downloads);
+    ``default_loader()`` loads the configured pair instead (tests inject a tiny one) and
+    ``loader(target, draft)`` any other (default ``models.load_pair`` on the settings)."""
+
+    def __init__(self, settings: Settings | None = None, default_loader: Callable[[], ModelPair] | None = None,
+                 loader: Callable[[str, str | None], ModelPair] | None = None,
+                 activity: ActivityLog | None = None) -> None:
+        self.settings = settings or Settings()
+        self.default: tuple[str, str | None] = (self.settings.target, self.settings.draft)
+        self.choice = self.default  # the pair in memory, or the one to load on first use
+        self._default_loader, self._loader, self._activity = default_loader, loader or self._load_pair, activity
+        self._session: Session | None = None
+        self._lock = threading.Lock()
+
+    def _load_pair(self, target: str, draft: str | None) -> ModelPair:
+        s = self.settings
+        return load_pair(target, draft, device=s.torch_device, cache_dir=s.cache, allow_download=s.allow_download)
+
+    @staticmethod
+    def same(a: tuple[str, str | None], b: tuple[str, str | None]) -> bool:
+        """Whether two (target, draft spec) choices name one pair once "auto" is resolved."""
+        return a[0] == b[0] and resolve_draft(*a) == resolve_draft(*b)
+
+    def _injected(self, choice: tuple[str, str | None]) -> bool:
+        return self._default_loader is not None and self.same(choice, self.default)
+
+    def _load(self, choice: tuple[str, str | None]) -> Session:
+        pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
+        return Session(pair, self._activity, cache_dir=self.settings.cache)
+
+    def session(self) -> Session:
+        """The Session on the chosen pair, loading it on first use."""
+        with self._lock:
+            if self._session is None:
+                self._session = self._load(self.choice)
+            return self._session
+
+    @property
+    def loaded(self) -> Session | None:
+        return self._session
+
+    def switch(self, target: str, draft: str | None, check: bool = True,
+               progress: Callable[[str], Any] | None = None) -> Session:
+        """Make (target, draft) the pair in memory. The tokenizers are checked first (seconds), so a
+        pair that is not cached or does not match fails while the current pair stays; then the
+        current pair is dropped before the new one loads. If that load fails, the previous choice
+        loads again on the next ``session()``."""
+        choice = (target, draft)
+        with self._lock:
+            if self._session is not None and self.same(choice, self.choice):
+                return self._session
+            if check and not self._injected(choice):
+                check_pair(target, draft, cache_dir=self.settings.cache, allow_download=self.settings.allow_download)
+            previous, self._session = self.choice, None
+            _free_memory()
+            if progress is not None:
+                progress(f"loading {target}" + ("" if draft is None else f" <- {draft}"))
+            try:
+                self._session = self._load(choice)
+            except BaseException:
+                self.choice = previous
+                _free_memory()
+                raise
+            self.choice = choice
+            return self._session
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
