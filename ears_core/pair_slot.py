@@ -50,7 +50,9 @@ class PairSlot:
 
     def _load(self, choice: tuple[str, str | None]) -> Session:
         pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
-        return Session(pair, self._activity, cache_dir=self.settings.cache)
+        session = Session(pair, self._activity, cache_dir=self.settings.cache)
+        session.warm_up()  # the price curve and a short decode, before any request is timed
+        return session
 
     def session(self) -> Session:
         """The Session on the chosen pair, loading it on first use."""

@@ -28,8 +28,9 @@ from .events import DraftRecord, StepRecord, TokenEvent
 from .metrics import expected_tokens_per_step, theoretical_speedup
 
 __all__ = [
-    "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure",
-    "accept_length_figure", "theory_figure", "tokens_html", "legend_html", "summary_markdown",
+    "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure", "price_figure",
+    "rounds_figure",
+    "accept_length_figure", "theory_figure", "tokens_html", "legend_html",
     "first_divergence",
 ]
 
@@ -177,6 +178,44 @@ def theory_figure(k: int, c: float, measured: tuple[float, float | None, float |
     fig.add_hline(y=1.0, line=dict(dash="dot", color="#9ca3af"), row=1, col=2)
     fig.update_xaxes(title_text="acceptance rate a", range=[0, 1])
     fig.update_layout(template="plotly_white", height=340, margin=dict(l=50, r=20, t=50, b=40))
+    return fig
+
+
+def price_figure(curve: Any) -> go.Figure:
+    """This machine's measured price curve (``costs.PriceCurve``): the verify price V(m) in target
+    steps against m new tokens, and (second panel) the acceptance per drafted token at which k
+    drafts pay as much as a plain target step (break-even; 1 where they never do)."""
+    from .costs import break_even_acceptance
+
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("verify price: a target pass over m tokens, in steps",
+                                                        "break-even acceptance for k drafts"))
+    ms = list(range(1, curve.max_m + 1))
+    fig.add_trace(go.Scatter(x=ms, y=[curve.steps(m) for m in ms], mode="lines+markers", name="V(m) / V(1)",
+                             line=dict(color="#111827", width=2)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=ms, y=ms, mode="lines", name="m (no batching gain)",
+                             line=dict(dash="dot", color="#9ca3af")), row=1, col=1)
+    ks = list(range(1, curve.max_m))
+    fig.add_trace(go.Bar(x=ks, y=[break_even_acceptance(curve, k) for k in ks], name="break-even a",
+                         marker_color=KIND_COLOURS["pardoned"]), row=1, col=2)
+    fig.update_xaxes(title_text="m new tokens", dtick=1, row=1, col=1)
+    fig.update_xaxes(title_text="k drafts per round", dtick=1, row=1, col=2)
+    fig.update_yaxes(range=[0, 1], row=1, col=2)
+    fig.update_layout(template="plotly_white", height=320, margin=dict(l=50, r=20, t=50, b=40),
+                      title=dict(text=f"{curve.step_ms:.1f} ms a step · draft step {curve.draft_ms:.2f} ms · "
+                                 f"overhead {curve.overhead_ms:.2f} ms", font=dict(size=12)))
+    return fig
+
+
+def rounds_figure(steps: Sequence[StepRecord]) -> go.Figure:
+    """Each round's decision: the drafts the policy sent (k), the tokens it expected E(k) and the
+    tokens the round emitted. Traces: [k, expected, emitted]."""
+    fig = _fig("Each round: drafts sent, tokens expected and emitted", "round", "tokens")
+    xs = [s.step for s in steps]
+    fig.add_trace(go.Bar(x=xs, y=[s.drafted for s in steps], name="k drafts sent", marker_color="#cbd5e1"))
+    fig.add_trace(go.Scatter(x=xs, y=[s.expected for s in steps], mode="markers", name="expected E(k)",
+                             marker=dict(symbol="circle-open", size=9, color="#111827")))
+    fig.add_trace(go.Scatter(x=xs, y=[s.emitted for s in steps], mode="markers", name="emitted",
+                             marker=dict(size=6, color=KIND_COLOURS["accepted"])))
     return fig
 
 

@@ -141,3 +141,18 @@ def test_figures_from_a_real_run():
     md = summary_markdown(summary_rows(res.stats, baseline_tps=res.stats.tokens_per_s / 2))
     assert "| speedup, measured | 2.00× |" in md and f"{res.stats.pardoned} pardoned" in md
     assert not math.isnan(res.stats.mean_distortion)
+
+
+def test_price_and_rounds_figures():
+    from ears_core.costs import PriceCurve, break_even_acceptance
+
+    curve = PriceCurve([30.0, 31.8, 33.6, 48.0], 1.5, 0.5)
+    fig = viz.price_figure(curve)
+    steps_trace, _, bars = fig.data
+    assert list(steps_trace.y) == pytest.approx([1.0, 1.06, 1.12, 1.6])
+    assert list(bars.x) == [1, 2, 3] and list(bars.y) == pytest.approx([break_even_acceptance(curve, k) for k in (1, 2, 3)])
+    assert 0 < bars.y[0] < bars.y[2] < 1  # the dearer pass needs more acceptance
+    recs = [StepRecord(0, 2, 1, 0, 2, 1.0, 2.0, expected=1.6), StepRecord(1, 0, 0, 0, 1, 0.0, 2.0, expected=1.0)]
+    t = by_name(viz.rounds_figure(recs))
+    assert list(t["k drafts sent"].y) == [2, 0] and list(t["expected E(k)"].y) == [1.6, 1.0]
+    assert list(t["emitted"].y) == [2, 1]

@@ -78,7 +78,7 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
         race_tab.stop.click(None, cancels=[race_event])
         gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],
                              api_name="export")
-        theory.wire(theory_tab, state)
+        theory.wire(theory_tab, state, lambda: slot.loaded)
         controls.follow([controls.rule, race_tab.rule_a, race_tab.rule_b])
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
     demo.ears_slot = slot
