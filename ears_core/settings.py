@@ -26,7 +26,7 @@ HOST                     127.0.0.1   address to bind (0.0.0.0 in the Docker imag
 PORT                     7860        port to bind
 EARS_MAX_NEW_TOKENS      512         upper bound of the max-new-tokens field
 EARS_MAX_PROMPT_CHARS    4000        longest prompt accepted, in characters
-EARS_QUEUE_SIZE          16          requests waiting at most; more are turned away
+EARS_QUEUE_SIZE          64          requests waiting at most; more are turned away
 EARS_CONCURRENCY         1           requests decoded at once (more time each other: a run that
                                      overlapped another is labelled contended, never cached)
 EARS_TIMEOUT_S           120         seconds of decoding per request before it stops
@@ -64,7 +64,7 @@ class Settings:
     port: int = 7860
     max_new_tokens: int = 512
     max_prompt_chars: int = 4000
-    queue_size: int = 16
+    queue_size: int = 64
     concurrency: int = 1
     timeout_s: float = 120.0
     allow_download: bool = False
@@ -136,7 +136,7 @@ class Settings:
             port=number("PORT", 7860, int),
             max_new_tokens=number("EARS_MAX_NEW_TOKENS", 512, int),
             max_prompt_chars=number("EARS_MAX_PROMPT_CHARS", 4000, int),
-            queue_size=number("EARS_QUEUE_SIZE", 16, int),
+            queue_size=number("EARS_QUEUE_SIZE", 64, int),
             concurrency=number("EARS_CONCURRENCY", 1, int),
             timeout_s=number("EARS_TIMEOUT_S", 120.0, float),
             allow_download=flag("EARS_ALLOW_DOWNLOAD", False),

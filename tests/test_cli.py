@@ -33,7 +33,7 @@ def test_demo_streams_an_answer_and_prints_the_metrics(capsys):
 @pytest.mark.slow
 def test_bad_gamma_is_reported(capsys):
     assert main(["--gamma", "0", "--no-baseline"]) == 2
-    assert "K (drafts per round) must be a whole number >= 1" in capsys.readouterr().err
+    assert "K (drafts per round) must be a whole number from 1 to 8" in capsys.readouterr().err
 
 
 def test_importing_the_demo_module_keeps_ears_core_generate_callable(tiny_pair):

@@ -20,7 +20,7 @@ def test_defaults_from_an_empty_environment():
     assert s == Settings()
     assert (s.target, s.draft, s.device, s.torch_device) == ("embedded", AUTO, "auto", None)
     assert (s.host, s.port) == ("127.0.0.1", 7860)
-    assert (s.max_new_tokens, s.max_prompt_chars, s.queue_size, s.concurrency, s.timeout_s) == (512, 4000, 16, 1, 120.0)  # one decode at a time
+    assert (s.max_new_tokens, s.max_prompt_chars, s.queue_size, s.concurrency, s.timeout_s) == (512, 4000, 64, 1, 120.0)  # one decode at a time
     assert s.allow_download is False and s.custom_models is True and s.cache is None
 
 

@@ -1,0 +1,98 @@
+"""Issue 14's app checks on the embedded pair, measured (not a test: timings need a quiet machine).
+
+1. The app's tokens/s through ``gradio_client`` (no browser) against the terminal path (a Session
+   in this process, as ``python -m ears_core.generate`` runs it) for the same prompt, seed and
+   settings, each run several times in turn; the ratio of the medians.
+2. 20 requests sent at once over loopback: all answered, and none of them cached a baseline measured
+   under contention (each summary that measured one says "contended"; the cache stays empty).
+
+    python scripts/measure_app.py [--tokens 64] [--repeats 3] [--burst 20]
+
+Prints one JSON object; state the machine's price curve (it prints it) next to any figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import gradio_client
+import torch
+
+from ears_core.session import RunConfig
+from ears_core.settings import Settings
+from ears_core.studio import LAUNCH_KW, build_app
+from ears_core.studio.controls import param_sliders_spec
+
+PROMPT = "Why do leaves change colour in autumn? Answer in a few sentences."
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--burst", type=int, default=20)
+    ap.add_argument("--draft-length", default="fixed", help="fixed: the same rounds in both paths (deterministic)")
+    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, default=1, help="EARS_CONCURRENCY of the app (2: runs overlap)")
+    a = ap.parse_args()
+    demo = build_app(settings=Settings(queue_size=max(64, 2 * a.burst), concurrency=a.concurrency))
+    slot = demo.ears_slot
+    session = slot.session()  # loads and warms up the embedded pair
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
+    client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+    extras = [p.default for p in param_sliders_spec()[1:]]
+
+    def app_run(seed: int = 0, baseline: bool = False) -> dict:
+        out = client.predict(PROMPT, 0.1, 0.9, a.k, a.tokens, seed, "ears", baseline, *extras, a.draft_length,
+                             api_name="/generate")
+        return {"details": out[7], "summary": out[2]}
+
+    cfg = RunConfig(rule="ears", params={"beta": 0.1}, temperature=0.9, gamma=a.k, max_new_tokens=a.tokens,
+                    seed=0, draft_length=a.draft_length)
+    ids = session.encode(PROMPT)
+
+    def terminal_run() -> float:
+        run = session.speculative(ids, cfg)
+        with torch.inference_mode():
+            for _ in run:
+                pass
+        return run.gen.stats().tokens_per_s
+
+    app_run()  # warm the HTTP path
+    app_tps, term_tps = [], []
+    for _ in range(a.repeats):
+        term_tps.append(terminal_run())
+        app_tps.append(app_run()["details"]["stats"]["tokens_per_s"])
+    session.clear()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(a.burst) as pool:
+        results = list(pool.map(lambda s: app_run(seed=s, baseline=True), range(a.burst)))
+    burst_s = time.perf_counter() - t0
+    answered = sum(1 for r in results if r["details"] and r["details"]["stats"]["new_tokens"] > 0)
+    contended = sum(1 for r in results if "contended" in (r["summary"] or ""))
+    clean = sum(1 for r in results if r["details"] and not r["details"]["contended"])
+    cached = len(session._baselines)
+    print(json.dumps({
+        "machine": session.profile_text(), "draft_length": a.draft_length, "K": a.k, "tokens": a.tokens,
+        "terminal_tokens_per_s": [round(x, 2) for x in term_tps], "app_tokens_per_s": [round(x, 2) for x in app_tps],
+        "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3),
+        "burst": {"sent": a.burst, "concurrency": a.concurrency, "answered": answered,
+                  "labelled_contended": contended, "clean": clean,
+                  "baselines_cached": cached, "seconds": round(burst_s, 1)},
+    }, indent=1))
+    demo.close()
+
+
+if __name__ == "__main__":
+    main()
