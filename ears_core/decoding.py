@@ -15,7 +15,13 @@ draws          derived from (seed, output position) per stream (see sampling.py)
                the same prompt and seed make the same decisions until the first position
                where their rules disagree.
 host syncs     one per round (the verdict, needed to cut the caches and build events) and one
-               per token for target-only decoding. No ``.item()`` per position.
+               per token for target-only decoding. No ``.item()`` per position. With a draft-length
+               policy, one more per drafted position (the drafter's confidence, read before the draw).
+policy         (``costs.DraftPolicy``) each round sends the drafts that pay on this machine. A round
+               that asks the drafter is a probe; when a probe drafts nothing, the next rounds are
+               plain target steps (k = 0, no drafter call, the head's update queued) and the next
+               probe comes 2, then 4, then at most 8 rounds later; a probe that drafts resets it.
+               The schedule depends on past rounds only, so the output is as exact as without it.
 """
 
 from __future__ import annotations
@@ -244,16 +250,20 @@ def _speculative_events(
         drafter.prefill(ids, hidden)
     last = ids[:, -1:]  # (1, 1) the committed token the target has not seen
     produced, step = 0, 0
+    backoff, skip = 1, 0  # the policy's probe schedule (see the module's terms)
     while produced < cfg.max_new_tokens:
         k = min(cfg.gamma, cfg.max_new_tokens - produced - 1)
+        probe = policy is not None and skip == 0 and k > 0
+        if policy is not None and not probe:
+            k, skip = 0, max(skip - 1, 0)
         pos = torch.arange(produced, produced + k + 1, device=dev)  # (k+1,) output positions
         with torch.inference_mode():
             t0 = clock.mark()
             draft_u = counter_uniforms(cfg.seed, pos[:k], Stream.DRAFT)[None]  # (1, k)
-            if policy is None:
+            estimates.clear()
+            if policy is None or k == 0:
                 tokens, dprobs = drafter.propose(k, probs_fn, draft_u)
             else:
-                estimates.clear()
                 policy.prior = calib.mean()
                 tokens, dprobs = drafter.propose(k, probs_fn, draft_u, keep=lambda c, lim=k: keep(c, lim))
             if tokens.shape[1] < k:  # a drafter may stop early (no n-gram match, the policy)
@@ -264,18 +274,24 @@ def _speculative_events(
                          output_hidden_states=need_h)
             tprobs = probs_fn(out.logits)  # (1, k+1, V)
             t2 = clock.mark()
-            v = verify(
-                tprobs, dprobs, tokens, rule,
-                uniforms=counter_uniforms(cfg.seed, pos[:k], Stream.ACCEPT)[None],  # (1, k)
-                sample_uniforms=counter_uniforms(cfg.seed, pos, Stream.TARGET)[None],  # (1, k+1)
-                with_distortion=with_distortion, check=check,
-            )
-            host = _RoundHost.read(v, tokens)  # the round's one host sync
+            if k == 0:  # a plain target step: what verify() does with no drafts, without its bookkeeping
+                next_token, host = _plain_step(rule, tprobs, counter_uniforms(cfg.seed, pos, Stream.TARGET))
+            else:
+                v = verify(
+                    tprobs, dprobs, tokens, rule,
+                    uniforms=counter_uniforms(cfg.seed, pos[:k], Stream.ACCEPT)[None],  # (1, k)
+                    sample_uniforms=counter_uniforms(cfg.seed, pos, Stream.TARGET)[None],  # (1, k+1)
+                    with_distortion=with_distortion, check=check,
+                )
+                next_token, host = v.next_token, _RoundHost.read(v, tokens)  # the round's one host sync
         n = host.num_accepted
         if k > n:
             cache.crop(n - k)  # drop the target's positions for drafts that did not stand
-        drafter.commit(n, v.next_token, out.hidden_states[-1] if need_h else None)  # (1, k+1, d)
-        last = v.next_token.view(1, 1)
+        drafter.commit(n, next_token, out.hidden_states[-1] if need_h else None)  # (1, k+1, d)
+        last = next_token.view(1, 1)
+        if probe:  # a probe that drafted nothing backs off: the next ones come 2, 4, then 8 rounds later
+            backoff = 1 if k > 0 else min(2 * backoff, MAX_BACKOFF)
+            skip = backoff - 1
         events, drafts = host.records(k, produced, step)
         stop = False
         for j, ev in enumerate(events):
@@ -302,6 +318,18 @@ def _speculative_events(
         if stop:
             return
 
+
+
+MAX_BACKOFF = 8  # rounds between the policy's probes at most, while drafting does not pay
+
+
+def _plain_step(rule: AcceptanceRule, tprobs: Tensor, u: Tensor) -> tuple[Tensor, "_RoundHost"]:
+    """A round with no drafts: the token from the rule's bonus distribution at position 0 with the
+    position's target draw, exactly as verify() would emit it. tprobs (1, 1, V), u (1,)."""
+    at = tprobs[:, 0]  # (1, V)
+    tok = sample_with_uniforms(rule.bonus(at), u)  # (1,)
+    p, max_p = torch.stack([at[0, tok[0]], at[0].max()]).double().tolist()  # the round's one host sync
+    return tok, _RoundHost(0, int(tok[0]), p, 0.0, [], [], [], [], [], [], [], [], [max_p])
 
 
 @dataclass

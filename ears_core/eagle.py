@@ -12,8 +12,11 @@ head            one Llama decoder layer and a norm over the z sequence (causal, 
 drafting        after a round the head has consumed true features up to the last committed
                 token; the first draft comes from the head's last output, each further draft
                 feeds back the head's *predicted* feature with the drafted token.
-commit          drop the entries made from predicted features, then feed the target's true
-                features for the kept drafts and the new token (one small batched forward).
+commit          drop the entries made from predicted features, then queue the target's true
+                features for the kept drafts and the new token; the head consumes the queue in one
+                batched forward when it next drafts (``sync``). Rounds that draft nothing (the
+                draft-length policy's plain target steps) thus cost the head nothing until it drafts
+                again, and then one forward for all of them.
 confidence      the head's raw (T = 1) probability mass on its top token at a position, known
                 before that position's token is drawn: what the draft-length policy (costs.py)
                 maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
@@ -29,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,7 @@ class _State:
     cache_len: int  # head entries built from true features
     next_feat: Tensor | None  # (B, d): the head's prediction that scores the next draft token
     proposed: Tensor | None  # (B, k) the last proposal
+    pending: list[tuple[Tensor, Tensor]] = field(default_factory=list)  # committed (features, tokens) not yet fed
 
 
 class EagleDrafter:
@@ -145,6 +149,8 @@ class EagleDrafter:
         """Draft up to k tokens; ``keep(confidence) -> bool`` (optional) is asked before each draw."""
         s = self._s
         assert s is not None, "prefill() first"
+        if k > 0:
+            self.sync()
         b = 1 if s.next_feat is None else s.next_feat.shape[0]
         dev = self.w_sub.device
         self.confidence = []
@@ -173,18 +179,33 @@ class EagleDrafter:
         return s.proposed, torch.stack(probs, dim=1)  # (B, k'), (B, k', V)
 
     @torch.inference_mode()
-    def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
+    def sync(self) -> None:
+        """Feed the queued committed entries to the head in one forward (see ``commit``)."""
         s = self._s
-        assert s is not None and s.proposed is not None, "propose() first"
+        assert s is not None, "prefill() first"
+        if not s.pending:
+            return
+        feats = torch.cat([h for h, _ in s.pending], dim=1)  # (B, n, d)
+        tokens = torch.cat([t for _, t in s.pending], dim=1)  # (B, n)
+        s.pending = []
+        out = self._head(feats, tokens)  # entries (f_L+j, x_L+j+1)
+        s.next_feat = out[:, -1]
+        s.cache_len += tokens.shape[1]
+
+    @torch.inference_mode()
+    def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
+        """Keep the first ``num_accepted`` proposals (none if nothing was proposed this round) and
+        next_token; target_hidden (B, n + 1, d) holds the target's features for them."""
+        s = self._s
+        assert s is not None, "prefill() first"
         built = s.cache.get_seq_length()
         if built > s.cache_len:  # entries made from predicted features
             s.cache.crop(s.cache_len - built)
         if target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states (needs_target_hidden = True)")
-        kept = torch.cat([s.proposed[:, :num_accepted], next_token.reshape(-1, 1)], dim=1)  # (B, n+1)
-        out = self._head(target_hidden[:, : num_accepted + 1], kept)  # entries (f_L+j, x_L+j+1)
-        s.next_feat = out[:, -1]
-        s.cache_len += num_accepted + 1
+        proposed = s.proposed if s.proposed is not None else next_token.reshape(-1, 1)[:, :0]
+        kept = torch.cat([proposed[:, :num_accepted], next_token.reshape(-1, 1)], dim=1)  # (B, n+1)
+        s.pending.append((target_hidden[:, : num_accepted + 1], kept))
         s.proposed = None
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
@@ -203,6 +224,7 @@ class EagleDrafter:
         (the tree's best-first budget decides what is drafted). -> DraftTree"""
         from .trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
 
+        self.sync()
         s = self._s
         assert s is not None, "prefill() first"
         dev = self.w_sub.device

@@ -261,3 +261,17 @@ def test_greedy_with_the_policy_equals_the_targets_greedy_output(tiny_pair):
         assert all(len(s.estimates) == s.drafted and (s.expected is None) == (s.drafted > 0 and False) for s in out.steps)
     drafted = [s.drafted for s in out.steps]
     assert max(drafted) > 0
+
+
+def test_a_policy_that_never_drafts_is_target_only_draw_for_draw(tiny_pair):
+    # k = 0 rounds skip verify() (the plain-step fast path) but use the same draw per position
+    target, draft = tiny_pair
+    dear = DraftPolicy(PriceCurve([10.0 * m for m in range(1, 6)], 1.0, 0.0), max_k=4)
+    for prompt, temperature in ((PROMPTS[0], 0.9), (PROMPTS[2], 1.3)):
+        ref = autoregressive(target, prompt, temperature=temperature, max_new_tokens=20, seed=7)
+        out = generate(target, ModelDrafter(draft), prompt, rule=EARSRule(0.3), gamma=4, temperature=temperature,
+                       max_new_tokens=20, seed=7, policy=dear, calibration=Calibration())
+        assert out.token_ids == ref.token_ids and {e.kind for e in out.events} == {"target"}
+        assert [e.p for e in out.events] == pytest.approx([e.p for e in ref.events], rel=1e-4)
+        probes = [s for s in out.steps if s.estimates or s.drafted]
+        assert not probes  # nothing was drafted; rounds 2-3, 5-8, ... did not even ask the drafter

@@ -51,8 +51,32 @@ def test_incremental_head_state_equals_a_full_recompute(target_and_head):
     with torch.no_grad():
         feats = target(seq[:, :-1], output_hidden_states=True).hidden_states[-1]  # f_0 .. f_{L-1}
         full = head(feats, target.get_input_embeddings()(seq[:, 1:]))  # entries (f_j, x_{j+1})
-    assert drafter._s.cache_len == seq.shape[1] - 1
+    assert drafter._s.pending  # the last round's entries wait for the next draft (one batched forward)
+    drafter.sync()
+    assert drafter._s.cache_len == seq.shape[1] - 1 and not drafter._s.pending
     assert torch.allclose(drafter._s.next_feat, full[:, -1], atol=1e-4)
+
+
+def test_rounds_without_drafts_are_fed_to_the_head_in_one_batch(target_and_head):
+    # Plain target steps (k = 0) only queue their entries; the next proposal feeds them at once and
+    # drafts exactly what a head fed one round at a time would.
+    target, head = target_and_head
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[-1]  # (1, T, d)
+    lazy, eager = EagleDrafter(head, target), EagleDrafter(head, target)
+    for d in (lazy, eager):
+        d.prefill(ids[:, :4], h[:, :3])
+    u = torch.full((1, 2), 0.5)
+    probs_fn = lambda logits: torch.softmax(logits, -1)  # noqa: E731
+    for t in range(4, ids.shape[1]):  # one committed token per round, nothing drafted
+        lazy.commit(0, ids[:, t], h[:, t - 1 : t])
+        eager.commit(0, ids[:, t], h[:, t - 1 : t])
+        eager.sync()
+    assert len(lazy._s.pending) == ids.shape[1] - 4
+    a, pa = lazy.propose(2, probs_fn, u)
+    b, pb = eager.propose(2, probs_fn, u)
+    assert torch.equal(a, b) and torch.allclose(pa, pb, atol=1e-5) and lazy._s.cache_len == eager._s.cache_len
 
 
 def test_save_and_load_round_trip(tmp_path, target_and_head):
