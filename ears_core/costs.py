@@ -151,11 +151,15 @@ class Calibration:
         b = self._bin(conf)
         centre = (b + 0.5) / self.bins
         prior = min(self.prior_scale * centre, 1.0)
+        if self.seen[b] + self.prior_weight <= 0:
+            return prior
         return (self.stood[b] + self.prior_weight * prior) / (self.seen[b] + self.prior_weight)
 
     def mean(self, default: float = 0.4) -> float:
         """The acceptance seen over all bins (``default`` before any evidence)."""
         seen = sum(self.seen)
+        if seen + self.prior_weight <= 0:
+            return default
         return (sum(self.stood) + self.prior_weight * default) / (seen + self.prior_weight)
 
     def copy(self) -> "Calibration":

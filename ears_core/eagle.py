@@ -113,6 +113,7 @@ class EagleDrafter:
     """The Drafter protocol around a DraftHead and the target's embedding and output head."""
 
     needs_target_hidden = True
+    calibration_table: dict | None = None  # confidence -> acceptance counts (assets/.../calibration.json)
 
     def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.head = head

@@ -284,7 +284,11 @@ def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, voca
 
     device = target_model.get_input_embeddings().weight.device
     head = DraftHead.load(_embedded_draft_dir(), dtype=dtype).to(device)
-    return EagleDrafter(head, target_model, vocab_size)
+    drafter = EagleDrafter(head, target_model, vocab_size)
+    calibration = _embedded_draft_dir() / "calibration.json"  # scripts/calibrate_draft.py
+    if calibration.is_file():
+        drafter.calibration_table = json.loads(calibration.read_text())
+    return drafter
 
 
 # ---------------------------------------------------------------- any spec: embedded, hub id, folder

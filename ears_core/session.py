@@ -167,11 +167,24 @@ class Session:
             calib = Calibration(bins=100, prior_weight=1e12)
         else:
             with self._lock:
-                calib = self._calibrations.setdefault((rule.describe(), temperature), Calibration()).copy()
+                key = (rule.describe(), temperature)
+                if key not in self._calibrations:
+                    self._calibrations[key] = self._initial_calibration(temperature)
+                calib = self._calibrations[key].copy()
         policy = DraftPolicy(PriceCurve(list(curve.verify_ms), curve.draft_ms, curve.overhead_ms, curve.key,
                                         curve.measured_at), gamma,
                              threshold=THRESHOLD if draft_length == "threshold" else None)
         return dict(policy=policy, calibration=calib)
+
+    def _initial_calibration(self, temperature: float) -> Calibration:
+        """What the policy assumes before a run of this pair: the drafter's shipped calibration
+        (counts per confidence bin measured on training prompts, ``calibration_table``: "greedy"
+        for T = 0, "sampled" otherwise) when it has one, else the prior (acceptance = confidence)."""
+        table = getattr(self.pair.draft, "calibration_table", None) or {}
+        counts = table.get("greedy" if temperature == 0 else "sampled")
+        if not counts or counts.get("bins") != Calibration().bins:
+            return Calibration()
+        return Calibration(stood=list(counts["stood"]), seen=list(counts["seen"]))
 
     def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None) -> None:
         """Fold a finished run into the session: its rounds' timings into the running prices, its

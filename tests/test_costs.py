@@ -275,3 +275,17 @@ def test_a_policy_that_never_drafts_is_target_only_draw_for_draw(tiny_pair):
         assert [e.p for e in out.events] == pytest.approx([e.p for e in ref.events], rel=1e-4)
         probes = [s for s in out.steps if s.estimates or s.drafted]
         assert not probes  # nothing was drafted; rounds 2-3, 5-8, ... did not even ask the drafter
+
+
+def test_a_session_starts_from_the_drafters_shipped_calibration():
+    from ears_core.session import Session
+
+    table = {"greedy": {"bins": 10, "stood": [0.0] * 9 + [9.0], "seen": [10.0] * 10},
+             "sampled": {"bins": 10, "stood": [5.0] * 10, "seen": [10.0] * 10}}
+    pair = SimpleNamespace(draft=SimpleNamespace(calibration_table=table))
+    session = Session(pair, prices=PriceCurve([10.0, 10.5], 0.5))
+    greedy, sampled = session._initial_calibration(0.0), session._initial_calibration(0.9)
+    assert greedy(0.95) == pytest.approx((9 + 4 * 0.95) / 14) and greedy(0.05) == pytest.approx(4 * 0.05 / 14)
+    assert sampled(0.05) == pytest.approx((5 + 4 * 0.05) / 14)
+    bare = Session(SimpleNamespace(draft=object()), prices=PriceCurve([10.0], 0.5))
+    assert bare._initial_calibration(0.0)(0.55) == pytest.approx(0.55)  # no table: the prior

@@ -1,0 +1,66 @@
+"""The embedded head's calibration: its confidence before a draw -> the chance the draft stands.
+
+Runs the embedded pair with a fixed K on training prompts (``assets/draft_data/prompts.jsonl``,
+never the held-out ``assets/prompts.json``), records (confidence, stood) for every verified draft
+position, and writes ``assets/embedded_draft/calibration.json``: per sampling mode ("greedy" for
+T = 0, "sampled" for T > 0) the counts per confidence bin, which the draft-length policy starts from
+(``costs.Calibration``) and keeps learning. Also prints a reliability table (mean confidence vs
+observed acceptance per bin) for the card.
+
+    python scripts/calibrate_draft.py [--prompts 40] [--tokens 48] [--k 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from ears_core import load_pair
+from ears_core.costs import Calibration, DraftPolicy, PriceCurve
+from ears_core.decoding import stream
+from ears_core.session import RunConfig, Session
+
+ROOT = Path(__file__).resolve().parent.parent
+BINS = 10
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=40)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=ROOT / "assets" / "embedded_draft" / "calibration.json")
+    a = ap.parse_args()
+    rows = [json.loads(line) for line in (ROOT / "assets" / "draft_data" / "prompts.jsonl").read_text().splitlines()]
+    prompts = [r["prompt"] for r in random.Random(0).sample(rows, a.prompts)]
+    session = Session(load_pair())
+    out: dict[str, dict] = {}
+    for mode, temperature in (("greedy", 0.0), ("sampled", 0.9)):
+        cal = Calibration(bins=BINS, prior_weight=0.0)  # the decode loop records into it
+        # always K drafts, each position's confidence recorded: a policy that always keeps going
+        policy = DraftPolicy(PriceCurve([1.0] * (a.k + 1), 0.0), a.k, fixed=True)
+        for i, prompt in enumerate(prompts):
+            cfg = RunConfig(rule="standard", params={}, temperature=temperature, gamma=a.k, max_new_tokens=a.tokens,
+                            seed=i)
+            rule, t = cfg.rule_and_temperature()
+            gen = stream(session.pair.target, session.pair.new_drafter(), session.encode(prompt), rule=rule,
+                         gamma=a.k, tokenizer=session.pair.tokenizer, vocab_size=session.pair.vocab_size,
+                         policy=policy, calibration=cal, **cfg.sampling_kwargs(t))
+            with torch.inference_mode():
+                gen.result()
+        out[mode] = {"bins": BINS, "stood": cal.stood, "seen": cal.seen}
+        print(f"\n{mode} (T = {temperature}): bin, drafts seen, acceptance")
+        for b in range(BINS):
+            if cal.seen[b]:
+                print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  {int(cal.seen[b]):5d}  {cal.stood[b] / cal.seen[b]:.3f}")
+        print(f"  overall {sum(cal.stood) / max(1, sum(cal.seen)):.3f} over {int(sum(cal.seen))} drafts")
+    out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, source="assets/draft_data/prompts.jsonl")
+    a.out.write_text(json.dumps(out, indent=1))
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()
