@@ -75,6 +75,12 @@ def main() -> None:
         term_tps.append(terminal_run())
         app_tps.append(app_run()["details"]["stats"]["tokens_per_s"])
     session.clear()
+    if a.burst <= 0:
+        print(json.dumps({"machine": session.profile_text(), "terminal_tokens_per_s": [round(x, 2) for x in term_tps],
+                          "app_tokens_per_s": [round(x, 2) for x in app_tps],
+                          "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3)}))
+        demo.close()
+        return
     t0 = time.perf_counter()
     with ThreadPoolExecutor(a.burst) as pool:
         results = list(pool.map(lambda s: app_run(seed=s, baseline=True), range(a.burst)))

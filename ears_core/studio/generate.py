@@ -71,6 +71,9 @@ def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
                 theory_c=round(min(stats.cost_ratio, 1.0), 3))
 
 
+CHART_EVERY = 4  # frames between chart redraws while decoding (about once a second)
+
+
 def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
     """The ``/generate`` callback; ``names`` are the parameter sliders' names (beta first)."""
 
@@ -102,9 +105,10 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
         yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*")
         run = runs.start(session.speculative(ids, cfg, deadline_s=settings.timeout_s))
         label = run.gen.method
-        for _ in frames(run):
+        for i, _ in enumerate(frames(run)):  # tokens every frame; the charts (heavy to build and send) every 4th
             events, steps, samples = snapshot(run)
-            yield pack(tokens=viz.tokens_html(events, cursor=True), **charts(events, steps, cfg.gamma, {label: samples}))
+            figs = charts(events, steps, cfg.gamma, {label: samples}) if i % CHART_EVERY == CHART_EVERY - 1 else {}
+            yield pack(tokens=viz.tokens_html(events, cursor=True), **figs)
         res = run.result()
         note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
         contended, curves = run.contended, {label: list(run.gen.samples)}
