@@ -44,13 +44,34 @@ def main() -> None:
     ap.add_argument("--draft-length", default="fixed", help="fixed: the same rounds in both paths (deterministic)")
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=1, help="EARS_CONCURRENCY of the app (2: runs overlap)")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="serve the app as `python app.py` in a process of its own (as a Space does), so that "
+                    "this script's client does not share the app's interpreter")
     a = ap.parse_args()
-    demo = build_app(settings=Settings(queue_size=max(64, 2 * a.burst), concurrency=a.concurrency))
-    slot = demo.ears_slot
-    session = slot.session()  # loads and warms up the embedded pair
     port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
-    client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+    server = None
+    if a.subprocess:
+        import os
+        import subprocess
+        import sys
+        from ears_core import load_pair
+        from ears_core.session import Session
+        env = dict(os.environ, PORT=str(port), EARS_CONCURRENCY=str(a.concurrency), EARS_QUEUE_SIZE=str(max(64, 2 * a.burst)))
+        server = subprocess.Popen([sys.executable, "app.py"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        session = Session(load_pair())
+        session.warm_up()
+        for _ in range(600):
+            try:
+                client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
+                break
+            except Exception:
+                time.sleep(0.5)
+        demo = None
+    else:
+        demo = build_app(settings=Settings(queue_size=max(64, 2 * a.burst), concurrency=a.concurrency))
+        session = demo.ears_slot.session()  # loads and warms up the embedded pair
+        demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
+        client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
     extras = [p.default for p in param_sliders_spec()[1:]]
 
     def app_run(seed: int = 0, baseline: bool = False) -> dict:
@@ -79,7 +100,7 @@ def main() -> None:
         print(json.dumps({"machine": session.profile_text(), "terminal_tokens_per_s": [round(x, 2) for x in term_tps],
                           "app_tokens_per_s": [round(x, 2) for x in app_tps],
                           "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3)}))
-        demo.close()
+        demo.close() if demo is not None else server.terminate()
         return
     t0 = time.perf_counter()
     with ThreadPoolExecutor(a.burst) as pool:
@@ -88,7 +109,7 @@ def main() -> None:
     answered = sum(1 for r in results if r["details"] and r["details"]["stats"]["new_tokens"] > 0)
     contended = sum(1 for r in results if "contended" in (r["summary"] or ""))
     clean = sum(1 for r in results if r["details"] and not r["details"]["contended"])
-    cached = len(session._baselines)
+    cached = len(session._baselines) if demo is not None else None  # the app's own cache is in its process
     print(json.dumps({
         "machine": session.profile_text(), "draft_length": a.draft_length, "K": a.k, "tokens": a.tokens,
         "terminal_tokens_per_s": [round(x, 2) for x in term_tps], "app_tokens_per_s": [round(x, 2) for x in app_tps],
@@ -97,7 +118,7 @@ def main() -> None:
                   "labelled_contended": contended, "clean": clean,
                   "baselines_cached": cached, "seconds": round(burst_s, 1)},
     }, indent=1))
-    demo.close()
+    demo.close() if demo is not None else server.terminate()
 
 
 if __name__ == "__main__":
