@@ -70,11 +70,12 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
 # ----------------------------------------------------------------------------- per-position charts
 
 
-def confidence_figure(events: Sequence[TokenEvent]) -> go.Figure:
+def confidence_figure(events: Sequence[TokenEvent], show_beta: bool = False) -> go.Figure:
     """max P_target per position, the tolerance the rule applied there (``TokenEvent.tolerance``,
     from verify) shaded below it, and the emitted token's p as markers coloured by kind.
-    Positions without a test (bonus and target tokens) leave a gap in the band.
-    Traces: [max P, tolerance, one per kind]."""
+    Positions without a test (bonus and target tokens) leave a gap in the band. ``show_beta``
+    adds the beta in force at each position, tolerance / (1 - max P) (for a rule that sets beta
+    each round, the distortion budget). Traces: [max P, tolerance, one per kind, beta]."""
     fig = _fig("Target confidence and EARS tolerance", "position", "probability")
     xs = [e.position for e in events]
     fig.add_trace(go.Scatter(x=xs, y=[e.max_p for e in events], name="max P_target", mode="lines",
@@ -87,6 +88,11 @@ def confidence_figure(events: Sequence[TokenEvent]) -> go.Figure:
         if sel:
             fig.add_trace(go.Scatter(x=[e.position for e in sel], y=[e.p for e in sel], mode="markers",
                                      name=f"p ({kind})", marker=dict(color=KIND_COLOURS[kind], size=7)))
+    if show_beta:
+        beta = [e.tolerance / (1.0 - e.max_p) if e.tolerance is not None and e.max_p < 1 - 1e-6 else None
+                for e in events]
+        fig.add_trace(go.Scatter(x=xs, y=beta, name="β in force", mode="lines",
+                                 line=dict(color="#7c3aed", width=1.5, dash="dash")))
     fig.update_yaxes(range=[0, 1.05])
     return fig
 

@@ -156,3 +156,11 @@ def test_price_and_rounds_figures():
     t = by_name(viz.rounds_figure(recs))
     assert list(t["k drafts sent"].y) == [2, 0] and list(t["expected E(k)"].y) == [1.6, 1.0]
     assert list(t["emitted"].y) == [2, 1]
+
+
+def test_the_beta_in_force_is_drawn_for_the_budget_rule(records):
+    events, _ = records
+    plain = by_name(viz.confidence_figure(events))
+    assert "β in force" not in plain
+    beta = by_name(viz.confidence_figure(events, show_beta=True))["β in force"]
+    assert list(beta.y) == pytest.approx([0.01 / 0.1, 0.06 / 0.6, 0.03 / 0.3, None])  # tolerance / (1 - max P)

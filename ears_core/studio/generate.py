@@ -38,8 +38,9 @@ def pack(**kw: Any) -> tuple:
     return tuple(kw.get(name, gr.skip()) for name in OUT)
 
 
-def charts(events: Sequence[Any], steps: Sequence[Any], k: int, runs: dict[str, Any]) -> dict[str, Any]:
-    return dict(conf=viz.confidence_figure(events), ratio=viz.ratio_figure(steps),
+def charts(events: Sequence[Any], steps: Sequence[Any], k: int, runs: dict[str, Any],
+           show_beta: bool = False) -> dict[str, Any]:
+    return dict(conf=viz.confidence_figure(events, show_beta), ratio=viz.ratio_figure(steps),
                 hist=viz.accept_length_figure(steps, k), tput=viz.throughput_figure(runs))
 
 
@@ -105,14 +106,16 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
         yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*")
         run = runs.start(session.speculative(ids, cfg, deadline_s=settings.timeout_s))
         label = run.gen.method
+        budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
         for i, _ in enumerate(frames(run)):  # tokens every frame; the charts (heavy to build and send) every 4th
             events, steps, samples = snapshot(run)
-            figs = charts(events, steps, cfg.gamma, {label: samples}) if i % CHART_EVERY == CHART_EVERY - 1 else {}
+            figs = (charts(events, steps, cfg.gamma, {label: samples}, budget) if i % CHART_EVERY == CHART_EVERY - 1
+                    else {})
             yield pack(tokens=viz.tokens_html(events, cursor=True), **figs)
         res = run.result()
         note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
         contended, curves = run.contended, {label: list(run.gen.samples)}
-        yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.gamma, curves),
+        yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.gamma, curves, budget),
                    summary=summary_markdown(summary_rows(res.stats, contended=contended)))
 
         base_tps, base_note = None, ""
