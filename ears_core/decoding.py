@@ -180,11 +180,17 @@ def _make_config(
 ) -> _Config:
     if not isinstance(gamma, int) or gamma < 1:
         raise ValueError(f"gamma (K, drafts per round) must be an integer >= 1, got {gamma!r}")
+    _check_request(target, ids, max_new_tokens, seed, vocab_size)
+    sampling = SamplingConfig(temperature, top_k, top_p)
+    return _Config(gamma, sampling, max_new_tokens, seed, vocab_size, _eos_set(target, eos_token_id), with_distortion)
+
+
+def _check_request(target: PreTrainedModel, ids: Tensor, max_new_tokens: Any, seed: Any, vocab_size: int) -> None:
+    """The checks every decode loop makes of a request: length, seed, context, token ids."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     if not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {seed!r}")
-    sampling = SamplingConfig(temperature, top_k, top_p)
     limit = getattr(target.config, "max_position_embeddings", None)
     if limit is not None and ids.shape[1] + max_new_tokens > limit:
         raise ValueError(
@@ -193,7 +199,6 @@ def _make_config(
         )
     if int(ids.max()) >= vocab_size or int(ids.min()) < 0:
         raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab_size})")
-    return _Config(gamma, sampling, max_new_tokens, seed, vocab_size, _eos_set(target, eos_token_id), with_distortion)
 
 
 def _shared_vocab(target: PreTrainedModel, draft_vocab: int, vocab_size: int | None) -> int:

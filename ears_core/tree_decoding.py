@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoding import Generation, GenerationResult
-from .drafters import Drafter, ModelDrafter, model_vocab_size
+from .decoding import Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
+from .drafters import Drafter, ModelDrafter
 from .events import DraftRecord, StepRecord, TokenEvent
 from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
@@ -227,22 +227,6 @@ def _round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[l
 # ----------------------------------------------------------------------------- public API
 
 
-def _input_ids(input_ids: Any, device: torch.device) -> Tensor:
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
-    ids = ids.unsqueeze(0) if ids.dim() == 1 else ids
-    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be one non-empty prompt of shape (T,) or (1, T), got {tuple(ids.shape)}")
-    return ids.to(device)
-
-
-def _eos(target: PreTrainedModel, eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
-    if eos_token_id is None:
-        eos_token_id = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
-    if eos_token_id is None:
-        return frozenset()
-    return frozenset([eos_token_id]) if isinstance(eos_token_id, int) else frozenset(int(t) for t in eos_token_id)
-
-
 def tree_stream(
     target: PreTrainedModel,
     drafter: PreTrainedModel | Drafter,
@@ -281,27 +265,12 @@ def tree_stream(
         drafter = ModelDrafter(drafter)
     if drafter is None or not hasattr(drafter, "propose_tree"):
         raise ValueError(f"tree decoding needs a draft model or a drafter with propose_tree(), got {type(drafter).__name__}")
-    target_vocab = model_vocab_size(target)
-    vocab = vocab_size if vocab_size is not None else target_vocab
-    if vocab_size is None and drafter.vocab_size != target_vocab:
-        raise ValueError(f"draft and target vocabularies differ ({drafter.vocab_size} vs {target_vocab} tokens): "
-                         "the models must share a tokenizer, or pass vocab_size=len(tokenizer)")
-    if vocab > min(target_vocab, drafter.vocab_size):
-        raise ValueError(f"vocab_size={vocab} is larger than the target's or the draft's output head")
+    vocab = _shared_vocab(target, drafter.vocab_size, vocab_size)
     if isinstance(drafter, ModelDrafter):
         drafter.vocab_size = vocab
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    ids = _input_ids(input_ids, target.device)
-    if int(ids.max()) >= vocab or int(ids.min()) < 0:
-        raise ValueError(f"input_ids hold token ids outside the vocabulary [0, {vocab})")
-    limit = getattr(target.config, "max_position_embeddings", None)
-    if limit is not None and ids.shape[1] + max_new_tokens > limit:
-        raise ValueError(f"prompt ({ids.shape[1]} tokens) + max_new_tokens ({max_new_tokens}) exceeds the target's "
-                         f"context length ({limit})")
-    cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos(target, eos_token_id),
+    ids = _as_input_ids(input_ids, target.device)
+    _check_request(target, ids, max_new_tokens, seed, vocab)
+    cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos_set(target, eos_token_id),
                   with_distortion, keep)
     steps: list[StepRecord] = []
     trees: list[TreeRecord] = []
