@@ -35,7 +35,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from .costs import expected_tokens
-from .drafters import Drafter, ModelDrafter, model_vocab_size
+from .drafters import Drafter, ModelDrafter, model_vocab_size, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
 from .metrics import GenerationStats, summarize
 from .rules import AcceptanceRule, StandardRule
@@ -251,7 +251,7 @@ def _speculative_events(
         hidden = None
         if ids.shape[1] > 1:
             out = target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_h)
-            hidden = out.hidden_states[-1] if need_h else None  # (1, T-1, d)
+            hidden = target_features(out, drafter)  # (1, T-1, n*d) or None
         drafter.prefill(ids, hidden)
     last = ids[:, -1:]  # (1, 1) the committed token the target has not seen
     produced, step = 0, 0
@@ -292,7 +292,7 @@ def _speculative_events(
         n = host.num_accepted
         if k > n:
             cache.crop(n - k)  # drop the target's positions for drafts that did not stand
-        drafter.commit(n, next_token, out.hidden_states[-1] if need_h else None)  # (1, k+1, d)
+        drafter.commit(n, next_token, target_features(out, drafter))  # (1, k+1, n*d) or None
         last = next_token.view(1, 1)
         if probe:  # a probe that drafted nothing backs off: the next ones come 2, 4, then 8 rounds later
             backoff = 1 if k > 0 else min(2 * backoff, MAX_BACKOFF)

@@ -27,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from .sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "target_features"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -49,6 +49,18 @@ class Drafter(Protocol):
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""
+
+
+def target_features(out: object, drafter: object) -> Tensor | None:
+    """The target's hidden states a drafter reads, from a forward run with output_hidden_states:
+    None if it reads none; else the layers in ``drafter.feature_layers`` (indices into
+    ``out.hidden_states``; default (-1,): the last, after the final norm) side by side,
+    (B, T, n_layers * d)."""
+    if not getattr(drafter, "needs_target_hidden", False):
+        return None
+    layers = tuple(getattr(drafter, "feature_layers", (-1,)))
+    hs = out.hidden_states
+    return hs[layers[0]] if len(layers) == 1 else torch.cat([hs[i] for i in layers], dim=-1)
 
 
 def model_vocab_size(model: PreTrainedModel) -> int:

@@ -25,6 +25,14 @@ confidence      the head's raw (T = 1) probability mass on its top token at a po
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
 
+feature layers  (EAGLE-3's fusion) a head may read several of the target's hidden states at t, not
+                just the last: ``feature_layers`` are indices into the target's ``hidden_states``
+                (0 = embeddings, i = after decoder layer i, -1 or n_layers = after the final
+                norm), the last of them always the final one. Then z_t = fc([f^(1)_t ; .. ;
+                f^(n)_t ; E(x_{t+1})]). The head only predicts the final feature, so an input
+                made from its own prediction (the 2nd and later drafts of a round) has zeros in
+                place of the lower layers; training feeds it the same way.
+
 Only ``fc`` and the decoder layer are trained and shipped; E and W come from the target at load.
 """
 
@@ -61,20 +69,32 @@ def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
 class DraftHead(nn.Module):
     """fc + decoder layer(s) + norm: (features (B, T, d), token embeddings (B, T, d)) -> (B, T, d)."""
 
-    def __init__(self, config: LlamaConfig, vocab_ids: Tensor) -> None:
+    def __init__(self, config: LlamaConfig, vocab_ids: Tensor, feature_layers: tuple[int, ...] = (-1,)) -> None:
         super().__init__()
         d = config.hidden_size
         self.config = config
-        self.fc = nn.Linear(2 * d, d, bias=True)
+        self.feature_layers = tuple(int(i) for i in feature_layers)
+        if not self.feature_layers:
+            raise ValueError("feature_layers must name at least one hidden state of the target (e.g. (-1,))")
+        self.fc = nn.Linear((len(self.feature_layers) + 1) * d, d, bias=True)
         self.body = LlamaModel(config)
         self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=True)  # (N,)
 
+    def inputs(self, feats: Tensor, tok_emb: Tensor) -> Tensor:
+        """z = fc([features ; E(x)]): feats (..., n*d) true features of every feature layer, or
+        (..., d) a predicted final feature (the lower layers then read as zeros) -> (..., d)."""
+        d = self.config.hidden_size
+        missing = len(self.feature_layers) * d - feats.shape[-1]
+        if missing:
+            feats = torch.cat([feats.new_zeros(*feats.shape[:-1], missing), feats], dim=-1)
+        return self.fc(torch.cat([feats, tok_emb], dim=-1))
+
     def forward(self, feats: Tensor, tok_emb: Tensor, cache: DynamicCache | None = None,
                 attention_mask: Tensor | None = None) -> Tensor:
-        z = self.fc(torch.cat([feats, tok_emb], dim=-1))  # (B, T, d)
+        z = self.inputs(feats, tok_emb)  # (B, T, d)
         out = self.body(inputs_embeds=z, past_key_values=cache, use_cache=cache is not None,
                         attention_mask=attention_mask)
-        return out.last_hidden_state  # (B, T, d) predicted next features
+        return out.last_hidden_state  # (B, T, d) predicted next (final) features
 
     # ------------------------------------------------------------------ files
     def save(self, folder: str | Path, meta: dict[str, Any] | None = None) -> None:
@@ -83,7 +103,7 @@ class DraftHead(nn.Module):
         state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
                  for k, v in self.state_dict().items() if not k.startswith("body.embed_tokens")}
         save_file(state, str(folder / "head.safetensors"))
-        info = {"head_config": self.config.to_dict(), "meta": meta or {}}
+        info = {"head_config": self.config.to_dict(), "feature_layers": list(self.feature_layers), "meta": meta or {}}
         (folder / "head.json").write_text(json.dumps(info, indent=1, default=str))
 
     @classmethod
@@ -91,7 +111,7 @@ class DraftHead(nn.Module):
         folder = Path(folder)
         info = json.loads((folder / "head.json").read_text())
         state = load_file(str(folder / "head.safetensors"))
-        head = cls(LlamaConfig.from_dict(info["head_config"]), state["vocab_ids"])
+        head = cls(LlamaConfig.from_dict(info["head_config"]), state["vocab_ids"], tuple(info.get("feature_layers", (-1,))))
         missing, unexpected = head.load_state_dict(state, strict=False)
         bad = [m for m in missing if not m.startswith("body.embed_tokens")]
         if bad or unexpected:
@@ -117,6 +137,7 @@ class EagleDrafter:
 
     def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.head = head
+        self.feature_layers = head.feature_layers  # which of the target's hidden states it reads
         self.embed = target.get_input_embeddings()
         w = target.get_output_embeddings().weight  # (V, d)
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
@@ -237,7 +258,7 @@ class EagleDrafter:
 
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
             parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.w_sub.dtype)  # (m, d)
-            z = self.head.fc(torch.cat([parent_f, self.embed(tree.tokens[ids])], dim=-1))[None]  # (1, m, d)
+            z = self.head.inputs(parent_f, self.embed(tree.tokens[ids]))[None]  # (1, m, d)
             mask = pos = None
             if not (ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))):
                 rows = [i + 1 for i in ids]

@@ -33,7 +33,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from .decoding import Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
-from .drafters import Drafter, ModelDrafter
+from .drafters import Drafter, ModelDrafter, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
 from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
@@ -86,11 +86,11 @@ class TreeGeneration(Generation):
 
 
 def score_tree(target: PreTrainedModel, cache: DynamicCache, last: Tensor, tree: DraftTree,
-               need_hidden: bool = False) -> tuple[Tensor, Tensor | None]:
+               need_hidden: bool = False, layers: Sequence[int] = (-1,)) -> tuple[Tensor, Tensor | None]:
     """One target pass over [last (1, 1), tree nodes] on top of ``cache``.
 
     -> logits (1, N+1, V_model): entry 0 judges the root's children, entry i + 1 those of node i;
-    and the last hidden states (1, N+1, d) if ``need_hidden``."""
+    and, if ``need_hidden``, the hidden states of ``layers`` side by side (1, N+1, len(layers) * d)."""
     ids = torch.cat([last, tree.tokens[None].to(last.device)], dim=1)  # (1, N+1)
     mask = pos = None
     if not tree.is_chain():  # a chain is an ordinary causal pass
@@ -100,7 +100,10 @@ def score_tree(target: PreTrainedModel, cache: DynamicCache, last: Tensor, tree:
         pos = tree_position_ids(tree.depths, length, entries, last.device)
     out = target(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                  output_hidden_states=need_hidden)
-    return out.logits, (out.hidden_states[-1] if need_hidden else None)
+    if not need_hidden:
+        return out.logits, None
+    hs = out.hidden_states
+    return out.logits, (hs[layers[0]] if len(layers) == 1 else torch.cat([hs[i] for i in layers], dim=-1))
 
 
 def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequence[int]) -> None:
@@ -147,7 +150,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
         hidden = None
         if ids.shape[1] > 1:
             out = target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_h)
-            hidden = out.hidden_states[-1] if need_h else None  # (1, T-1, d)
+            hidden = target_features(out, drafter)  # (1, T-1, n*d) or None
         drafter.prefill(ids, hidden)
     last = ids[:, -1:]  # (1, 1)
     produced, step = 0, 0
@@ -159,7 +162,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
                                         greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep)
             t1 = clock.mark()
             prefix = cache.get_seq_length() + 1  # the committed prefix and the root
-            logits, hidden = score_tree(target, cache, last, tree, need_h)
+            logits, hidden = score_tree(target, cache, last, tree, need_h, tuple(getattr(drafter, "feature_layers", (-1,))))
             tprobs = probs_fn(logits)  # (1, N+1, V)
             t2 = clock.mark()
             depth = tree.max_depth

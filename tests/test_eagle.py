@@ -127,3 +127,52 @@ def test_the_draft_length_policy_stops_before_drawing_and_stays_exact(target_and
         if len({s.drafted for s in out.steps[1:]}) > 1:
             mixed.append(slope)
     assert mixed
+
+
+@pytest.fixture(scope="module")
+def target_and_fused_head():
+    """A head reading three of the target's hidden states (EAGLE-3's fusion): layer 1, the
+    embeddings and the final one."""
+    target = tiny_llama(0, vocab=96)
+    torch.manual_seed(6)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2), feature_layers=(1, 0, -1)).eval()
+    return target, head
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_greedy_output_is_the_targets_with_a_fused_head(target_and_fused_head, k):
+    target, head = target_and_fused_head
+    assert head.fc.in_features == 4 * target.config.hidden_size
+    for prompt in PROMPTS:
+        out = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), gamma=k, temperature=0,
+                       max_new_tokens=24)
+        assert out.token_ids == hf_greedy(target, prompt, 24)
+
+
+def test_a_fused_head_reads_its_layers_and_zeros_for_predicted_features(target_and_fused_head):
+    # The incremental state after rounds equals one run over the committed sequence with the
+    # three layers side by side; a d-wide (predicted) input reads as zeros for the lower layers.
+    target, head = target_and_fused_head
+    drafter = EagleDrafter(head, target)
+    res = stream(target, drafter, PROMPTS[2], rule=EARSRule(0.3), gamma=3, temperature=1.0, max_new_tokens=20,
+                 seed=2).result()
+    assert any(s.accepted > 0 for s in res.steps)
+    seq = torch.tensor([PROMPTS[2] + res.token_ids])
+    with torch.no_grad():
+        hs = target(seq[:, :-1], output_hidden_states=True).hidden_states
+        feats = torch.cat([hs[1], hs[0], hs[-1]], dim=-1)  # (1, L, 3d)
+        full = head(feats, target.get_input_embeddings()(seq[:, 1:]))
+        drafter.sync()
+        assert torch.allclose(drafter._s.next_feat, full[:, -1], atol=1e-4)
+        d = target.config.hidden_size
+        f, e = hs[-1][:, :3], target.get_input_embeddings()(seq[:, 1:4])
+        padded = torch.cat([torch.zeros(1, 3, 2 * d), f], dim=-1)
+        assert torch.allclose(head.inputs(f, e), head.inputs(padded, e))
+        assert not torch.allclose(head.inputs(feats[:, :3], e), head.inputs(padded, e))
+
+
+def test_a_fused_head_round_trips_its_layers(tmp_path, target_and_fused_head):
+    _, head = target_and_fused_head
+    head.save(tmp_path / "h")
+    back = DraftHead.load(tmp_path / "h")
+    assert back.feature_layers == (1, 0, -1) and back.fc.in_features == head.fc.in_features

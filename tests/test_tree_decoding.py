@@ -161,8 +161,8 @@ def run_recording(monkeypatch, target, drafter, prompt, **kw):
     passes, roots = [], []
     real_score, real_build = td.score_tree, trees_mod.build_tree
 
-    def score(target_, cache, last, tree, need_hidden=False):
-        logits, hidden = real_score(target_, cache, last, tree, need_hidden)
+    def score(target_, cache, last, tree, need_hidden=False, layers=(-1,)):
+        logits, hidden = real_score(target_, cache, last, tree, need_hidden, layers)
         passes.append((tree, logits[0].clone()))
         return logits, hidden
 
