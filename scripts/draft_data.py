@@ -626,9 +626,19 @@ def run_features(model: Any, tokenizer: Any, store: Path, out: Path, layers: lis
     return {"shards": made, "positions": positions, "active_s": active}
 
 
-def load_feature_rows(folder: Path, layer_slot: int = -1, mmap: bool = True) -> list[dict[str, Any]]:
+def feature_layers(folder: Path) -> list[int]:
+    """The hidden-state indices a feature cache holds, in its slot order."""
+    first = next(iter(sorted(folder.glob("shard-*.idx.npz"))), None)
+    if first is None:
+        raise FileNotFoundError(f"no features in {folder}: run `python scripts/draft_data.py features` first")
+    with np.load(first, allow_pickle=False) as z:
+        return [int(x) for x in z["layers"]]
+
+
+def load_feature_rows(folder: Path, layer_slot: int | slice = -1, mmap: bool = True) -> list[dict[str, Any]]:
     """Rows for scripts/train_draft.py: {"ids" int32 tensor (prompt + answer), "prompt_len",
-    "prompt_id", "round", "feats" (n - 1, d) float16 array (memory-mapped: read when used)}."""
+    "prompt_id", "round", "feats" (n - 1, d) float16 array (memory-mapped: read when used), or
+    (n - 1, slots, d) when ``layer_slot`` is a slice of the cache's layers}."""
     rows = []
     for idx_path in sorted(folder.glob("shard-*.idx.npz")):
         stem = idx_path.name[: -len(".idx.npz")]

@@ -47,19 +47,24 @@ def load_rows(folder: Path) -> list[dict]:
     return rows
 
 
-def split_feature_rows(folder: Path, val_mod: int, val_rows: int, rng: random.Random) -> tuple[list[dict], list[dict]]:
-    """(validation, training) rows of a draft_data.py feature cache, split by prompt, both shuffled."""
+def split_feature_rows(folder: Path, val_mod: int, val_rows: int, rng: random.Random, fused: bool = False
+                       ) -> tuple[list[dict], list[dict], list[int]]:
+    """(validation, training) rows of a draft_data.py feature cache, split by prompt, both
+    shuffled, and the hidden-state indices the head reads: the cache's last layer, or all of its
+    layers side by side when ``fused`` (EAGLE-3)."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from draft_data import load_feature_rows
+    from draft_data import feature_layers, load_feature_rows
 
-    rows = load_feature_rows(folder)
+    layers = feature_layers(folder)
+    rows = load_feature_rows(folder, slice(None) if fused else -1)
+    layers = layers if fused else layers[-1:]
     if not rows:
         sys.exit(f"no features in {folder}: run `python scripts/draft_data.py features` first")
     val = [r for r in rows if r["prompt_id"] % val_mod == 0]
     train = [r for r in rows if r["prompt_id"] % val_mod != 0]
     rng.shuffle(val)
     rng.shuffle(train)
-    return val[:val_rows], train
+    return val[:val_rows], train, layers
 
 
 def take_positions(rows: list[dict], positions: int) -> list[dict]:
@@ -99,17 +104,20 @@ def batches(rows: list[dict], max_tokens: int, rng: random.Random) -> list[list[
 
 
 def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> feats (B, L+1, d) = f_0..f_L, tokens (B, L) = x_1..x_L, mask (B, L) for outputs j whose
-    target token x_{j+2} is an answer token and whose target feature f_{j+1} exists."""
+    """-> feats (B, L+1, n*d) = f_0..f_L (n feature layers side by side, the final one last),
+    tokens (B, L) = x_1..x_L, mask (B, L) for outputs j whose target token x_{j+2} is an answer
+    token and whose target feature f_{j+1} exists."""
     lmax = max(len(r["ids"]) for r in batch) - 1  # feature count of the longest row
-    d = batch[0]["feats"].shape[1]
+    shape = batch[0]["feats"].shape  # (n, d) or (n, layers, d)
+    d = int(np.prod(shape[1:]))
     feats = torch.zeros(len(batch), lmax, d)
     tokens = torch.zeros(len(batch), lmax - 1, dtype=torch.long)
     mask = torch.zeros(len(batch), lmax - 1, dtype=torch.bool)
     for i, r in enumerate(batch):
         n = len(r["ids"]) - 1  # features f_0 .. f_{n-1}
         f = r["feats"]  # (n, d): a float16 tensor (make_draft_data) or a memory-mapped array (draft_data)
-        feats[i, :n] = (torch.from_numpy(np.asarray(f, dtype=np.float32)) if isinstance(f, np.ndarray) else f.float())
+        f = torch.from_numpy(np.asarray(f, dtype=np.float32)) if isinstance(f, np.ndarray) else f.float()
+        feats[i, :n] = f.reshape(n, d)
         tokens[i, : n - 1] = r["ids"][1:n].long()
         j = torch.arange(n - 1)
         mask[i, : n - 1] = j + 2 >= r["prompt_len"]
@@ -117,7 +125,8 @@ def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float):
-    f_in, f_tgt = feats[:, :-1], feats[:, 1:]  # (B, L, d) each
+    d = w_sub.shape[1]
+    f_in, f_tgt = feats[:, :-1], feats[:, 1:, -d:]  # (B, L, n*d) inputs, (B, L, d) final features
     with torch.no_grad():
         logp_t = torch.log_softmax(f_tgt @ w_sub.T, dim=-1)  # (B, L, N) target over the head's vocabulary
         p_t = logp_t.exp()
@@ -126,8 +135,10 @@ def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float):
     for unroll in range(2):
         if unroll == 0:
             x = f_in + noise * torch.randn_like(f_in)
-        else:  # the head's own predictions as inputs, as for the 2nd+ drafts of a round
-            x = torch.cat([f_in[:, :1], preds[:, :-1]], dim=1)
+        else:  # the head's own predictions as inputs, as for the 2nd+ drafts of a round (a fused
+            # head reads zeros for the lower layers there, as at inference: DraftHead.inputs)
+            fed = F.pad(preds[:, :-1], (f_in.shape[-1] - d, 0))  # (B, L-1, n*d)
+            x = torch.cat([f_in[:, :1], fed], dim=1)
         preds = head(x, emb)  # (B, L, d)
         logq = torch.log_softmax(preds @ w_sub.T, dim=-1)
         cls = -(p_t * logq).sum(-1)[mask].mean()
@@ -152,12 +163,18 @@ def main() -> None:
     ap.add_argument("--val-mod", type=int, default=20, help="--features: prompts with id %% this == 0 validate")
     ap.add_argument("--val-rows", type=int, default=600, help="--features: at most this many validation answers")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--epochs", type=float, default=None, help="stop after this many passes over the data "
+                    "(the learning-rate schedule then runs by epochs, so runs on nested subsets share a recipe)")
+    ap.add_argument("--fused", action="store_true", help="--features: read every layer of the cache (EAGLE-3 "
+                    "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
+    layers = [-1]
     if args.features:
-        val, train = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows, rng)
+        val, train, layers = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows, rng,
+                                                args.fused)
     else:
         rows = load_rows(Path(args.data) if args.data else cache_root() / "draft_data")
         rng.shuffle(rows)
@@ -174,15 +191,19 @@ def main() -> None:
     print(f"{len(train)} train / {len(val)} val answers, {positions} answer positions; "
           f"vocab {len(vocab_ids)} covers {coverage:.3f} of answer tokens", flush=True)
 
-    head = DraftHead(head_config_from_target(target.config), vocab_ids)
+    n_layers = target.config.num_hidden_layers
+    if layers[-1] not in (-1, n_layers):
+        sys.exit(f"the feature cache's last layer is {layers[-1]}, not the final one ({n_layers} = 'last')")
+    head = DraftHead(head_config_from_target(target.config), vocab_ids, tuple(layers[:-1]) + (-1,))
     head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
     head.body.norm.load_state_dict(target.model.norm.state_dict())
     d = target.config.hidden_size
     with torch.no_grad():  # start near "the next feature is this one": z = f / w_norm, small layer update
         w_norm = target.model.norm.weight.detach().float()
-        head.fc.weight.zero_()
-        head.fc.weight[:, :d] = torch.diag(1.0 / w_norm)
-        head.fc.weight[:, d:] = 0.02 * torch.randn(d, d)
+        head.fc.weight.zero_()  # lower feature layers (a fused head) start at zero weight
+        n_in = len(layers) * d
+        head.fc.weight[:, n_in - d : n_in] = torch.diag(1.0 / w_norm)
+        head.fc.weight[:, n_in:] = 0.02 * torch.randn(d, d)
         head.fc.bias.zero_()
         head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
         head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
@@ -204,14 +225,22 @@ def main() -> None:
     print(f"before training: val top-1 agreement step1 {evaluate()[0]:.3f}", flush=True)
     t0, step, epoch = time.perf_counter(), 0, 0
     budget = args.minutes * 60
-    est_steps = None
-    while time.perf_counter() - t0 < budget:
+    per_epoch = len(batches(train, args.batch_tokens, random.Random(0)))  # the same count every epoch
+    total_steps = math.ceil(args.epochs * per_epoch) if args.epochs else None
+
+    def progress(el: float) -> float:
+        """Share of the run done: by steps when --epochs is given, else by the time budget."""
+        return step / total_steps if total_steps else el / budget
+
+    done = False
+    while not done:
         for b in batches(train, args.batch_tokens, rng):
             el = time.perf_counter() - t0
-            if el > budget:
+            if el > budget or (total_steps and step >= total_steps):
+                done = True
                 break
-            frac = min(1.0, el / budget)
-            for g in opt.param_groups:  # warm-up then cosine, by elapsed time
+            frac = min(1.0, progress(el))
+            for g in opt.param_groups:  # warm-up then cosine
                 g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
             (c1, r1, a1), (c2, r2, a2) = step_losses(head, embed, w_sub, *collate(b), noise=args.noise)
             loss = c1 + 0.5 * r1 + c2 + 0.5 * r2
@@ -221,19 +250,21 @@ def main() -> None:
             opt.step()
             if step % 25 == 0:
                 c1, c2, r1, r2 = (float(x.detach()) for x in (c1, c2, r1, r2))
-                print(f"epoch {epoch} step {step} {el / 60:.1f} min: cls {c1:.3f}/{c2:.3f} "
+                print(f"epoch {epoch} step {step}/{total_steps or '?'} {el / 60:.1f} min: cls {c1:.3f}/{c2:.3f} "
                       f"reg {r1:.3f}/{r2:.3f} top1 {float(a1):.3f}/{float(a2):.3f}", flush=True)
             step += 1
-        epoch += 1
+        else:
+            epoch += 1
     v1, v2 = evaluate()
     minutes = (time.perf_counter() - t0) / 60
-    print(f"done: {step} steps, {epoch} epochs, {minutes:.1f} min; val top-1 agreement step1 {v1:.3f} step2 {v2:.3f}")
+    print(f"done: {step} steps, {step / per_epoch:.2f} epochs, {minutes:.1f} min; val top-1 agreement step1 {v1:.3f} step2 {v2:.3f}")
     meta = {"train_answers": len(train), "val_answers": len(val), "answer_positions": positions,
-            "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": epoch,
+            "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": round(step / per_epoch, 2),
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
             "data": "draft_data features" if args.features else "make_draft_data shards",
-            "positions_asked": args.positions}
+            "positions_asked": args.positions, "feature_layers": list(head.feature_layers),
+            "epochs_asked": args.epochs, "minutes_asked": args.minutes}
     head.eval()
     head.save(args.out, meta=meta)
     (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))

@@ -1,0 +1,50 @@
+"""scripts/train_draft.py's data path for a fused head (EAGLE-3): rows with several feature
+layers are laid side by side in the cache's order, the final layer last, and the losses read the
+final layer as the target while the fed-back step sees zeros for the lower layers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from conftest import tiny_llama
+from ears_core.eagle import DraftHead, head_config_from_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import train_draft as td  # noqa: E402
+
+
+def _row(n: int, layers: int, d: int, prompt_len: int, seed: int) -> dict:
+    g = np.random.default_rng(seed)
+    return {"ids": torch.tensor(g.integers(4, 90, n + 1), dtype=torch.int32), "prompt_len": prompt_len,
+            "feats": g.standard_normal((n, layers, d)).astype(np.float16)}
+
+
+def test_collate_lays_fused_layers_side_by_side_with_the_final_one_last():
+    rows = [_row(6, 2, 8, 2, 0), _row(9, 2, 8, 3, 1)]
+    feats, tokens, mask = td.collate(rows)
+    assert feats.shape == (2, 9, 16) and tokens.shape == (2, 8)
+    f = torch.from_numpy(rows[1]["feats"].astype(np.float32))  # (9, 2, 8)
+    assert torch.equal(feats[1, :, :8], f[:, 0]) and torch.equal(feats[1, :, 8:], f[:, 1])
+    assert torch.equal(feats[0, 6:], torch.zeros(3, 16))  # padding
+    assert mask[0].tolist() == [True] * 5 + [False] * 3  # outputs j with x_{j+2} an answer token and f_{j+1} known
+    single = td.collate([{**r, "feats": r["feats"][:, -1]} for r in rows])[0]
+    assert torch.equal(single, feats[..., 8:])
+
+
+def test_the_losses_of_a_fused_head_train_its_lower_layer_weights():
+    target = tiny_llama(0, vocab=96)
+    d = target.config.hidden_size
+    torch.manual_seed(0)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(96), feature_layers=(1, -1))
+    rows = [_row(7, 2, d, 2, s) for s in range(3)]
+    feats, tokens, mask = td.collate(rows)
+    w_sub = target.get_output_embeddings().weight.detach()
+    (c1, r1, a1), (c2, r2, a2) = td.step_losses(head, target.get_input_embeddings(), w_sub, feats, tokens, mask, 0.0)
+    (c1 + r1 + c2 + r2).backward()
+    g = head.fc.weight.grad  # (d, 3d): [lower layer | final layer | token embedding]
+    assert g[:, :d].abs().sum() > 0 and g[:, d : 2 * d].abs().sum() > 0
+    assert all(torch.isfinite(x) for x in (c1, r1, c2, r2)) and 0 <= float(a1) <= 1
