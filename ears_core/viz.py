@@ -18,10 +18,13 @@ E, S         expected tokens per round and theoretical speedup (metrics.py)
 
 from __future__ import annotations
 
+import functools
 import html
 from typing import Any, Mapping, Sequence
 
 import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.io.json import to_json_plotly
 from plotly.subplots import make_subplots
 
 from .events import DraftRecord, StepRecord, TokenEvent
@@ -29,6 +32,7 @@ from .metrics import expected_tokens_per_step, theoretical_speedup
 
 __all__ = [
     "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure", "price_figure",
+    "confidence_spec", "ratio_spec", "throughput_spec", "accept_length_spec", "spec_json",
     "rounds_figure",
     "accept_length_figure", "theory_figure", "tokens_html", "legend_html",
     "first_divergence",
@@ -67,7 +71,56 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
     return fig
 
 
+# ----------------------------------------------------------------------------- figure specs
+# The charts a run redraws while it decodes are built as plain dicts ("specs": {"data": [...],
+# "layout": {...}}): ``go.Figure(spec)`` validates one (what the *_figure functions return), while
+# ``spec_json`` turns it into plotly JSON about a hundred times faster, which is what the app sends
+# a few times a second without taking the interpreter from the decode thread.
+
+
+@functools.lru_cache(maxsize=1)
+def _template() -> dict[str, Any]:
+    """plotly_white as a dict: the JSON path sends it inline, as go.Figure would."""
+    return pio.templates["plotly_white"].to_plotly_json()
+
+
+def _layout(title: str, x: str, y: str, **extra: Any) -> dict[str, Any]:
+    lay = {k: v for k, v in _LAYOUT.items() if k != "template"}
+    lay.update(template=_template(), title=dict(text=title, font=dict(size=14)),
+               xaxis=dict(title=dict(text=x)), yaxis=dict(title=dict(text=y)))
+    for axis in ("xaxis", "yaxis"):
+        lay[axis].update(extra.pop(axis, {}))
+    lay.update(extra)
+    return lay
+
+
+def spec_json(spec: Mapping[str, Any]) -> str:
+    """Plotly JSON of a spec, unvalidated (NaN and infinities become null)."""
+    return to_json_plotly(spec)
+
+
 # ----------------------------------------------------------------------------- per-position charts
+
+
+def confidence_spec(events: Sequence[TokenEvent], show_beta: bool = False) -> dict[str, Any]:
+    """The spec of ``confidence_figure``."""
+    xs = [e.position for e in events]
+    data = [dict(type="scatter", x=xs, y=[e.max_p for e in events], name="max P_target", mode="lines",
+                 line=dict(color="#111827", width=2)),
+            dict(type="scatter", x=xs, y=[e.tolerance for e in events], name="tolerance applied", mode="lines",
+                 fill="tozeroy", line=dict(color=KIND_COLOURS["pardoned"], width=1), fillcolor="rgba(230,0,126,0.18)")]
+    for kind in ("accepted", "pardoned", "resampled", "bonus", "target"):
+        sel = [e for e in events if e.kind == kind]
+        if sel:
+            data.append(dict(type="scatter", x=[e.position for e in sel], y=[e.p for e in sel], mode="markers",
+                             name=f"p ({kind})", marker=dict(color=KIND_COLOURS[kind], size=7)))
+    if show_beta:
+        beta = [e.tolerance / (1.0 - e.max_p) if e.tolerance is not None and e.max_p < 1 - 1e-6 else None
+                for e in events]
+        data.append(dict(type="scatter", x=xs, y=beta, name="β in force", mode="lines",
+                         line=dict(color="#7c3aed", width=1.5, dash="dash")))
+    return dict(data=data, layout=_layout("Target confidence and EARS tolerance", "position", "probability",
+                                          yaxis=dict(range=[0, 1.05])))
 
 
 def confidence_figure(events: Sequence[TokenEvent], show_beta: bool = False) -> go.Figure:
@@ -76,88 +129,80 @@ def confidence_figure(events: Sequence[TokenEvent], show_beta: bool = False) -> 
     Positions without a test (bonus and target tokens) leave a gap in the band. ``show_beta``
     adds the beta in force at each position, tolerance / (1 - max P) (for a rule that sets beta
     each round, the distortion budget). Traces: [max P, tolerance, one per kind, beta]."""
-    fig = _fig("Target confidence and EARS tolerance", "position", "probability")
-    xs = [e.position for e in events]
-    fig.add_trace(go.Scatter(x=xs, y=[e.max_p for e in events], name="max P_target", mode="lines",
-                             line=dict(color="#111827", width=2)))
-    fig.add_trace(go.Scatter(x=xs, y=[e.tolerance for e in events], name="tolerance applied",
-                             mode="lines", fill="tozeroy", line=dict(color=KIND_COLOURS["pardoned"], width=1),
-                             fillcolor="rgba(230,0,126,0.18)"))
-    for kind in ("accepted", "pardoned", "resampled", "bonus", "target"):
-        sel = [e for e in events if e.kind == kind]
-        if sel:
-            fig.add_trace(go.Scatter(x=[e.position for e in sel], y=[e.p for e in sel], mode="markers",
-                                     name=f"p ({kind})", marker=dict(color=KIND_COLOURS[kind], size=7)))
-    if show_beta:
-        beta = [e.tolerance / (1.0 - e.max_p) if e.tolerance is not None and e.max_p < 1 - 1e-6 else None
-                for e in events]
-        fig.add_trace(go.Scatter(x=xs, y=beta, name="β in force", mode="lines",
-                                 line=dict(color="#7c3aed", width=1.5, dash="dash")))
-    fig.update_yaxes(range=[0, 1.05])
-    return fig
+    return go.Figure(confidence_spec(events, show_beta))
 
 
 def _drafts(steps: Sequence[StepRecord]) -> list[DraftRecord]:
     return [d for s in steps for d in s.drafts]
 
 
+def ratio_spec(steps: Sequence[StepRecord], r_cap: float = 1.5) -> dict[str, Any]:
+    """The spec of ``ratio_figure``."""
+    drafts = _drafts(steps)
+    xs = [d.position for d in drafts]
+    lows = [max(d.u - d.tolerance, 0.0) for d in drafts]
+    data = [dict(type="bar", x=xs, y=[d.u - lo for d, lo in zip(drafts, lows)], base=lows, name="pardon band",
+                 marker=dict(color="rgba(230,0,126,0.25)", line=dict(width=0)), width=0.8,
+                 hovertemplate="band [%{base:.3f}, %{customdata:.3f})<extra></extra>", customdata=[d.u for d in drafts]),
+            dict(type="scatter", x=xs, y=[d.u for d in drafts], mode="markers", name="U",
+                 marker=dict(symbol="line-ew-open", size=14, color="#111827", line=dict(width=2)))]
+    for kind in ("accepted", "pardoned", "rejected"):
+        sel = [d for d in drafts if d.kind == kind]
+        if sel:
+            data.append(dict(
+                type="scatter", x=[d.position for d in sel], y=[min(d.ratio, r_cap) for d in sel], mode="markers",
+                name=f"r ({kind})", marker=dict(color=KIND_COLOURS[kind], size=8),
+                customdata=[[d.ratio, d.u, d.tolerance] for d in sel],
+                hovertemplate="r=%{customdata[0]:.3f} U=%{customdata[1]:.3f} tol=%{customdata[2]:.3f}<extra></extra>"))
+    return dict(data=data, layout=_layout("Ratio r = p/q against U, per drafted token", "position", "r, U",
+                                          barmode="overlay", yaxis=dict(range=[0, r_cap + 0.05])))
+
+
 def ratio_figure(steps: Sequence[StepRecord], r_cap: float = 1.5) -> go.Figure:
     """Ratio r = p/q against the uniform U for every drafted token, with the pardon band
     [max(U - tol, 0), U) drawn as a shaded bar at each token. r is drawn capped at ``r_cap``
     (the hover shows the true value). Traces: [pardon band, U, one r trace per draft kind]."""
-    fig = _fig("Ratio r = p/q against U, per drafted token", "position", "r, U")
-    drafts = _drafts(steps)
-    xs = [d.position for d in drafts]
-    lows = [max(d.u - d.tolerance, 0.0) for d in drafts]
-    fig.add_trace(go.Bar(x=xs, y=[d.u - lo for d, lo in zip(drafts, lows)], base=lows, name="pardon band",
-                         marker=dict(color="rgba(230,0,126,0.25)", line=dict(width=0)), width=0.8,
-                         hovertemplate="band [%{base:.3f}, %{customdata:.3f})<extra></extra>",
-                         customdata=[d.u for d in drafts]))
-    fig.add_trace(go.Scatter(x=xs, y=[d.u for d in drafts], mode="markers", name="U",
-                             marker=dict(symbol="line-ew-open", size=14, color="#111827", line=dict(width=2))))
-    for kind in ("accepted", "pardoned", "rejected"):
-        sel = [d for d in drafts if d.kind == kind]
-        if sel:
-            fig.add_trace(go.Scatter(
-                x=[d.position for d in sel], y=[min(d.ratio, r_cap) for d in sel], mode="markers",
-                name=f"r ({kind})", marker=dict(color=KIND_COLOURS[kind], size=8),
-                customdata=[[d.ratio, d.u, d.tolerance] for d in sel],
-                hovertemplate="r=%{customdata[0]:.3f} U=%{customdata[1]:.3f} tol=%{customdata[2]:.3f}<extra></extra>"))
-    fig.update_layout(barmode="overlay")
-    fig.update_yaxes(range=[0, r_cap + 0.05])
-    return fig
+    return go.Figure(ratio_spec(steps, r_cap))
 
 
 # ----------------------------------------------------------------------------- run-level charts
 
 
-def throughput_figure(runs: Mapping[str, Sequence[tuple[float, int]]]) -> go.Figure:
-    """Tokens/s so far (tokens_so_far / elapsed_s) against elapsed time, one line per run, e.g.
-    {"EARS": samples, "target-only": samples}. Samples with elapsed_s <= 0 are skipped."""
-    fig = _fig("Throughput: tokens/s so far", "elapsed (s)", "tokens / s")
+def throughput_spec(runs: Mapping[str, Sequence[tuple[float, int]]]) -> dict[str, Any]:
+    """The spec of ``throughput_figure``."""
     palette = ["#e6007e", "#0284c7", "#6b7280", "#2e7d32"]
+    data = []
     for i, (name, samples) in enumerate(runs.items()):
         pts = [(t, n) for t, n in samples if t > 0]
         colour = KIND_COLOURS["target"] if "target" in name else palette[i % len(palette)]
-        fig.add_trace(go.Scatter(x=[t for t, _ in pts], y=[n / t for t, n in pts], mode="lines", name=name,
-                                 line=dict(color=colour, width=2, dash="dash" if "target" in name else "solid")))
-    return fig
+        data.append(dict(type="scatter", x=[t for t, _ in pts], y=[n / t for t, n in pts], mode="lines", name=name,
+                         line=dict(color=colour, width=2, dash="dash" if "target" in name else "solid")))
+    return dict(data=data, layout=_layout("Throughput: tokens/s so far", "elapsed (s)", "tokens / s"))
 
 
-def accept_length_figure(steps: Sequence[StepRecord], k: int) -> go.Figure:
-    """Histogram of drafts that stood per round (0..K), split into rounds with and without a
-    pardon (stacked). Traces: [without pardon, with pardon], x = 0..K, y = round counts."""
-    fig = _fig("Drafts that stood per round", "drafts accepted in the round", "rounds")
+def throughput_figure(runs: Mapping[str, Sequence[tuple[float, int]]]) -> go.Figure:
+    """Tokens/s so far (tokens_so_far / elapsed_s) against elapsed time, one line per run, e.g.
+    {"EARS": samples, "target-only": samples}. Samples with elapsed_s <= 0 are skipped."""
+    return go.Figure(throughput_spec(runs))
+
+
+def accept_length_spec(steps: Sequence[StepRecord], k: int) -> dict[str, Any]:
+    """The spec of ``accept_length_figure``."""
     top = max([k] + [s.accepted for s in steps])
     xs = list(range(top + 1))
     plain, pardoned = [0] * (top + 1), [0] * (top + 1)
     for s in steps:
         (pardoned if s.pardoned else plain)[s.accepted] += 1
-    fig.add_trace(go.Bar(x=xs, y=plain, name="no pardon", marker_color=KIND_COLOURS["accepted"]))
-    fig.add_trace(go.Bar(x=xs, y=pardoned, name="with a pardon", marker_color=KIND_COLOURS["pardoned"]))
-    fig.update_layout(barmode="stack")
-    fig.update_xaxes(dtick=1)
-    return fig
+    data = [dict(type="bar", x=xs, y=plain, name="no pardon", marker=dict(color=KIND_COLOURS["accepted"])),
+            dict(type="bar", x=xs, y=pardoned, name="with a pardon", marker=dict(color=KIND_COLOURS["pardoned"]))]
+    return dict(data=data, layout=_layout("Drafts that stood per round", "drafts accepted in the round", "rounds",
+                                          barmode="stack", xaxis=dict(dtick=1)))
+
+
+def accept_length_figure(steps: Sequence[StepRecord], k: int) -> go.Figure:
+    """Histogram of drafts that stood per round (0..K), split into rounds with and without a
+    pardon (stacked). Traces: [without pardon, with pardon], x = 0..K, y = round counts."""
+    return go.Figure(accept_length_spec(steps, k))
 
 
 def theory_figure(k: int, c: float, measured: tuple[float, float | None, float | None] | None = None,

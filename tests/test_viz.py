@@ -164,3 +164,25 @@ def test_the_beta_in_force_is_drawn_for_the_budget_rule(records):
     assert "β in force" not in plain
     beta = by_name(viz.confidence_figure(events, show_beta=True))["β in force"]
     assert list(beta.y) == pytest.approx([0.01 / 0.1, 0.06 / 0.6, 0.03 / 0.3, None])  # tolerance / (1 - max P)
+
+
+def test_the_apps_fast_json_draws_the_same_figure_as_the_validated_one():
+    # The app sends specs as JSON without plotly's validation: the JSON must hold what the
+    # validated figure holds (same traces, data and layout), and infinities must become null.
+    import json
+
+    import plotly.graph_objects as go
+
+    from ears_core.events import DraftRecord, StepRecord
+
+    drafts = [DraftRecord(position=0, token_id=5, kind="accepted", p=0.4, q=0.0, ratio=float("inf"), u=0.3,
+                          tolerance=0.05, max_p=0.6)]
+    steps = [StepRecord(step=0, drafted=1, accepted=1, pardoned=0, emitted=2, draft_ms=1.0, target_ms=30.0,
+                        drafts=drafts)]
+    for spec in (viz.ratio_spec(steps), viz.throughput_spec({"EARS": [(0.5, 4), (1.0, 9)]}),
+                 viz.accept_length_spec(steps, 4)):
+        fast = json.loads(viz.spec_json(spec))
+        slow = json.loads(go.Figure(spec).to_json())
+        assert fast["data"] == slow["data"]
+        assert fast["layout"] == slow["layout"]
+    assert json.loads(viz.spec_json(viz.ratio_spec(steps)))["data"][2]["customdata"][0][0] is None

@@ -27,7 +27,7 @@ from ears_core.session import export_run, run_record, summary_markdown, summary_
 
 from .controls import run_config
 from .errors import check_request, fail, message, public_name, timeout_note
-from .live import Runs, frames, snapshot, steady_samples
+from .live import Runs, frames, plot, snapshot, steady_samples
 
 OUT = ("tokens", "message", "summary", "conf", "ratio", "tput", "hist", "details", "state",
        "theory", "theory_k", "theory_c")
@@ -40,8 +40,8 @@ def pack(**kw: Any) -> tuple:
 
 def charts(events: Sequence[Any], steps: Sequence[Any], k: int, runs: dict[str, Any],
            show_beta: bool = False) -> dict[str, Any]:
-    return dict(conf=viz.confidence_figure(events, show_beta), ratio=viz.ratio_figure(steps),
-                hist=viz.accept_length_figure(steps, k), tput=viz.throughput_figure(runs))
+    return dict(conf=plot(viz.confidence_spec(events, show_beta)), ratio=plot(viz.ratio_spec(steps)),
+                hist=plot(viz.accept_length_spec(steps, k)), tput=plot(viz.throughput_spec(runs)))
 
 
 def outcome(res: Any, cfg: Any, prompt: str, session: Any, base_tps: float | None,
@@ -127,7 +127,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
             base = runs.start(session.baseline(ids, cfg, deadline_s=max(settings.timeout_s - res.stats.wall_s, 0.0)))
             waiting = summary_markdown(summary_rows(res.stats, contended=contended)) + "\n\n*measuring target-only…*"
             for _ in frames(base):
-                yield pack(tput=viz.throughput_figure({**curves, "target-only": snapshot(base)[2]}), summary=waiting)
+                yield pack(tput=plot(viz.throughput_spec({**curves, "target-only": snapshot(base)[2]})), summary=waiting)
             bres = base.result()
             contended = contended or base.contended
             base_tps, curves["target-only"] = bres.stats.tokens_per_s, list(base.gen.samples)
@@ -141,7 +141,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
 
         state, details = outcome(res, cfg, req.prompt, session, base_tps, contended)
         rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note)
-        yield pack(tokens=viz.tokens_html(res.events), message=note, tput=viz.throughput_figure(curves),
+        yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
                    summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
                    f"draft length: {cfg.draft_length}*" + profile_note(session, cfg),
                    details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]))

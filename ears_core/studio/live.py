@@ -7,15 +7,20 @@ run        a ``session.Background``: a Generation decoded in its own thread, on 
            (``decode_s``, ``samples``); reading ``events`` while it runs is safe.
 frame      one redraw of the page (token HTML, charts) from a snapshot of the events so far, every
            ``FRAME_S`` seconds, never once per token: rendering costs the same however fast the
-           decode goes, and the decode clock never counts it.
+           decode goes, and the decode clock never counts it. Charts go out as plotly JSON built
+           from ``viz`` specs (``plot``), not validated ``go.Figure`` objects: building those takes
+           the interpreter for tens of milliseconds a frame, which the decode thread then waits for.
 runs       the open runs of one request; ``stop_all`` ends them when the request ends early (the
            Stop button, a closed page), so no decode outlives its request.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
+from gradio.components.plot import PlotData
+
+from ears_core import viz
 from ears_core.metrics import GenerationStats
 from ears_core.runs import Background, Tracked
 
@@ -36,6 +41,11 @@ class Runs:
     def stop_all(self) -> None:
         for run in self.open:
             run.stop()
+
+
+def plot(spec: Mapping[str, Any]) -> PlotData:
+    """A gr.Plot value straight from a ``viz`` spec (no plotly validation)."""
+    return PlotData(type="plotly", plot=viz.spec_json(spec))
 
 
 def frames(run: Background, frame_s: float = FRAME_S) -> Iterator[None]:

@@ -25,7 +25,7 @@ from ears_core.session import RunConfig
 
 from .controls import DEFAULT_RULE, rule_choices, run_config, run_name
 from .errors import check_request, fail, message, timeout_note
-from .live import Runs, frames, snapshot
+from .live import Runs, frames, plot, snapshot
 
 RULE_B = "standard"
 
@@ -86,11 +86,11 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
             for _ in frames(run):
                 events, _, samples = snapshot(run)
                 html[i] = viz.tokens_html(events, cursor=True)
-                yield *html, f"*racing: {name}…*", viz.throughput_figure({**curves, name: samples})
+                yield *html, f"*racing: {name}…*", plot(viz.throughput_spec({**curves, name: samples}))
             res = run.result()
             html[i], curves[name] = viz.tokens_html(res.events), list(run.gen.samples)
             if res.timed_out:
-                yield *html, message(timeout_note(budget) + f" (during {name})"), viz.throughput_figure(curves)
+                yield *html, message(timeout_note(budget) + f" (during {name})"), plot(viz.throughput_spec(curves))
                 return
             results.append(res)
             contended.append(run.contended)
@@ -105,7 +105,7 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
         else:
             lines.append(f"\nFirst divergence at position {div} (outlined): {labels[0]} emitted a **{a[div].kind}** "
                          f"token {a[div].text!r} where {labels[1]} emitted {b[div].text!r}.")
-        yield *html, "\n".join(lines), viz.throughput_figure(curves)
+        yield *html, "\n".join(lines), plot(viz.throughput_spec(curves))
 
     return race
 
