@@ -5,8 +5,9 @@ Terms
 target      the model whose distribution the output follows; it verifies the drafts.
 draft       the cheaper thing that proposes tokens. A draft spec is ``"auto"`` (the target's default:
             the embedded head for the embedded target, a preset's draft for a preset target, else
-            n-gram prompt lookup), ``"ngram"`` (prompt lookup, no model), ``"embedded"``, a hub id
-            or a folder; ``None`` means no draft at all (target-only decoding).
+            n-gram prompt lookup), ``"ngram"`` (prompt lookup, no model), ``"embedded"``, a hub id,
+            a folder, or a folder holding an EAGLE-style head for the target (head.json, as
+            scripts/train_draft.py writes it); ``None`` means no draft at all (target-only decoding).
 spec        how a caller names a model: ``"embedded"``, a Hugging Face hub id
             (``"Qwen/Qwen2.5-0.5B-Instruct"``) or a local folder in Hugging Face format
             (config.json, weights, tokenizer files).
@@ -279,16 +280,31 @@ def _embedded_draft_dir() -> Path:
     return EMBEDDED_DRAFT_DIR
 
 
-def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int) -> Any:
+def is_head_dir(spec: Any) -> bool:
+    """Whether a draft spec is a folder holding an EAGLE-style head (head.json, as
+    scripts/train_draft.py writes): a head trained on the target's hidden states, e.g. one to try
+    before shipping it as the embedded draft."""
+    return spec is not None and (Path(str(spec)).expanduser() / "head.json").is_file()
+
+
+def _load_head_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int, folder: Path) -> Any:
     from .eagle import DraftHead, EagleDrafter
 
     device = target_model.get_input_embeddings().weight.device
-    head = DraftHead.load(_embedded_draft_dir(), dtype=dtype).to(device)
+    head = DraftHead.load(folder, dtype=dtype).to(device)
+    width = target_model.get_input_embeddings().weight.shape[1]
+    if head.config.hidden_size != width:
+        raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "
+                             f"states are {width}: a head only drafts for the target it was trained on")
     drafter = EagleDrafter(head, target_model, vocab_size)
-    calibration = _embedded_draft_dir() / "calibration.json"  # scripts/calibrate_draft.py
+    calibration = folder / "calibration.json"  # scripts/calibrate_draft.py
     if calibration.is_file():
         drafter.calibration_table = json.loads(calibration.read_text())
     return drafter
+
+
+def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int) -> Any:
+    return _load_head_draft(target_model, dtype, vocab_size, _embedded_draft_dir())
 
 
 # ---------------------------------------------------------------- any spec: embedded, hub id, folder
@@ -433,6 +449,8 @@ def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.Pat
     ModelLoadError ``load_pair`` would raise, before a caller frees the pair it holds.
     """
     draft = resolve_draft(target, draft)
+    if is_head_dir(draft):  # a head reads the target's own hidden states: no tokenizer of its own
+        return len(_load_tokenizer(target, "target", cache_dir, allow_download))
     if target == EMBEDDED:  # its tokenizer lives in the prepared cache: preparing it is the check
         if draft not in (None, EMBEDDED, NGRAM):
             raise ModelLoadError("the embedded target pairs with the embedded draft or n-gram lookup; a "
@@ -456,7 +474,7 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
             raise ModelLoadError("the embedded draft is a head on SmolLM2-135M-Instruct's hidden states: "
                                  "use it with target='embedded', or give a draft model sharing your target's tokenizer")
         _embedded_draft_dir()  # fail before loading any weights
-    elif draft not in (None, NGRAM):
+    elif draft not in (None, NGRAM) and not is_head_dir(draft):
         draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
@@ -468,6 +486,8 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         draft_model = NGramDrafter(vocab_size)
     elif draft == EMBEDDED:
         draft_model = _load_embedded_draft(target_model, dt, vocab_size)
+    elif is_head_dir(draft):
+        draft_model = _load_head_draft(target_model, dt, vocab_size, Path(str(draft)).expanduser())
     elif draft is not None:
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
     from .drafters import model_vocab_size

@@ -156,6 +156,28 @@ def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> 
     assert pair.draft.w_sub.shape == (4096, config.hidden_size)
 
 
+def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path) -> None:
+    # A head trained for a target (head.json) loads as its drafter from any folder; greedy output
+    # stays the target's; a head of another width is refused naming the reason.
+    from ears_core import GreedyRule, autoregressive, generate
+    from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+
+    folder, model = tiny
+    DraftHead(head_config_from_target(model.config), torch.arange(3, 100), feature_layers=(1, -1)).save(tmp_path / "h")
+    assert em.is_head_dir(tmp_path / "h") and not em.is_head_dir(folder) and not em.is_head_dir(None)
+    assert em.check_pair(str(folder), str(tmp_path / "h")) == 100
+    pair = load_pair(str(folder), str(tmp_path / "h"), device="cpu")
+    assert isinstance(pair.draft, EagleDrafter) and pair.draft.feature_layers == (1, -1)
+    ids = encode_prompt(pair.tokenizer, "w5 w6 w7 w8")
+    out = generate(*pair, ids, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
+    assert out.token_ids == autoregressive(pair.target, ids, temperature=0, max_new_tokens=12).token_ids
+    wide = LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2)
+    DraftHead(head_config_from_target(wide), torch.arange(3, 100)).save(tmp_path / "w")
+    with pytest.raises(ModelLoadError, match="only drafts for the target it was trained on"):
+        load_pair(str(folder), str(tmp_path / "w"), device="cpu")
+
+
 def test_encode_prompt_chat_template_and_empty_prompt() -> None:
     tok = _tokenizer()
     for empty in ["", "   \n\t"]:
