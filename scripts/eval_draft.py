@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--json", default=None)
     ap.add_argument("--draft", default="auto", help="draft spec: 'auto' (the shipped head) or a folder holding a head")
+    ap.add_argument("--quick", action="store_true", help="only greedy at T=0 and the ordinary rule at T=0.9 "
+                    "(implies --no-speed): the saturation curve's measure")
     ap.add_argument("--no-speed", action="store_true", help="skip target-only at T=0.9 (acceptance figures only; "
                     "target-only at T = 0 still runs, for the greedy check)")
     args = ap.parse_args()
@@ -56,6 +58,9 @@ def main() -> None:
     }
     if args.no_speed:
         del methods["target T=0.9"]
+    if args.quick:  # the draft's quality only: greedy and the ordinary rule
+        for name in ("target T=0.9", "EARS 0.1 T=0.9"):
+            methods.pop(name, None)
     tot = {m: defaultdict(float) for m in methods}
     autoregressive(pair.target, encode_prompt(pair.tokenizer, "Hello"), temperature=0, **kw)  # warm-up
     mismatches = 0
