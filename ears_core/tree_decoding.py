@@ -15,12 +15,19 @@ depth cap    a round's tree is no deeper than the tokens still allowed minus one
 draws        counter based, as in the chain decoder (trees.py: draft draws; accept_keys): a spec
              with width 1 is the chain, draw for draw, and gives the chain decoder's tokens and events.
 records      events and step records are the chain's (``TokenEvent``, ``StepRecord``; a step's
-             ``drafted`` counts the tree's nodes, its ``drafts`` the nodes that were tested); each
-             round's tree is kept in ``TreeGeneration.trees`` as a ``TreeRecord``. For a sibling
+             ``drafted`` counts the tree's nodes, its ``drafts`` the nodes that were tested, and
+             with a size policy its ``estimates`` / ``expected`` are the policy's per node / E(N));
+             each round's tree is kept in ``TreeGeneration.trees`` as a ``TreeRecord``. For a sibling
              tried after a rejection, an event's ``ratio`` is against the residual target, its
              ``p`` is still P_target.
 distortion   per emitted position, from verify_tree; exact where it can be enumerated, else an
              upper bound (``TreeRecord.distortion_exact``).
+size policy  ``keep(priority, nodes so far, depth)`` (e.g. ``tree_policy.TreeBudget``) ends a round's
+             tree before a draw; if it has ``observe_round(record)`` it is shown each finished round.
+             With ``backoff``, a round whose tree the policy left empty is followed by plain target
+             steps that do not ask the drafter (1, then 3, then at most 7 of them, as the chain
+             decoder's policy does; ``propose(0)`` / ``commit(0, ...)``). The schedule depends on past
+             rounds only, so the output stays exact.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoding import Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
+from .decoding import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
 from .drafters import Drafter, ModelDrafter, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
 from .rules import AcceptanceRule, StandardRule
@@ -77,8 +84,8 @@ class TreeGeneration(Generation):
     """A ``Generation`` whose rounds also leave a ``TreeRecord`` each in ``trees``."""
 
     def __init__(self, method: str, budget: int, steps: list[StepRecord], trees: list[TreeRecord],
-                 events_iter: Iterator[TokenEvent]) -> None:
-        super().__init__(method, budget, steps, events_iter)
+                 events_iter: Iterator[TokenEvent], deadline_s: float | None = None) -> None:
+        super().__init__(method, budget, steps, events_iter, deadline_s)
         self.trees = trees
 
 
@@ -131,6 +138,7 @@ class _Config:
     eos: frozenset[int]
     with_distortion: bool
     keep: KeepFn | None
+    backoff: bool = False
 
 
 def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: AcceptanceRule, cfg: _Config,
@@ -154,12 +162,24 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
         drafter.prefill(ids, hidden)
     last = ids[:, -1:]  # (1, 1)
     produced, step = 0, 0
+    observe = getattr(cfg.keep, "observe_round", None)  # a size policy that learns from the rounds
+    backoff, skip = 1, 0  # the size policy's probe schedule (module terms)
     while produced < cfg.max_new_tokens:
         spec = cfg.spec.capped(cfg.max_new_tokens - produced - 1)
+        probe = cfg.backoff and skip == 0 and spec.depth > 0
+        plain = cfg.backoff and not probe  # a plain target step: the drafter is not asked
+        if plain:
+            skip = max(skip - 1, 0)
         with torch.inference_mode():
             t0 = clock.mark()
-            tree = drafter.propose_tree(spec, probs_fn, TreeDraws(cfg.seed, produced, cfg.spec.branching),
-                                        greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep)
+            if plain:
+                drafter.propose(0, probs_fn, torch.empty((1, 0), device=dev))
+                tree = DraftTree.empty(cfg.vocab_size, dev)
+            else:
+                tree = drafter.propose_tree(spec, probs_fn, TreeDraws(cfg.seed, produced, cfg.spec.branching),
+                                            greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep)
+            told = hasattr(cfg.keep, "estimates") and not plain  # the policy's estimate per drafted node
+            estimates = list(cfg.keep.estimates)[: tree.size] if told else []
             t1 = clock.mark()
             prefix = cache.get_seq_length() + 1  # the committed prefix and the root
             logits, hidden = score_tree(target, cache, last, tree, need_h, tuple(getattr(drafter, "feature_layers", (-1,))))
@@ -176,8 +196,14 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
             n = int(v.num_accepted[0])  # the round's host sync
             path = v.path[0, :n].tolist()
             keep_path(cache, prefix, tree.size, path)
-            drafter.commit_tree(path, v.next_token, hidden[:, [0] + [1 + a for a in path]] if need_h else None)
+            if plain:
+                drafter.commit(0, v.next_token, hidden[:, :1] if need_h else None)
+            else:
+                drafter.commit_tree(path, v.next_token, hidden[:, [0] + [1 + a for a in path]] if need_h else None)
         last = v.next_token.view(1, 1)
+        if probe:  # a probe the policy left empty backs off: the next ones come 2, 4, then 8 rounds later
+            backoff = 1 if tree.size else min(2 * backoff, MAX_BACKOFF)
+            skip = backoff - 1
         events, drafts, record = _round_records(v, tree, produced, step)
         stop = False
         for j, ev in enumerate(events):
@@ -185,7 +211,12 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
                 events, stop = events[: j + 1], True
                 break
         pardoned = sum(1 for a in path if record.kinds[a] == "pardoned")
-        steps.append(StepRecord(step, tree.size, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts))
+        if observe is not None and not plain:
+            observe(record)
+        expected = 1.0 + sum(estimates) if told and len(estimates) == tree.size else None
+        t3 = clock.mark()
+        steps.append(StepRecord(step, tree.size, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts,
+                                clock.ms(t2, t3), estimates, expected))
         trees.append(record)
         for ev in events:
             ev.text = detok.add(ev.token_id)
@@ -250,6 +281,8 @@ def tree_stream(
     vocab_size: int | None = None,
     with_distortion: bool = True,
     keep: KeepFn | None = None,
+    backoff: bool = False,
+    deadline_s: float | None = None,
 ) -> TreeGeneration:
     """Speculative decoding of one prompt with a tree of drafts per round; iterate for TokenEvents.
 
@@ -258,7 +291,10 @@ def tree_stream(
     EagleDrafter). budget / depth / width / siblings: the ``TreeSpec``; width=1 with
     budget = depth = K is the chain decoder with gamma = K, token for token. ``keep(priority,
     nodes so far, depth)`` is asked before each node is drawn and ends the round's tree at the
-    first False (a size policy from measured prices: it sees only what precedes the draw).
+    first False (a size policy from measured prices, ``tree_policy.TreeBudget``: it sees only what
+    precedes the draw). ``backoff``: after a round the policy left empty, plain target steps for
+    1, 3, then 7 rounds (module terms). ``deadline_s``: stop after this many seconds of decoding,
+    keeping the tokens so far (``Generation``).
     """
     rule = StandardRule() if rule is None else rule
     if not isinstance(rule, AcceptanceRule):
@@ -274,12 +310,12 @@ def tree_stream(
     ids = _as_input_ids(input_ids, target.device)
     _check_request(target, ids, max_new_tokens, seed, vocab)
     cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos_set(target, eos_token_id),
-                  with_distortion, keep)
+                  with_distortion, keep, bool(backoff and keep is not None))
     steps: list[StepRecord] = []
     trees: list[TreeRecord] = []
     events = _tree_events(target, drafter, ids, rule, cfg, steps, trees, Detokenizer(tokenizer))
     method = f"{rule.describe()} tree(budget={budget}, depth={depth}, width={width})"
-    return TreeGeneration(method, budget, steps, trees, events)
+    return TreeGeneration(method, budget, steps, trees, events, deadline_s)
 
 
 def tree_generate(target: PreTrainedModel, drafter: PreTrainedModel | Drafter, input_ids: Any,
