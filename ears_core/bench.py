@@ -15,6 +15,12 @@ section     main     every method at T0, K0 on the benchmark prompts
                      FLy's gate, the budget's epsilon) at T0, K0 on the sweep prompts and seeds, beside
                      ordinary and target-only: acceptance and tokens/s against exact distortion (FLy's
                      distortion is its per-position approximation; see rules.FLyRule)
+            policy   the draft length: the cost model's policy, fixed K = 1..4 and the threshold, at
+                     T = 0 and T = 0.9 (bench_plan)
+            tree     chain against tree (seed 002) on the policy section's prompts, T and length: a
+                     tree of N nodes against a chain of K = N drafts (the same verify price: mean
+                     accepted tokens per round, ``acc/round``), and the chain's policy against a
+                     tree sized by the cost model (tokens/s); ``drafts/round`` counts a tree's nodes
 ratio       a config's pooled tokens/s (total tokens / total seconds) over target-only's pooled
             tokens/s at the same T on the same prompts and seeds, both measured in this process with
             the configs of one prompt run back to back in a rotating order (interleaved); a warm-up
@@ -49,6 +55,7 @@ from . import bench_report
 from .bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
 from .decoding import autoregressive, stream
 from .rules import RULES
+from .tree_decoding import tree_stream
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
 
@@ -86,6 +93,15 @@ class Bench:
             res = autoregressive(self.target, ids, **kw)
         elif cfg.method == "assisted":
             return self._assisted(cfg, ids, seed, max_new)
+        elif cfg.shape == "tree":  # depth K, a budget of nodes: exactly (fixed) or sized by the cost model
+            rule = cfg.rule()
+            extra = self.session.tree_policy_for(rule, cfg.temperature, cfg.budget, cfg.draft) if self.session else {}
+            gen = tree_stream(self.target, self.drafter(), ids, rule=rule, budget=cfg.budget, depth=cfg.gamma, **kw,
+                              **extra)
+            res = gen.result()
+            if self.session is not None:
+                calib = extra["keep"].calibration if "keep" in extra else None
+                self.session.absorb(gen, rule, cfg.temperature, calib, shape="tree")
         else:
             rule = cfg.rule()
             extra = self.session.policy_for(rule, cfg.temperature, cfg.gamma, cfg.draft) if self.session else {}
@@ -151,10 +167,13 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
     bench = bench or load_bench(s)
     prompts = load_prompts(s.prompts_file)
     assisted = s.assisted
+    if "tree" in s.sections and not hasattr(bench.drafter(), "propose_tree"):
+        raise ValueError(f"the tree section needs a draft with a distribution to branch from (a draft model or "
+                         f"head), not {bench.draft_label}: drop 'tree' from --sections or choose another --draft")
     jobs, by_section = build_plan(s, prompts, assisted)
     ids = {p["id"]: encode_prompt(bench.tokenizer, p["prompt"], device=bench.target.device) for p in prompts}
     warm = ids[jobs[0].prompt_id]
-    for cfg in {j.config.method: j.config for j in jobs}.values():  # warm-up, one short run per method
+    for cfg in {(j.config.method, j.config.shape): j.config for j in jobs}.values():  # warm-up: one per method, shape
         bench.run(cfg, warm, 0, 8)
     rows: dict[Job, dict[str, Any]] = {}
     t_start = time.perf_counter()
@@ -229,9 +248,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draft length of the main, sweep, fidelity and frontier sections: policy (this machine's "
                    "measured prices pick 0..K each round), fixed (always K) or threshold (confidence 0.35)")
     p.add_argument("--policy-temperatures", type=_floats, default=d.policy_temperatures,
-                   help="the policy section's temperatures (0 = greedy)")
+                   help="the policy and tree sections' temperatures (0 = greedy)")
     p.add_argument("--policy-gammas", type=_ints, default=d.policy_gammas, help="the policy section's fixed K values")
-    p.add_argument("--policy-tokens", type=int, default=d.policy_tokens, help="max new tokens in the policy section")
+    p.add_argument("--policy-tokens", type=int, default=d.policy_tokens,
+                   help="max new tokens in the policy and tree sections")
+    p.add_argument("--tree-budgets", type=_ints, default=d.tree_budgets,
+                   help="the tree section's fixed tree budgets N, each against a chain of K = N drafts")
+    p.add_argument("--tree-max-nodes", type=int, default=d.tree_max_nodes,
+                   help="the tree section's cost-model tree: nodes per round at most (its depth is --gamma)")
     p.add_argument("--rules", default=d.rules,
                    help="the main section's rules, comma-separated, each with optional parameters "
                    "(name:param=value); registered: " + ", ".join(
@@ -253,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
                       assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
                       draft_length=a.draft_length, policy_temperatures=a.policy_temperatures,
-                      policy_gammas=a.policy_gammas, policy_tokens=a.policy_tokens, rules=a.rules, frontier=a.frontier,
+                      policy_gammas=a.policy_gammas, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
+                      tree_max_nodes=a.tree_max_nodes, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
     from .models import ModelLoadError
 

@@ -9,6 +9,12 @@ Every speculative config has a draft length (``session.DRAFT_LENGTHS``): ``polic
 cost model picks 0..K drafts each round; the default), ``fixed`` (always K; the k section) or
 ``threshold`` (the old confidence threshold, asked before each draw). The policy section compares
 them on the same prompts at T = 0 and T = 0.9: the policy, fixed K = 1..4 and the threshold.
+Every speculative config also has a draft shape: ``chain`` (K drafts in a row) or ``tree`` (a tree of
+depth K, ``budget`` nodes: exactly with a fixed draft length, at most with the policy, which is then
+``tree_policy.TreeBudget``). The tree section compares them on the policy section's prompts,
+temperatures and length: at the same verify price (a tree of N nodes against a chain of K = N drafts,
+both N + 1 tokens a target pass, for N in ``--tree-budgets``) and each with the cost model (the
+chain's policy against a tree sized by the cost model, at most ``--tree-max-nodes`` nodes, depth K0).
 ``--frontier`` names the frontier section's sweeps, one per rule: its first parameter takes every
 value listed (separated by ``/``), later ones are fixed: ``ears:beta=0.1/0.3,fly:gate=0.3/0.6:window=2``.
 """
@@ -27,7 +33,7 @@ __all__ = ["Config", "BenchSettings", "Job", "build_plan", "load_prompts", "spre
            "SECTIONS", "PROMPTS_FILE", "FRONTIER", "parse_frontier"]
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
-SECTIONS = ("main", "sweep", "k", "fidelity", "frontier", "policy")
+SECTIONS = ("main", "sweep", "k", "fidelity", "frontier", "policy", "tree")
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 # The frontier section's default sweeps: every lossy rule's knob, from nearly lossless to loose.
 FRONTIER = ("ears:beta=0.05/0.1/0.2/0.3/0.5/1,ears-entropy:beta=0.05/0.1/0.2/0.5/1,typical:eps=0.3/0.2/0.1/0.05/0.02,"
@@ -45,6 +51,8 @@ class Config:
     beta: float = 0.0
     params: tuple[tuple[str, float], ...] = ()
     draft: str = "policy"  # policy / fixed / threshold (see the module docstring)
+    shape: str = "chain"  # chain / tree (see the module docstring)
+    budget: int = 0  # a tree's nodes per round (at most with the policy); 0 for a chain
 
     @property
     def label(self) -> str:
@@ -52,7 +60,8 @@ class Config:
             return self.method
         names = {p.name for p in rule_spec(self.method).params}
         values = ([f"{self.beta:g}"] if "beta" in names else []) + [f"{k}={v:g}" for k, v in self.params]
-        return " ".join([self.method, *values]) + ("" if self.draft == "policy" else f" [{self.draft}]")
+        tree = [f"tree({self.budget})"] if self.shape == "tree" else []
+        return " ".join([self.method, *values, *tree]) + ("" if self.draft == "policy" else f" [{self.draft}]")
 
     @property
     def key(self) -> str:
@@ -155,6 +164,8 @@ class BenchSettings:
     policy_temperatures: tuple[float, ...] = (0.0, 0.9)  # the policy section (T = 0 is greedy)
     policy_gammas: tuple[int, ...] = (1, 2, 3, 4)  # its fixed K; the policy and threshold use K0
     policy_tokens: int = 64
+    tree_budgets: tuple[int, ...] = (2, 4)  # the tree section's fixed budgets N (against chains of K = N)
+    tree_max_nodes: int = 8  # the tree section's cost-model tree: nodes per round at most (depth K0)
     rules: str = "ordinary,ears,typical,entropy"  # the main section's rules (see parse_rules)
     frontier: str = FRONTIER  # the frontier section's sweeps (see parse_frontier)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -175,6 +186,8 @@ class BenchSettings:
             raise ValueError(f"--draft-length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
         if any(t < 0 for t in self.policy_temperatures) or any(k < 1 for k in self.policy_gammas):
             raise ValueError("--policy-temperatures must be >= 0 and --policy-gammas >= 1")
+        if any(not 1 <= n <= 16 for n in (*self.tree_budgets, self.tree_max_nodes)):
+            raise ValueError("--tree-budgets and --tree-max-nodes must be whole numbers from 1 to 16 (nodes per round)")
         if unknown:
             raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
         parse_rules(self.rules)
@@ -232,6 +245,18 @@ def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Conf
                 cfgs += [Config(name, t, k, beta, draft="fixed") for k in s.policy_gammas]
                 cfgs.append(Config(name, t, s.gamma, beta, draft="threshold"))
         return cfgs
+    if section == "tree":  # the policy section's temperatures and rules; chain and tree side by side
+        cfgs = []
+        for t in s.policy_temperatures:
+            rules = [("ordinary", 0.0)] + ([("ears", s.headline_beta)] if t > 0 else [])
+            cfgs.append(Config("target", t))
+            for name, beta in rules:
+                for n in s.tree_budgets:  # the same verify price: N + 1 tokens a target pass
+                    cfgs += [Config(name, t, n, beta, draft="fixed"),
+                             Config(name, t, n, beta, draft="fixed", shape="tree", budget=n)]
+                cfgs += [Config(name, t, s.gamma, beta, draft="policy"),
+                         Config(name, t, s.gamma, beta, draft="policy", shape="tree", budget=s.tree_max_nodes)]
+        return cfgs
     return [c if c.method in ("target", "assisted") else replace(c, draft=s.draft_length)
             for c in _section_configs(s, section, assisted)]
 
@@ -274,7 +299,7 @@ def build_plan(s: BenchSettings, prompts: list[dict[str, Any]], assisted: bool) 
         if sec == "fidelity":
             chosen = [p for p in prompts if p.get("answer") is not None]
             seeds, tokens = range(s.fidelity_seeds), s.fidelity_tokens
-        elif sec == "policy":
+        elif sec in ("policy", "tree"):
             chosen, seeds, tokens = spread(prompts, s.prompts), range(1), s.policy_tokens
         else:
             chosen = spread(prompts, s.prompts if sec == "main" else s.sweep_prompts)

@@ -22,9 +22,10 @@ from scipy.stats import binomtest
 from .bench_plan import Config, Job, final_answer
 from .metrics import round_theory
 
-__all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson"]
+__all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson", "tree_section_figure"]
 
-RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "params", "draft_length", "sections", "prompt_id", "task", "seed",
+RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "params", "draft_length", "draft_shape", "tree_budget",
+              "sections", "prompt_id", "task", "seed",
               "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
               "draft_ms", "target_ms", "total_distortion", "logprob", "expected", "answer", "correct", "text"]
 
@@ -54,7 +55,8 @@ def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any
                                                   "draft_ms", "target_ms", "total_distortion")}
         tps = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] > 0 else math.nan
         row: dict[str, Any] = dict(config=cfg.key, method=cfg.method, label=cfg.label, temperature=cfg.temperature,
-                                   gamma=cfg.gamma, beta=cfg.beta, runs=len(rs), tokens=tot["new_tokens"],
+                                   gamma=cfg.gamma, beta=cfg.beta, draft=cfg.draft, shape=cfg.shape,
+                                   runs=len(rs), tokens=tot["new_tokens"],
                                    seconds=_r(tot["wall_s"], 2), tokens_per_s=_r(tps, 2))
         b = base.get(cfg.temperature)
         if b is not None:
@@ -72,10 +74,13 @@ def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any
             t_round_draft, t_verify = tot["draft_ms"] / tot["steps"], tot["target_ms"] / tot["steps"]
             row.update(acceptance=_r(a), drafts_per_round=_r(k_eff, 3), pardon_rate=_r(tot["pardoned"] / tot["drafted"]),
                        accept_length=_r(tot["new_tokens"] / max(1, tot["steps"]), 3),
+                       accepted_per_round=_r(tot["accepted"] / max(1, tot["steps"]), 3),
                        distortion=_r(tot["total_distortion"] / max(1, tot["new_tokens"]), 5), cost_ratio=_r(c),
                        theory_E=_r(e, 3), theory_S=_r(theory_s, 3),
                        verify_steps=_r(t_verify / t_step, 3) if t_step else None,
                        cost_model_S=_r(e * t_step / (t_round_draft + t_verify), 3) if t_step else None)
+            if cfg.shape == "tree":  # E(a, k) is a chain's formula: not a tree's theory
+                row.update(theory_E=None, theory_S=None, cost_model_S=None)
         if any(r["correct"] is not None for r in rs):
             n_ok = sum(bool(r["correct"]) for r in rs)
             agree = [r["answer"] == target_answer.get((j.prompt_id, j.seed)) for j, r in zip(js, rs)
@@ -106,6 +111,7 @@ def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, A
             w.writerow(dict(method=j.config.method, label=j.config.label, temperature=j.config.temperature,
                             gamma=j.config.gamma, beta=j.config.beta, sections=" ".join(sections_of[j]),
                             params=";".join(f"{k}={v:g}" for k, v in j.config.params), draft_length=j.config.draft,
+                            draft_shape=j.config.shape, tree_budget=j.config.budget,
                             prompt_id=j.prompt_id, task=p.get("task"), seed=j.seed, max_new_tokens=j.max_new_tokens,
                             tokens_per_s=round(r["new_tokens"] / r["wall_s"], 3) if r["wall_s"] else None,
                             expected=p.get("answer"), **{k: r[k] for k in RUN_FIELDS if k in r}))
@@ -149,7 +155,7 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
         for r in csv.DictReader(f):
             params = tuple((k, float(v)) for k, _, v in (x.partition("=") for x in (r.get("params") or "").split(";") if x))
             cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]), params,
-                         r.get("draft_length") or "policy")
+                         r.get("draft_length") or "policy", r.get("draft_shape") or "chain", int(r.get("tree_budget") or 0))
             job = Job(cfg, int(r["prompt_id"]), int(r["seed"]), int(r["max_new_tokens"]))
             expected = r["expected"] or None
             answer = final_answer(r["text"]) if expected else None
@@ -167,7 +173,7 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
 
 COLUMNS = [("config", "config", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"), ("ratio", "vs target", "{:.2f}x"),
            ("acceptance", "accept", "{:.3f}"), ("drafts_per_round", "drafts/round", "{:.2f}"),
-           ("accept_length", "tok/round", "{:.2f}"),
+           ("accept_length", "tok/round", "{:.2f}"), ("accepted_per_round", "acc/round", "{:.2f}"),
            ("pardon_rate", "pardon", "{:.3f}"), ("distortion", "distortion", "{:.4f}"),
            ("cost_ratio", "c", "{:.3f}"), ("theory_S", "theory S", "{:.2f}x"),
            ("cost_model_S", "cost-model S", "{:.2f}x"), ("logprob", "log-prob", "{:.3f}"),
@@ -292,6 +298,8 @@ def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
         fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
         fig.update_layout(title="Lossy rules, same prompts and seeds: acceptance and speed vs distortion")
         figs["lossy"] = fig
+    if "tree" in secs:
+        figs["tree"] = tree_section_figure(secs["tree"])
     if "fidelity" in secs:
         rows = secs["fidelity"]
         fig = go.Figure()
@@ -304,3 +312,23 @@ def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
         fig.update_layout(title="Math final answers (Wilson 95% intervals)", yaxis_range=[0, 1], barmode="group")
         figs["fidelity"] = fig
     return figs
+
+
+def tree_section_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """The tree section: mean accepted tokens per round of a chain (K = N) and a tree (N nodes) at
+    the same verify price, and tokens/s against target-only of the chain's policy and the tree
+    sized by the cost model; one bar group per rule and temperature."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("accepted per round at the same verify price",
+                                                        "tokens/s vs target-only, each with the cost model"))
+    spec = [r for r in rows if r["method"] != "target"]
+    for shape, colour in (("chain", "#636efa"), ("tree", "#e6007e")):
+        fixed = [r for r in spec if r.get("shape", "chain") == shape and r.get("draft") == "fixed"]
+        fig.add_bar(x=[f"{r['method']} N={r['gamma']} T={r['temperature']:g}" for r in fixed],
+                    y=[r.get("accepted_per_round") for r in fixed], name=f"{shape}, fixed", marker_color=colour,
+                    row=1, col=1)
+        auto = [r for r in spec if r.get("shape", "chain") == shape and r.get("draft") == "policy"]
+        fig.add_bar(x=[f"{r['method']} T={r['temperature']:g}" for r in auto], y=[r.get("ratio") for r in auto],
+                    name=f"{shape}, cost model", marker_color=colour, opacity=0.6, row=1, col=2)
+    fig.add_hline(y=1.0, line_dash="dot", row=1, col=2)
+    fig.update_layout(title="Chain against tree (seed 002)", barmode="group")
+    return fig

@@ -2,6 +2,7 @@
 and the target-only speed on the same prompt.
 
     python -m ears_core.generate --prompt "Write a haiku about rain" --rule ears --beta 0.1
+    python -m ears_core.generate --tree --tree-budget 8 -K 4     # a tree of drafts per round
 
 Colours (like llama.cpp's --color): accepted green, pardoned bold magenta, resampled yellow,
 bonus cyan, target-only plain. The rules and their parameter flags come from the registry in
@@ -51,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-length", choices=DRAFT_LENGTHS, default="policy",
                    help="policy: each round drafts what this machine's measured prices say pays (0..K); "
                    "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
+    p.add_argument("--tree", action="store_true",
+                   help="draft a tree each round (depth K, verified in one target pass) instead of a chain; with "
+                   "--draft-length policy the cost model sizes each tree, with fixed it has --tree-budget nodes")
+    p.add_argument("--tree-budget", type=int, default=8, help="a tree's nodes per round (at most: policy; exactly: "
+                   "fixed), 1-16")
+    p.add_argument("--tree-width", type=int, default=None, help="a tree node's children at most (default: no limit)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate, >= 1")
     p.add_argument("--seed", type=int, default=0, help="seed of the counter-based random draws")
     p.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (draft and target alike)")
@@ -70,7 +77,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     params = {name: getattr(args, name) for name in rule_params() if getattr(args, name) is not None}
     return RunConfig(rule=args.rule, params=params, temperature=args.temperature, gamma=args.gamma,
                      max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, top_p=args.top_p,
-                     draft_length=args.draft_length).validate()
+                     draft_length=args.draft_length, draft_shape="tree" if args.tree else "chain",
+                     tree_budget=args.tree_budget, tree_width=args.tree_width).validate()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"[{session.pair.name}; {session.pair.device}; draft length: {cfg.draft_length}]", file=sys.stderr)
+    shape = f"; a tree of depth {cfg.gamma}, {cfg.tree_budget} nodes" if cfg.draft_shape == "tree" else ""
+    print(f"[{session.pair.name}; {session.pair.device}; draft length: {cfg.draft_length}{shape}]", file=sys.stderr)
     if cfg.draft_length == "policy":
         print(f"[this machine: {session.profile_text()}]", file=sys.stderr)
     if colour:
@@ -102,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _ in base:
                 pass
             base_tps = base.gen.stats().tokens_per_s
-    print("\n\n" + summary_text(summary_rows(stats, base_tps)))
+    print("\n\n" + summary_text(summary_rows(stats, base_tps, shape=cfg.draft_shape)))
     return 0
 
 

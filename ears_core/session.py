@@ -15,6 +15,11 @@ policy      how many drafts each round sends (``costs.DraftPolicy``): from this 
             from every finished run) and a confidence calibration per rule and temperature (also
             learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
             K) or "threshold" (stop when the draft's confidence falls below 0.35).
+tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
+            of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
+            (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
+            is learnt apart from the chain's (per rule and temperature); its rounds teach the running
+            prices the verify price only (a tree's draft passes are per level, not per node).
 summary     ``summary_rows()``: the one list of (metric, value) the app renders as a table and
             the CLI prints as text.
 record      ``run_record()``: one run as plain data (settings, metrics, baseline, events, rounds):
@@ -34,6 +39,8 @@ from typing import Any, Sequence
 import torch
 
 from .costs import Calibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
+from .tree_decoding import tree_stream
+from .tree_policy import TreeBudget
 from .decoding import Generation, autoregressive_stream, stream
 from .metrics import GenerationStats
 from .models import ModelPair, describe_device
@@ -41,9 +48,11 @@ from .rules import AcceptanceRule, GreedyRule, make_rule, rule_spec
 from .runs import ACTIVITY, ActivityLog, Background, Tracked
 
 __all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "summary_rows", "summary_markdown",
-           "summary_text", "export_run", "run_record", "DRAFT_LENGTHS"]
+           "summary_text", "export_run", "run_record", "DRAFT_LENGTHS", "DRAFT_SHAPES"]
 
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
+DRAFT_SHAPES = ("chain", "tree")
+MAX_TREE_NODES = 16
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
 MAX_K = 8
 STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
@@ -62,11 +71,27 @@ class RunConfig:
     top_k: int | None = None
     top_p: float | None = None
     draft_length: str = "policy"  # "policy": the measured cost model; "fixed": always K; "threshold"
+    draft_shape: str = "chain"  # "chain": K drafts in a row; "tree": a tree of depth K (module terms)
+    tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
+    tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
 
     def validate(self) -> "RunConfig":
         rule_spec(self.rule)  # unknown name: a ValueError listing the registered rules
         if self.draft_length not in DRAFT_LENGTHS:
             raise ValueError(f"draft length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
+        if self.draft_shape not in DRAFT_SHAPES:
+            raise ValueError(f"draft shape must be one of {', '.join(DRAFT_SHAPES)}, got {self.draft_shape!r}")
+        if self.draft_shape == "tree":
+            if isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int) or \
+                    not 1 <= self.tree_budget <= MAX_TREE_NODES:
+                raise ValueError(f"the tree budget (nodes per round) must be a whole number from 1 to {MAX_TREE_NODES}, "
+                                 f"got {self.tree_budget!r}")
+            if self.tree_width is not None and (not isinstance(self.tree_width, int) or self.tree_width < 1):
+                raise ValueError(f"the tree width (children per node) must be a whole number >= 1 or None (no "
+                                 f"limit), got {self.tree_width!r}")
+            if self.draft_length == "threshold":
+                raise ValueError("the threshold draft length is for chains: with a tree choose policy (the cost "
+                                 "model sizes each round's tree) or fixed (tree_budget nodes every round)")
         for name, value in self.params.items():
             if value is None or value != value:
                 raise ValueError(f"the rule parameter {name} must be a number, got {value!r}")
@@ -107,7 +132,7 @@ class Session:
         self.pair = pair
         self.activity = activity or ACTIVITY
         self._baselines: dict[tuple, GenerationStats] = {}
-        self._calibrations: dict[tuple[str, float], Calibration] = {}
+        self._calibrations: dict[tuple, Calibration] = {}  # (rule, temperature[, "tree"]) -> calibration
         self._prices = RunningPrices(prices) if prices is not None else None
         self._measured_step: float | None = prices.step_ms if prices is not None else None
         self._refresh = False  # the rounds disagree with the cached profile: measure again
@@ -166,15 +191,30 @@ class Session:
         if draft_length == "threshold":  # raw confidence: 100 bins, a prior no run can move
             calib = Calibration(bins=100, prior_weight=1e12)
         else:
-            with self._lock:
-                key = (rule.describe(), temperature)
-                if key not in self._calibrations:
-                    self._calibrations[key] = self._initial_calibration(temperature)
-                calib = self._calibrations[key].copy()
+            calib = self._calibration((rule.describe(), temperature), temperature)
         policy = DraftPolicy(PriceCurve(list(curve.verify_ms), curve.draft_ms, curve.overhead_ms, curve.key,
                                         curve.measured_at), gamma,
                              threshold=THRESHOLD if draft_length == "threshold" else None)
         return dict(policy=policy, calibration=calib)
+
+    def _calibration(self, key: tuple, temperature: float) -> Calibration:
+        """A copy of the calibration for ``key`` (made from the shipped one on first use)."""
+        with self._lock:
+            if key not in self._calibrations:
+                self._calibrations[key] = self._initial_calibration(temperature)
+            return self._calibrations[key].copy()
+
+    def tree_policy_for(self, rule: AcceptanceRule, temperature: float, budget: int, draft_length: str
+                        ) -> dict[str, Any]:
+        """``tree_stream`` keyword arguments for a tree's draft length: "policy" sizes each round's
+        tree from a snapshot of the prices and a copy of the tree calibration for (rule,
+        temperature), backing off after empty probes; "fixed" drafts ``budget`` nodes every round."""
+        if draft_length == "fixed":
+            return {}
+        c = self.prices
+        snapshot = PriceCurve(list(c.verify_ms), c.draft_ms, c.overhead_ms, c.key, c.measured_at)
+        calib = self._calibration((rule.describe(), temperature, "tree"), temperature)
+        return dict(keep=TreeBudget(snapshot, budget, calib), backoff=True)
 
     def _initial_calibration(self, temperature: float) -> Calibration:
         """What the policy assumes before a run of this pair: the drafter's shipped calibration
@@ -186,27 +226,47 @@ class Session:
             return Calibration()
         return Calibration(stood=list(counts["stood"]), seen=list(counts["seen"]))
 
-    def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None) -> None:
-        """Fold a finished run into the session: its rounds' timings into the running prices, its
-        calibration (learnt during the run) into the one for (rule, temperature)."""
+    def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None,
+               shape: str = "chain") -> None:
+        """Fold a finished run into the session: its rounds' timings into the running prices (a
+        tree's: the verify pass only), its calibration (learnt during the run) into the one for
+        (rule, temperature) and its draft shape."""
+        tree = shape == "tree"
         with self._lock:
             if self._prices is not None:
                 for st in gen.steps:
-                    self._prices.observe(st.drafted, st.draft_ms, st.target_ms, st.overhead_ms)
+                    self._prices.observe(st.drafted, -1.0 if tree else st.draft_ms, st.target_ms,
+                                         -1.0 if tree else st.overhead_ms)
                 step, measured = self._prices.curve.step_ms, self._measured_step
                 if measured and len(gen.steps) >= 8 and not 1 / STALE < step / measured < STALE:
                     self._refresh = True  # e.g. measured while another job held the cores
             if calibration is not None and calibration.prior_weight < 1e9:
-                self._calibrations[(rule.describe(), temperature)] = calibration
+                self._calibrations[(rule.describe(), temperature, *(("tree",) if tree else ()))] = calibration
 
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """The speculative run of ``cfg`` on ``ids`` with a fresh drafter and the draft-length
         policy of ``cfg.draft_length`` (iterate it, or run it in ``Background``)."""
         rule, temperature = cfg.validate().rule_and_temperature()
+        if cfg.draft_shape == "tree":
+            return self._tree_run(ids, cfg, rule, temperature, deadline_s)
         extra = self.policy_for(rule, temperature, cfg.gamma, cfg.draft_length)
         gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, gamma=cfg.gamma,
                      deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common(), **extra)
         return Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
+
+    def _tree_run(self, ids: torch.Tensor, cfg: RunConfig, rule: AcceptanceRule, temperature: float,
+                  deadline_s: float | None) -> Tracked:
+        drafter = self.pair.new_drafter()
+        if not hasattr(drafter, "propose_tree"):
+            raise ValueError(f"the draft {getattr(self.pair, 'draft_spec', None) or type(drafter).__name__} cannot "
+                             "draft a tree (it has no distribution to branch from): choose the chain draft shape, "
+                             "or a draft model or head")
+        extra = self.tree_policy_for(rule, temperature, cfg.tree_budget, cfg.draft_length)
+        gen = tree_stream(self.pair.target, drafter, ids, rule=rule, budget=cfg.tree_budget, depth=cfg.gamma,
+                          width=cfg.tree_width, deadline_s=deadline_s, **cfg.sampling_kwargs(temperature),
+                          **self._common(), **extra)
+        calib = extra["keep"].calibration if "keep" in extra else None
+        return Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, calib, shape="tree"))
 
     def baseline(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """Target-only decoding of the same request (same temperature, seed, length)."""
@@ -245,21 +305,28 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def summary_rows(stats: GenerationStats, baseline_tps: float | None = None, *, contended: bool = False,
-                 baseline_note: str = "") -> list[tuple[str, str]]:
-    """(metric, value) rows: rates, lengths, distortion, speed, speedup measured vs theory."""
+                 baseline_note: str = "", shape: str = "chain") -> list[tuple[str, str]]:
+    """(metric, value) rows: rates, lengths, distortion, speed, speedup measured vs theory.
+    ``shape``: the run's draft shape; a tree's rows say so and give its mean nodes per round."""
     speedup = stats.tokens_per_s / baseline_tps if baseline_tps else None
     label = " (contended: another decode ran at the same time)" if contended else ""
+    tree, rounds = shape == "tree", max(stats.steps, 1)
+    what = "nodes" if tree else "drafts"
     rows = [
         ("rule", stats.method),
+        ("draft shape", f"tree: {stats.drafted / rounds:.2f} nodes per round (mean), the accepted path verified in "
+         "one pass" if tree else f"chain: {stats.drafted / rounds:.2f} drafts per round (mean)"),
         ("tokens / rounds", f"{stats.new_tokens} / {stats.steps}"),
-        ("acceptance rate", f"{_fmt(stats.acceptance_rate)} ({stats.accepted} of {stats.drafted} drafts stood)"),
+        ("acceptance rate", f"{_fmt(stats.acceptance_rate)} ({stats.accepted} of {stats.drafted} {what} stood)"),
+        ("mean accepted per round", f"{stats.accepted / rounds:.2f} drafted tokens stood per round"),
         ("mean acceptance length", f"{stats.mean_accept_length:.2f} tokens per round"),
         ("pardon rate", f"{_fmt(stats.pardon_rate)} ({stats.pardoned} pardoned)"),
         ("mean exact distortion (TV)", f"{stats.mean_distortion:.4f} per token"),
         ("throughput", f"{stats.tokens_per_s:.1f} tokens/s{label}"),
         ("target-only", "not measured" if not baseline_tps else f"{baseline_tps:.1f} tokens/s{baseline_note}"),
         ("speedup, measured", "–" if speedup is None else f"{speedup:.2f}×{label}"),
-        ("speedup, theory S = E/(kc+1)", "–" if stats.theory_speedup is None else
+        ("speedup, theory S = E/(kc+1)", "– (a chain's formula; this run drafted a tree)" if tree else
+         "–" if stats.theory_speedup is None else
          f"{stats.theory_speedup:.2f}× (E = {stats.theory_tokens_per_step:.2f}, c = {stats.cost_ratio:.3f})"),
     ]
     return rows
@@ -278,17 +345,23 @@ def summary_text(rows: Sequence[tuple[str, str]]) -> str:
 
 
 def run_record(result: Any, cfg: RunConfig, *, prompt: str, model: str, device: str,
-               baseline_tps: float | None = None, contended: bool = False) -> dict[str, Any]:
-    """One finished (or timed-out) run as plain data: ``result`` is a ``GenerationResult``."""
+               baseline_tps: float | None = None, contended: bool = False, trees: Sequence[Any] = ()
+               ) -> dict[str, Any]:
+    """One finished (or timed-out) run as plain data: ``result`` is a ``GenerationResult``;
+    ``trees`` a tree run's ``TreeRecord`` per round."""
     stats = result.stats
     rule, temperature = cfg.rule_and_temperature()
     settings = {"prompt": prompt, "rule": rule.describe(), **cfg.params, "temperature": temperature,
                 "K": cfg.gamma, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k": cfg.top_k,
-                "top_p": cfg.top_p, "draft_length": cfg.draft_length, "model": model, "device": device}
+                "top_p": cfg.top_p, "draft_length": cfg.draft_length, "draft_shape": cfg.draft_shape,
+                "model": model, "device": device}
+    if cfg.draft_shape == "tree":
+        settings.update(tree_budget=cfg.tree_budget, tree_width=cfg.tree_width)
     return {"settings": settings, "stats": stats.to_dict(), "baseline_tokens_per_s": baseline_tps,
             "speedup": stats.tokens_per_s / baseline_tps if baseline_tps else None,
             "contended": contended, "timed_out": result.timed_out, "text": result.text,
-            "events": [e.to_dict() for e in result.events], "steps": [s.to_dict() for s in result.steps]}
+            "events": [e.to_dict() for e in result.events], "steps": [s.to_dict() for s in result.steps],
+            "trees": [t.to_dict() for t in trees]}
 
 
 def export_run(run: dict[str, Any], folder: str | os.PathLike | None = None) -> tuple[str, str]:

@@ -40,11 +40,11 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
                      "--sweep-prompts", "2", "--max-new-tokens", "10", "--fidelity-tokens", "10",
                      "--fidelity-seeds", "2", "--betas", "0.1,0.5", "--temperatures", "0.6,1.2",
                      "--gammas", "1,2", "--out", str(out), "--frontier", FRONTIER_SMALL, "--draft-length", "fixed",
-                     "--policy-tokens", "10", "--policy-gammas", "1,2",
+                     "--policy-tokens", "10", "--policy-gammas", "1,2", "--tree-budgets", "2", "--tree-max-nodes", "4",
                      *(["--images"] if HAS_CHROMIUM else [])])
     assert rc == 0 and torch.is_grad_enabled()  # no global side effect on later tests
     printed = capsys.readouterr().out
-    for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]", "[policy]"):
+    for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]", "[policy]", "[tree]"):
         assert section in printed
     assert "vs target" in printed and "cost-model S" in printed
 
@@ -62,7 +62,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert math_rows and all(r["correct"] in ("True", "False") for r in math_rows)
 
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier", "policy"}
+    assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier", "policy", "tree"}
     main = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["main"]}
     assert set(main) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.1 T=0.9 K=4", "ears 0.5 T=0.9 K=4",
                          "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4", "assisted T=0.9 K=4"}
@@ -73,6 +73,18 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
                       "ears 0.1 T=0.9 K=4", "ears 0.1 [fixed] T=0.9 K=1", "ears 0.1 [fixed] T=0.9 K=2",
                       "ears 0.1 [threshold] T=0.9 K=4"}
     assert {r["draft_length"] for r in runs} == {"policy", "fixed", "threshold"}
+    tree = {r["config"]: r for r in summary["sections"]["tree"]}
+    assert set(tree) == {f"{m} T={t:g} K={k}" for t, rules in ((0, ("ordinary",)), (0.9, ("ordinary", "ears 0.1")))
+                         for m, k in [("target", 0)] + [(x, k) for r in rules for x, k in
+                                                         ((f"{r} [fixed]", 2), (f"{r} tree(2) [fixed]", 2), (r, 4),
+                                                          (f"{r} tree(4)", 4))]}
+    for key, row in tree.items():
+        if "tree(" in key:  # a tree: nodes per round within its budget (the cost model may draft none), no theory
+            assert 0 <= row.get("drafts_per_round", 0) <= (2 if "tree(2)" in key else 4) and row.get("theory_S") is None
+            assert row["ratio"] > 0 and row["shape"] == "tree"
+            assert "[fixed]" not in key or row["accepted_per_round"] is not None
+    assert tree["ordinary tree(2) [fixed] T=0 K=2"]["drafts_per_round"] == pytest.approx(2, abs=0.2)
+    assert {r["draft_shape"] for r in runs} == {"chain", "tree"}
     assert main["target T=0.9 K=0"]["ratio"] == 1.0
     for key in ("ordinary T=0.9 K=4", "ears 0.5 T=0.9 K=4", "typical T=0.9 K=4", "entropy 0.1 T=0.9 K=4"):
         row = main[key]
@@ -95,8 +107,8 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
         for name in ("speed", "frontier", "k", "fidelity", "lossy"):
             assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     html = (out / "report.html").read_text()
-    assert html.count("<table>") == 6 and "plotly" in html
-    for div in ("speed", "frontier", "k", "fidelity", "lossy"):
+    assert html.count("<table>") == 7 and "plotly" in html
+    for div in ("speed", "frontier", "k", "fidelity", "lossy", "tree"):
         assert f'id="{div}"' in html
 
     front = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["frontier"]}
@@ -158,6 +170,14 @@ def test_plan_shares_runs_between_sections_and_interleaves() -> None:
     assert fixed in by_section["k"] and ordinary not in by_section["k"]  # the k section is about fixed K
     policy = {(j.config.temperature, j.config.draft, j.config.gamma) for j in by_section["policy"] if j.config.method == "ordinary"}
     assert policy == {(t, d, k) for t in (0.0, 0.9) for d, k in [("policy", 4), ("threshold", 4), *(("fixed", k) for k in (1, 2, 3, 4))]}
+    tree = {(j.config.temperature, j.config.method, j.config.draft, j.config.shape, j.config.gamma, j.config.budget)
+            for j in by_section["tree"] if j.config.method == "ordinary"}
+    assert tree == {(t, "ordinary", d, shape, k, b) for t in (0.0, 0.9) for d, shape, k, b in
+                    [("fixed", "chain", 2, 0), ("fixed", "tree", 2, 2), ("fixed", "chain", 4, 0), ("fixed", "tree", 4, 4),
+                     ("policy", "chain", 4, 0), ("policy", "tree", 4, 8)]}
+    shared = set(by_section["tree"]) & set(by_section["policy"])  # the chains are the policy section's runs
+    assert {(j.config.shape, j.config.draft) for j in shared if j.config.method != "target"} == \
+        {("chain", "fixed"), ("chain", "policy")} and {j.config.method for j in shared} == {"target", "ordinary", "ears"}
     assert [p["task"] for p in spread(prompts, 6)] == ["creative", "qa", "math"] * 2
     assert all(prompts[j.prompt_id].get("answer") for j in by_section["fidelity"])
     assert {j.seed for j in by_section["fidelity"]} == {0, 1}
@@ -223,7 +243,7 @@ def test_final_answer_is_the_last_number(text, answer) -> None:
 @pytest.mark.parametrize("args,needle", [
     (["--sections", "main,nonsense"], "unknown section"), (["--gamma", "0"], "K must be >= 1"),
     (["--temperatures", "0,0.9"], "temperatures must be > 0"), (["--betas", "-0.1"], "beta must be >= 0"),
-    (["--max-new-tokens", "0"], "must be >= 1"),
+    (["--max-new-tokens", "0"], "must be >= 1"), (["--tree-budgets", "0,2"], "--tree-budgets and --tree-max-nodes"),
 ])
 def test_bad_settings_fail_before_loading_models(args, needle, capsys) -> None:
     assert bench.main(["--target", "/nonexistent/folder", *args]) == 2

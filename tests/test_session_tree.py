@@ -1,0 +1,109 @@
+"""session: a tree run through RunConfig / Session / summary_rows / run_record, and the CLI flags."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS
+from ears_core.costs import PriceCurve
+from ears_core.drafters import NGramDrafter
+from ears_core.models import ModelPair
+from ears_core.session import RunConfig, Session, run_record, summary_rows, summary_text
+
+PRICES = PriceCurve([10.0, 10.4, 10.8, 11.4, 12.2, 13.4, 15.0, 17.0, 19.5], 0.4, 0.3, measured_at="test")
+
+
+def hf_greedy(model, prompt, n):
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture()
+def session(tiny_pair, tmp_path):
+    target, draft = tiny_pair
+    pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
+    return Session(pair, prices=PRICES, cache_dir=tmp_path)  # a profile measured again goes to tmp_path
+
+
+def run(session, ids, cfg):
+    tracked = session.speculative(torch.tensor([ids]), cfg)
+    for _ in tracked:  # through Tracked: the session learns from the run when it ends
+        pass
+    return tracked.gen
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(draft_shape="bush"), "draft shape must be one of chain, tree"),
+    (dict(draft_shape="tree", tree_budget=0), "tree budget .* from 1 to 16"),
+    (dict(draft_shape="tree", tree_budget=17), "tree budget .* from 1 to 16"),
+    (dict(draft_shape="tree", tree_budget=True), "tree budget"),
+    (dict(draft_shape="tree", tree_width=0), "tree width"),
+    (dict(draft_shape="tree", draft_length="threshold"), "threshold draft length is for chains"),
+])
+def test_bad_tree_settings_are_refused_with_the_fix(kw, needle):
+    with pytest.raises(ValueError, match=needle):
+        RunConfig(**kw).validate()
+    RunConfig(draft_length="threshold", tree_budget=0).validate()  # a chain ignores the tree's settings
+
+
+def test_a_greedy_tree_run_with_the_cost_budget_is_the_targets_greedy_output(session, tiny_pair):
+    target, _ = tiny_pair
+    cfg = RunConfig(rule="greedy", params={}, temperature=0, gamma=5, max_new_tokens=40, draft_shape="tree",
+                    tree_budget=12)
+    before = list(session.prices.verify_ms), session.prices.draft_ms
+    gen = run(session, PROMPTS[2], cfg)
+    assert [e.token_id for e in gen.events] == hf_greedy(target, PROMPTS[2], 40)
+    assert "tree(budget=12, depth=5" in gen.method and len(gen.trees) == len(gen.steps)
+    sizes = [s.drafted for s in gen.steps]
+    assert len(set(sizes)) >= 2 and max(sizes) <= 12  # sized per round by the cost model
+    assert any(s.expected is not None for s in gen.steps)
+    # the run taught the session: a tree calibration apart from the chain's, verify prices only
+    assert ("greedy", 0.0, "tree") in session._calibrations and ("greedy", 0.0) not in session._calibrations
+    learnt = session._prices.curve  # (``session.prices`` would measure the tiny pair again: its steps are faster)
+    assert learnt.draft_ms == before[1] and learnt.verify_ms != before[0]
+
+    stats = gen.stats()
+    rows = dict(summary_rows(stats, shape="tree"))
+    assert rows["draft shape"].startswith(f"tree: {stats.drafted / stats.steps:.2f} nodes per round")
+    assert rows["mean accepted per round"].startswith(f"{stats.accepted / stats.steps:.2f}")
+    assert "nodes stood" in rows["acceptance rate"] and "drafted a tree" in rows["speedup, theory S = E/(kc+1)"]
+    assert "tree" not in dict(summary_rows(stats))["draft shape"]  # a chain's rows by default
+    assert "mean accepted per round" in summary_text(summary_rows(stats, shape="tree"))
+
+    rec = run_record(gen.result(), cfg, prompt="p", model="m", device="cpu", trees=gen.trees)
+    assert rec["settings"]["draft_shape"] == "tree" and rec["settings"]["tree_budget"] == 12
+    assert len(rec["trees"]) == stats.steps and rec["trees"][0]["tokens"] == gen.trees[0].tokens
+
+
+def test_a_fixed_budget_drafts_that_many_nodes_every_round(session):
+    cfg = RunConfig(rule="ears", params={"beta": 0.2}, temperature=0.9, gamma=3, max_new_tokens=30,
+                    draft_length="fixed", draft_shape="tree", tree_budget=5, tree_width=2, seed=3)
+    gen = run(session, PROMPTS[0], cfg)
+    full = [s.drafted for s in gen.steps if sum(x.emitted for x in gen.steps[: s.step]) <= 26]
+    assert full and set(full) == {5}  # every round with room for two levels drafts exactly 5 nodes
+    assert all(sum(1 for p in tr.parents if p == q) <= 2 for tr in gen.trees for q in set(tr.parents))  # width 2
+    # the same seed gives the same tokens through the session as tree_generate
+    again = run(session, PROMPTS[0], cfg)
+    assert [e.token_id for e in again.events] == [e.token_id for e in gen.events]
+
+
+def test_a_draft_without_a_distribution_cannot_draft_a_tree(tiny_pair):
+    target, _ = tiny_pair
+    pair = ModelPair(target, NGramDrafter(96), None, torch.device("cpu"), torch.float32, "tiny", 96, "ngram")
+    with pytest.raises(ValueError, match="ngram cannot draft a tree .* choose the chain draft shape"):
+        Session(pair, prices=PRICES).speculative(torch.tensor([PROMPTS[0]]), RunConfig(draft_shape="tree"))
+
+
+def test_the_cli_takes_the_tree_flags(capsys):
+    from ears_core.cli import build_parser, config_from_args, main
+
+    cfg = config_from_args(build_parser().parse_args(["--tree", "--tree-budget", "6", "--tree-width", "2", "-K", "3"]))
+    assert (cfg.draft_shape, cfg.tree_budget, cfg.tree_width, cfg.gamma) == ("tree", 6, 2, 3)
+    assert config_from_args(build_parser().parse_args([])).draft_shape == "chain"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert "--tree" in text and "--tree-budget" in text and "--tree-width" in text
+    assert main(["--tree", "--tree-budget", "40", "--no-baseline"]) == 2  # refused before any model loads
+    assert "tree budget (nodes per round) must be a whole number from 1 to 16" in capsys.readouterr().err
