@@ -14,6 +14,10 @@ pardon band  U - tolerance <= r < U: a ratio r in this band fails the ordinary t
              accepts it
 samples      throughput samples ``[(elapsed_s, tokens_so_far), ...]`` recorded while a run streams
 E, S         expected tokens per round and theoretical speedup (metrics.py)
+tree round   a ``tree_decoding.TreeRecord`` (or its dict): the nodes one round drafted, their
+             parents, the kind each got (accepted, pardoned, rejected, or untested: never tried
+             because the walk went another way), the accepted path and the token the round
+             emitted after it (resampled, bonus or target)
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from .metrics import expected_tokens_per_step, theoretical_speedup
 __all__ = [
     "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure", "price_figure",
     "confidence_spec", "ratio_spec", "throughput_spec", "accept_length_spec", "spec_json",
-    "rounds_figure",
+    "rounds_figure", "tree_spec", "tree_figure", "tree_layout",
     "accept_length_figure", "theory_figure", "tokens_html", "legend_html",
     "first_divergence",
 ]
@@ -46,6 +50,7 @@ KIND_COLOURS = {
     "bonus": "#0284c7",  # blue
     "target": "#6b7280",  # grey: target-only baseline
     "rejected": "#dc2626",  # red: a draft that lost its test (charts only)
+    "untested": "#d1d5db",  # light grey: a tree node never tried (tree chart only)
 }
 _TOKEN_STYLE = {  # (background, text colour, extra css)
     "accepted": ("#c8f0cc", "#0b3d12", ""),
@@ -268,6 +273,81 @@ def rounds_figure(steps: Sequence[StepRecord]) -> go.Figure:
     fig.add_trace(go.Scatter(x=xs, y=[s.emitted for s in steps], mode="markers", name="emitted",
                              marker=dict(size=6, color=KIND_COLOURS["accepted"])))
     return fig
+
+
+# ----------------------------------------------------------------------------- a round's tree
+
+
+def tree_layout(parents: Sequence[int], ranks: Sequence[int], path: Sequence[int]) -> tuple[list[int], list[float]]:
+    """(depth, row) of every entry of a drawn round: entry 0 is the root (the last committed token),
+    1..N the nodes, N + 1 the token emitted after the path (a child of the path's last node).
+    Siblings are ordered by rank, the emitted token after them; each leaf takes the next row and
+    a parent sits midway between its first and last child, so no two edges cross."""
+    n = len(parents)
+    parent = [-1] + [p + 1 for p in parents] + [(path[-1] + 1) if path else 0]
+    kids: list[list[int]] = [[] for _ in range(n + 2)]
+    for e in sorted(range(1, n + 1), key=lambda e: ranks[e - 1]):
+        kids[parent[e]].append(e)
+    kids[parent[n + 1]].append(n + 1)
+    depth, row, leaves = [0] * (n + 2), [0.0] * (n + 2), [0]
+
+    def place(e: int) -> None:  # the tree is at most a few dozen entries deep
+        for c in kids[e]:
+            depth[c] = depth[e] + 1
+            place(c)
+        if kids[e]:
+            row[e] = (row[kids[e][0]] + row[kids[e][-1]]) / 2
+        else:
+            row[e], leaves[0] = float(leaves[0]), leaves[0] + 1
+
+    place(0)
+    return depth, row
+
+
+def tree_spec(record: Any, labels: Sequence[str] | None = None, root_label: str | None = None,
+              next_label: str | None = None) -> dict[str, Any]:
+    """The spec of ``tree_figure``."""
+    get = (lambda k, d=None: record.get(k, d)) if isinstance(record, Mapping) else (lambda k, d=None: getattr(record, k, d))
+    tokens, parents, path = list(get("tokens")), list(get("parents")), list(get("path"))
+    n, kinds = len(tokens), ["root"] + [k or "untested" for k in get("kinds")] + [get("next_kind")]
+    text = [root_label or get("root_label") or "root", *(labels or get("labels") or map(str, tokens)),
+            next_label or get("next_label") or str(get("next_token"))]
+    depth, row = tree_layout(parents, get("ranks"), path)
+    parent = [-1] + [p + 1 for p in parents] + [(path[-1] + 1) if path else 0]
+    on_path = {0, n + 1} | {a + 1 for a in path}
+    data = []
+    for name, keep, line in (("other branches", False, dict(color="#cbd5e1", width=1.5)),
+                             ("accepted path", True, dict(color="#111827", width=3.5))):
+        sel = [e for e in range(1, n + 2) if (e in on_path) == keep]  # edges: parent -> e, None between
+        data.append(dict(type="scatter", mode="lines", name=name, hoverinfo="skip", showlegend=keep, line=line,
+                         x=[v for e in sel for v in (depth[parent[e]], depth[e], None)],
+                         y=[v for e in sel for v in (-row[parent[e]], -row[e], None)]))
+    for k in ("root", "accepted", "pardoned", "rejected", "untested", "resampled", "bonus", "target"):
+        sel = [e for e in range(n + 2) if kinds[e] == k]
+        if sel:
+            data.append(dict(
+                type="scatter", mode="markers+text", name=k, x=[depth[e] for e in sel], y=[-row[e] for e in sel],
+                text=[text[e] for e in sel], textposition="middle right", cliponaxis=False,
+                marker=dict(color="#111827" if k == "root" else KIND_COLOURS[k],
+                            size=[16 if e in on_path else 11 for e in sel],
+                            symbol=["diamond" if e == n + 1 else "circle" for e in sel],
+                            line=dict(color="#111827", width=[2 if e in on_path else 0 for e in sel])),
+                customdata=[[e - 1, depth[e]] for e in sel],
+                hovertemplate="%{text}<br>node %{customdata[0]}, depth %{customdata[1]}<extra>" + k + "</extra>"))
+    return dict(data=data, layout=_layout(f"Round {get('step', 0)}: {n} nodes, {len(path)} stood", "depth", "",
+                                          xaxis=dict(dtick=1, range=[-0.3, max(depth) + 1.2]),
+                                          yaxis=dict(showticklabels=False, zeroline=False, showgrid=False)))
+
+
+def tree_figure(record: Any, labels: Sequence[str] | None = None, root_label: str | None = None,
+                next_label: str | None = None) -> go.Figure:
+    """One round's tree (a ``TreeRecord`` or its dict): entries laid out by depth (``tree_layout``),
+    edges to parents (the accepted path thick and dark), nodes coloured as the token stream colours
+    tokens (accepted, pardoned; rejected red, untested grey), the emitted token after the path as a
+    diamond of its kind, token text beside each node (``labels``, else a record's ``labels``, else
+    token ids). Traces: [other edges, path edges, then one per kind present: root, accepted,
+    pardoned, rejected, untested, resampled, bonus, target]."""
+    return go.Figure(tree_spec(record, labels, root_label, next_label))
 
 
 # ----------------------------------------------------------------------------- HTML and text

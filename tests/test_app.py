@@ -66,10 +66,15 @@ def client():
 
 
 def call(client, prompt="the water is long and the", beta=0.5, temperature=1.0, k=4, max_new=24, seed=0,
-         rule="EARS", baseline=True, draft_length=None):
+         rule="EARS", baseline=True, draft_length=None, tree=None, tree_budget=8):
+    if draft_length is None and tree is not None:
+        draft_length = "policy"  # the inputs before the tree's, at their defaults
     extra = () if draft_length is None else (*[p.default for p in param_sliders_spec()[1:]], draft_length)
+    if tree is not None:
+        extra = (*extra, tree, tree_budget)
     out = client.predict(prompt, beta, temperature, k, max_new, seed, rule, baseline, *extra, api_name="/generate")
-    names = ("tokens", "message", "summary", "conf", "ratio", "tput", "hist", "details", "theory", "theory_k", "theory_c")
+    names = ("tokens", "message", "summary", "conf", "ratio", "tput", "hist", "details", "theory", "theory_k", "theory_c",
+             "tree", "tree_round")
     assert len(out) == len(names)  # the gr.State output is not part of the API
     return dict(zip(names, out))
 
@@ -269,7 +274,7 @@ def test_a_rule_registered_before_build_app_is_in_the_selector_and_runs():
             client = serve(demo)
             extra = [0.4 if p.name == "slack" else p.default for p in param_sliders_spec()[1:]]  # after beta
             out = client.predict("the water is long and the", 0.1, 1.0, 4, 12, 0, "toy-app", False, *extra,
-                                 api_name="/generate")
+                                 "fixed", api_name="/generate")  # K drafts a round: the policy may draft none
             details = out[7]
             assert details["rule"] == "toy-app" and details["stats"]["new_tokens"] == 12
             import json
@@ -282,3 +287,41 @@ def test_a_rule_registered_before_build_app_is_in_the_selector_and_runs():
             demo.close()
     finally:
         rules.RULES.pop("toy-app")
+
+
+def plot_json(value):
+    """A gr.Plot value as the client receives it -> the plotly figure as a dict."""
+    import json
+    return json.loads(value["plot"]) if isinstance(value, dict) else json.loads(value)
+
+
+def test_a_tree_run_draws_its_rounds_beside_the_tokens(client):
+    import json
+    r = call(client, k=3, rule="ordinary", draft_length="fixed", tree=True, tree_budget=6, baseline=False)
+    d = r["details"]
+    assert r["message"] == "" and d["draft_shape"] == "tree" and d["stats"]["new_tokens"] == 24
+    assert "tree(budget=6, depth=3" in d["stats"]["method"] and re.findall(r'data-kind="(\w+)"', r["tokens"]) == d["kinds"]
+    rounds = d["stats"]["steps"]
+    assert "| draft shape | tree: " in r["summary"] and "nodes per round" in r["summary"]
+    assert "| mean accepted per round |" in r["summary"] and "a tree of depth 3, 6 nodes" in r["summary"]
+    last = plot_json(r["tree"])  # the last round's tree, nodes coloured by kind
+    assert last["layout"]["title"]["text"].startswith(f"Round {rounds - 1}:")
+    assert {t["name"] for t in last["data"]} >= {"root", "accepted path"} and r["tree_round"]["value"] == rounds - 1
+    first = plot_json(client.predict(0, api_name="/tree_round"))  # any round, from the run's record
+    assert first["layout"]["title"]["text"].startswith("Round 0: 6 nodes")
+    kinds = {t["name"] for t in first["data"] if t.get("mode") == "markers+text"}
+    assert kinds <= {"root", "accepted", "pardoned", "rejected", "untested", "resampled", "bonus"} and "untested" in kinds
+    words = [w for t in first["data"] if t.get("mode") == "markers+text" for w in t["text"]]
+    assert all(isinstance(w, str) and w for w in words)  # token text, not ids
+    with open(client.predict(api_name="/export")[1], encoding="utf-8") as f:
+        run = json.load(f)
+    assert len(run["trees"]) == rounds and run["settings"]["draft_shape"] == "tree"
+    assert [len(t["tokens"]) for t in run["trees"]][:-3] == [6] * (rounds - 3)  # a fixed budget (the end is capped)
+
+    # greedy on a tree sized by the cost model is the chain's greedy output, token for token
+    tree = call(client, rule="greedy", tree=True, tree_budget=10, baseline=False)["details"]
+    chain = call(client, rule="greedy", draft_length="fixed", tree=False, baseline=False)
+    assert tree["text"] == chain["details"]["text"] and tree["draft_shape"] == "tree"
+    assert chain["tree"] is None and chain["details"]["draft_shape"] == "chain"
+    bad = call(client, rule="ordinary", draft_length="threshold", tree=True, baseline=False)
+    assert "threshold draft length is for chains" in bad["message"]

@@ -186,3 +186,55 @@ def test_the_apps_fast_json_draws_the_same_figure_as_the_validated_one():
         assert fast["data"] == slow["data"]
         assert fast["layout"] == slow["layout"]
     assert json.loads(viz.spec_json(viz.ratio_spec(steps)))["data"][2]["customdata"][0][0] is None
+
+
+def fixed_tree():
+    """root -> 0 (rank 0, accepted) -> 2 (rank 0, pardoned) -> 4 (rank 0, rejected): resampled after it;
+    root -> 1 (rank 1, never tried: 0 stood); 0 -> 3 (rank 1, never tried: 2 stood)."""
+    from ears_core.tree_decoding import TreeRecord
+
+    return TreeRecord(step=5, start=12, tokens=[10, 11, 20, 21, 30], parents=[-1, -1, 0, 0, 2], depths=[1, 1, 2, 2, 3],
+                      ranks=[0, 1, 0, 1, 0], scores=[0.6, 0.3, 0.3, 0.12, 0.15], priorities=[0.6, 0.3, 0.3, 0.12, 0.15],
+                      kinds=["accepted", "", "pardoned", "", "rejected"], path=[0, 2], next_token=31,
+                      next_kind="resampled")
+
+
+def test_tree_figure_lays_out_by_depth_and_colours_nodes_as_the_stream():
+    rec = fixed_tree()
+    depth, row = viz.tree_layout(rec.parents, rec.ranks, rec.path)
+    # entries: root, nodes 0..4, the emitted token; leaves take rows 0, 1, 2, 3 in depth-first rank order
+    assert depth == [0, 1, 1, 2, 2, 3, 3]
+    assert row == [2.125, 1.25, 3.0, 0.5, 2.0, 0.0, 1.0]
+    labels = ["a", "b", "c", "d", "e"]
+    fig = viz.tree_figure(rec, labels, root_label="R", next_label="N")
+    t = by_name(fig)
+    assert list(t) == ["other branches", "accepted path", "root", "accepted", "pardoned", "rejected", "untested",
+                       "resampled"]
+    points = {name: list(zip(tr.x, tr.y, tr.text)) for name, tr in t.items() if tr.mode == "markers+text"}
+    assert points == {"root": [(0, -2.125, "R")], "accepted": [(1, -1.25, "a")], "pardoned": [(2, -0.5, "c")],
+                      "rejected": [(3, -0.0, "e")], "untested": [(1, -3.0, "b"), (2, -2.0, "d")],
+                      "resampled": [(3, -1.0, "N")]}
+    colours = {name: tr.marker.color for name, tr in t.items() if tr.mode == "markers+text"}
+    assert colours == {"root": "#111827", "accepted": viz.KIND_COLOURS["accepted"],
+                       "pardoned": viz.KIND_COLOURS["pardoned"], "rejected": viz.KIND_COLOURS["rejected"],
+                       "untested": viz.KIND_COLOURS["untested"], "resampled": viz.KIND_COLOURS["resampled"]}
+    assert list(t["resampled"].marker.symbol) == ["diamond"] and list(t["accepted"].marker.symbol) == ["circle"]
+    # the path (root -> a -> c -> the emitted token) is drawn thick; every other edge thin
+    path = t["accepted path"]
+    assert list(path.x) == [0, 1, None, 1, 2, None, 2, 3, None] and path.line.width > t["other branches"].line.width
+    assert list(path.y) == [-2.125, -1.25, None, -1.25, -0.5, None, -0.5, -1.0, None]
+    assert len(t["other branches"].x) == 3 * 3  # root -> b, a -> d, c -> e
+    assert "Round 5: 5 nodes, 2 stood" in fig.layout.title.text
+    # a dict (the app's state) draws the same; without labels, token ids
+    same = by_name(viz.tree_figure(rec.to_dict(), labels, "R", "N"))
+    assert [tr.to_plotly_json() for tr in same.values()] == [tr.to_plotly_json() for tr in t.values()]
+    plain = by_name(viz.tree_figure(rec.to_dict()))
+    assert plain["accepted"].text == ("10",) and plain["resampled"].text == ("31",) and plain["root"].text == ("root",)
+
+
+def test_an_empty_tree_is_the_root_and_the_target_token():
+    from ears_core.tree_decoding import TreeRecord
+
+    rec = TreeRecord(0, 0, [], [], [], [], [], [], [], [], 7, "target")
+    t = by_name(viz.tree_figure(rec))
+    assert list(t["target"].x) == [1] and list(t["root"].x) == [0] and list(t["accepted path"].x) == [0, 1, None]

@@ -6,7 +6,7 @@ Modules
 controls   the shared request controls: prompt, the rule selector and one slider per rule
            parameter (from ``rules.RULES``), temperature, K, length, seed
 pairs      the model-pair picker over ``session.PairSlot`` (``/load``)
-generate   the Generate tab (``/generate``, ``/export``)
+generate   the Generate tab (``/generate``, ``/export``, ``/tree_round``)
 race       the Race tab: two registered rules and target-only on one seed (``/race``)
 theory     the "Why it speeds up" tab
 tpp        the "Point processes" tab (seed 001, ``/tpp_sample``)
@@ -65,17 +65,20 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
         state = gr.State(None)
         outs = dict(tokens=gen_tab.tokens, message=gen_tab.message, summary=gen_tab.summary, conf=gen_tab.conf,
                     ratio=gen_tab.ratio, tput=gen_tab.tput, hist=gen_tab.hist, details=gen_tab.details, state=state,
-                    theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c)
+                    theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c, tree=gen_tab.tree,
+                    tree_round=gen_tab.tree_round)
         decode = dict(concurrency_id=DECODE_GROUP, concurrency_limit=settings.concurrency)
         gen_event = gen_tab.go.click(generate.make_generate(slot, controls.names),
                                      [*controls.request, controls.rule, controls.with_base, *controls.extra,
-                                      controls.draft_length],
+                                      controls.draft_length, controls.tree, controls.tree_budget],
                                      [outs[n] for n in generate.OUT], api_name="generate", **decode)
         gen_tab.stop.click(None, cancels=[gen_event])
         race_event = race_tab.go.click(race.make_race(slot, controls.names),
                                        [*controls.request, race_tab.rule_a, race_tab.rule_b, *controls.extra],
                                        [*race_tab.html, race_tab.summary, race_tab.plot], api_name="race", **decode)
         race_tab.stop.click(None, cancels=[race_event])
+        gen_tab.tree_round.release(generate.show_round, [state, gen_tab.tree_round], gen_tab.tree, api_name="tree_round",
+                                   queue=False)
         gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],
                              api_name="export")
         theory.wire(theory_tab, state, lambda: slot.loaded)

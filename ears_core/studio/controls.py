@@ -12,7 +12,9 @@ parameter slider one per parameter name any registered rule takes (``Param``), `
                  rule taking that name, and the callback checks the chosen rule's own range. A slider
                  shows only while a selected rule (Generate's, or either racer) takes it.
 extra params     the sliders after beta: API inputs appended after the fixed ones, so a client that
-                 sends only the fixed inputs gets their defaults; the draft-length choice comes last.
+                 sends only the fixed inputs gets their defaults; then the draft-length choice, then
+                 the draft shape (``elem_id="tree"``: a tree of depth K instead of a chain of K) and
+                 the tree's nodes per round (``elem_id="tree_budget"``), in that order.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Sequence
 import gradio as gr
 
 from ears_core.rules import RULES, Param
-from ears_core.session import DRAFT_LENGTHS, RunConfig
+from ears_core.session import DRAFT_LENGTHS, MAX_TREE_NODES, RunConfig
 from ears_core.settings import Settings
 
 from .errors import Request, check_params, resolve_rule
@@ -76,6 +78,8 @@ class Controls:
     seed: gr.Number
     with_base: gr.Checkbox
     draft_length: gr.Radio
+    tree: gr.Checkbox
+    tree_budget: gr.Slider
     names: list[str] = field(default_factory=list)  # parameter names in slider order
 
     @property
@@ -122,17 +126,27 @@ def build_controls(settings: Settings) -> Controls:
             draft_length = gr.Radio(list(DRAFT_LENGTHS), value="policy", elem_id="draft_length",
                                     label="draft length: policy = this machine's prices pick 0..K drafts each round; "
                                     "fixed = always K; threshold = stop below confidence 0.35")
+            with gr.Row():
+                tree = gr.Checkbox(False, elem_id="tree", label="tree of drafts: K is its depth, checked in one "
+                                   "target pass (draft length policy: the cost model sizes it)")
+                tree_budget = gr.Slider(1, MAX_TREE_NODES, value=8, step=1, elem_id="tree_budget",
+                                        label="tree nodes per round (at most; exactly when fixed)")
             with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
-    return Controls(prompt, rule, sliders, temperature, k, max_new, seed, with_base, draft_length, names=list(sliders))
+    return Controls(prompt, rule, sliders, temperature, k, max_new, seed, with_base, draft_length, tree, tree_budget,
+                    names=list(sliders))
 
 
 def run_config(rule_name: Any, req: Request, names: Sequence[str], values: Sequence[Any],
-               draft_length: str | None = "policy") -> RunConfig:
-    """The RunConfig of one rule from the request and the slider values (in ``names`` order)."""
+               draft_length: str | None = "policy", tree: Any = False, tree_budget: Any = 8) -> RunConfig:
+    """The RunConfig of one rule from the request and the slider values (in ``names`` order);
+    ``tree``: draft a tree of depth K with ``tree_budget`` nodes per round."""
     spec = resolve_rule(rule_name)
     params = check_params(spec, dict(zip(names, values)))
+    if isinstance(tree_budget, float) and tree_budget.is_integer():
+        tree_budget = int(tree_budget)  # a slider's value
     return RunConfig(rule=spec.name, params=params, temperature=req.temperature, gamma=req.k,
-                     max_new_tokens=req.max_new, seed=req.seed, draft_length=draft_length or "policy").validate()
+                     max_new_tokens=req.max_new, seed=req.seed, draft_length=draft_length or "policy",
+                     draft_shape="tree" if tree else "chain", tree_budget=tree_budget).validate()
 
 
 def run_name(cfg: RunConfig) -> str:

@@ -12,6 +12,10 @@ baseline   target-only decoding of the same request, measured right after the sp
            another decode (``contended``) and it was not cut by the deadline.
 outputs    ``OUT``: what ``/generate`` returns, in order (the ``state`` holds the run record for
            the export and the theory tab, and is not part of the API).
+tree run   with the tree box ticked each round drafts a tree (``session``: draft shape "tree");
+           beside the tokens the plot draws a round's tree (``viz.tree_figure``): the latest one
+           while decoding, then any round chosen with the round slider (``/tree_round``, from the
+           run record's ``trees``, each with its tokens' text). A chain run leaves the plot empty.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from .errors import check_request, fail, message, public_name, timeout_note
 from .live import Runs, frames, plot, snapshot, steady_samples
 
 OUT = ("tokens", "message", "summary", "conf", "ratio", "tput", "hist", "details", "state",
-       "theory", "theory_k", "theory_c")
+       "theory", "theory_k", "theory_c", "tree", "tree_round")
 
 
 def pack(**kw: Any) -> tuple:
@@ -44,16 +48,41 @@ def charts(events: Sequence[Any], steps: Sequence[Any], k: int, runs: dict[str, 
                 hist=plot(viz.accept_length_spec(steps, k)), tput=plot(viz.throughput_spec(runs)))
 
 
+def labelled(rec: Any, events: Sequence[Any], ids: Any, tokenizer: Any) -> dict[str, Any]:
+    """A ``TreeRecord`` as a dict with the text of its tokens (``labels``), of the root (the last
+    committed token before the round) and of the token emitted after the path."""
+    def piece(t: int | None) -> str:
+        return "…" if t is None else tokenizer.decode([t]) if tokenizer is not None else str(t)
+
+    root = int(ids[0, -1]) if rec.start == 0 else events[rec.start - 1].token_id if rec.start <= len(events) else None
+    return {**rec.to_dict(), "labels": [piece(t) for t in rec.tokens], "root_label": piece(root),
+            "next_label": piece(rec.next_token)}
+
+
+def tree_plot(tree: dict[str, Any] | None) -> Any:
+    return plot(viz.tree_spec(tree)) if tree else None
+
+
+def show_round(state: dict | None, i: Any) -> Any:
+    """``/tree_round``: the tree of round ``i`` of the last run (nothing for a chain run)."""
+    trees = (state or {}).get("trees") or []
+    return tree_plot(trees[min(max(int(i or 0), 0), len(trees) - 1)]) if trees else None
+
+
 def outcome(res: Any, cfg: Any, prompt: str, session: Any, base_tps: float | None,
-            contended: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+            contended: bool, trees: Sequence[dict[str, Any]] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     """(state, details) of a finished run: the run record (plus the theory tab's measured point)
-    and the raw metrics the page shows."""
+    and the raw metrics the page shows. ``trees``: a tree run's rounds (``labelled``)."""
     record = run_record(res, cfg, prompt=prompt, model=public_name(session.pair.name), device=session.device_label,
                         baseline_tps=base_tps, contended=contended)
+    record["trees"] = list(trees)
     st = res.stats
-    measured = None if st.acceptance_rate is None else (st.acceptance_rate, st.mean_accept_length, record["speedup"])
+    chain = cfg.draft_shape == "chain"  # the theory tab's E(a, K) is a chain's
+    measured = None if st.acceptance_rate is None or not chain else (st.acceptance_rate, st.mean_accept_length,
+                                                                      record["speedup"])
     details = {k: record[k] for k in ("stats", "baseline_tokens_per_s", "speedup", "contended", "timed_out", "text")}
-    details.update({k: record["settings"][k] for k in ("model", "device", "rule")}, kinds=[e.kind for e in res.events])
+    details.update({k: record["settings"][k] for k in ("model", "device", "rule", "draft_shape")},
+                   kinds=[e.kind for e in res.events])
     return {**record, "measured": measured}, details
 
 
@@ -65,8 +94,9 @@ def profile_note(session: Any, cfg: Any) -> str:
 
 
 def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
-    """The theory tab at the run's K and measured cost ratio (left as it is when no draft was made)."""
-    if stats.cost_ratio is None:
+    """The theory tab at the run's K and measured cost ratio (left as it is when no draft was made,
+    and after a tree run: the tab's theory is a chain's)."""
+    if stats.cost_ratio is None or measured is None:
         return {}
     return dict(theory=viz.theory_figure(k, stats.cost_ratio, measured), theory_k=k,
                 theory_c=round(min(stats.cost_ratio, 1.0), 3))
@@ -80,43 +110,51 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
 
     def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, *rest):
         """Decode one request; any failure, even mid-run, becomes a short message. ``rest``: the
-        other parameter sliders, then the draft length."""
+        other parameter sliders, then the draft length, the tree box and the tree's node budget."""
         runs = Runs()
-        extra, tail = rest[: len(names) - 1], rest[len(names) - 1 :]
-        draft_length = tail[0] if tail else "policy"
+        extra, tail = rest[: len(names) - 1], (*rest[len(names) - 1 :], "policy", False, 8)[:3]
         try:
             yield from _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, [beta, *extra],
-                                 draft_length)
+                                 *tail)
         except Exception as exc:
             yield pack(message=fail(exc))
         finally:  # Stop, a closed page or an error: no decode outlives its request
             runs.stop_all()
 
-    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, values, draft_length):
+    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, values, draft_length, tree,
+                  tree_budget):
         settings = slot.settings
         try:
             req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
                                 max_prompt_chars=settings.max_prompt_chars)
-            cfg = run_config(rule_name, req, names, values, draft_length)
+            cfg = run_config(rule_name, req, names, values, draft_length, tree, tree_budget)
             session = slot.session()
             ids = session.encode(req.prompt)
         except Exception as exc:  # bad input, model load failure: show it, keep serving
             yield pack(message=fail(exc))
             return
-        yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*")
+        yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None)
         run = runs.start(session.speculative(ids, cfg, deadline_s=settings.timeout_s))
-        label = run.gen.method
+        label, shape = run.gen.method, cfg.draft_shape
         budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
+        trees = getattr(run.gen, "trees", None)  # a tree run's rounds (grows while it decodes)
+        tok = session.pair.tokenizer
         for i, _ in enumerate(frames(run)):  # tokens every frame; the charts (heavy to build and send) every 4th
             events, steps, samples = snapshot(run)
             figs = (charts(events, steps, cfg.gamma, {label: samples}, budget) if i % CHART_EVERY == CHART_EVERY - 1
                     else {})
+            if figs and trees:
+                figs["tree"] = tree_plot(labelled(trees[-1], events, ids, tok))
             yield pack(tokens=viz.tokens_html(events, cursor=True), **figs)
         res = run.result()
+        rounds = [labelled(t, res.events, ids, tok) for t in trees or []]
+        last = len(rounds) - 1  # the slider then picks any round (``show_round``)
+        tree_out = dict(tree=tree_plot(rounds[-1]), tree_round=gr.Slider(maximum=max(last, 1), value=last)
+                        ) if rounds else dict(tree=None)
         note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
         contended, curves = run.contended, {label: list(run.gen.samples)}
         yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.gamma, curves, budget),
-                   summary=summary_markdown(summary_rows(res.stats, contended=contended)))
+                   summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)), **tree_out)
 
         base_tps, base_note = None, ""
         cached = session.cached_baseline(ids, cfg) if with_baseline and not res.timed_out else None
@@ -125,7 +163,8 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
             curves["target-only (cached)"] = steady_samples(cached)
         elif with_baseline and not res.timed_out:
             base = runs.start(session.baseline(ids, cfg, deadline_s=max(settings.timeout_s - res.stats.wall_s, 0.0)))
-            waiting = summary_markdown(summary_rows(res.stats, contended=contended)) + "\n\n*measuring target-only…*"
+            waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)) + \
+                "\n\n*measuring target-only…*"
             for _ in frames(base):
                 yield pack(tput=plot(viz.throughput_spec({**curves, "target-only": snapshot(base)[2]})), summary=waiting)
             bres = base.result()
@@ -139,12 +178,13 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
             else:
                 session.remember_baseline(ids, cfg, base)
 
-        state, details = outcome(res, cfg, req.prompt, session, base_tps, contended)
-        rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note)
+        state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
+        rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape)
+        drawn = f"; a tree of depth {cfg.gamma}, {cfg.tree_budget} nodes" if shape == "tree" else ""
         yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
                    summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
-                   f"draft length: {cfg.draft_length}*" + profile_note(session, cfg),
-                   details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]))
+                   f"draft length: {cfg.draft_length}{drawn}*" + profile_note(session, cfg),
+                   details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]), **tree_out)
 
     return generate
 
@@ -164,6 +204,8 @@ class GenerateTab:
     stop: gr.Button
     message: gr.Markdown
     tokens: gr.HTML
+    tree: gr.Plot
+    tree_round: gr.Slider
     conf: gr.Plot
     ratio: gr.Plot
     tput: gr.Plot
@@ -183,7 +225,12 @@ def build() -> GenerateTab:
             stop = gr.Button("Stop", variant="stop", elem_id="stop")
         msg = gr.Markdown("", elem_id="message")
         gr.HTML(viz.legend_html())
-        tokens = gr.HTML(viz.tokens_html([]), elem_id="tokens")
+        with gr.Row():
+            with gr.Column(scale=3):
+                tokens = gr.HTML(viz.tokens_html([]), elem_id="tokens")
+            with gr.Column(scale=2):
+                tree = gr.Plot(label="a round's tree (tree runs)", elem_id="tree_plot")
+                tree_round = gr.Slider(0, 1, value=0, step=1, label="round", elem_id="tree_round")
         with gr.Row():
             conf = gr.Plot(label="max P and tolerance", elem_id="conf_plot")
             ratio = gr.Plot(label="ratio vs U", elem_id="ratio_plot")
@@ -196,4 +243,5 @@ def build() -> GenerateTab:
             with gr.Row():
                 csv_file, json_file = gr.File(label="CSV"), gr.File(label="JSON")
             details = gr.JSON(label="metrics of the last run", elem_id="details")
-    return GenerateTab(go, stop, msg, tokens, conf, ratio, tput, hist, summary, export_btn, csv_file, json_file, details)
+    return GenerateTab(go, stop, msg, tokens, tree, tree_round, conf, ratio, tput, hist, summary, export_btn, csv_file,
+                       json_file, details)
