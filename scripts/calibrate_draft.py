@@ -1,7 +1,8 @@
 """The embedded head's calibration: its confidence before a draw -> the chance the draft stands.
 
-Runs the embedded pair with a fixed K on training prompts (``assets/draft_data/prompts.jsonl``,
-never the held-out ``assets/prompts.json``), records (confidence, stood) for every verified draft
+Runs the embedded pair with a fixed K on the draft data's validation prompts (the rows of
+``assets/draft_data/prompts.jsonl`` whose index is a multiple of ``--val-mod``, which
+scripts/train_draft.py never trains on; never the held-out ``assets/prompts.json``), records (confidence, stood) for every verified draft
 position, and writes ``assets/embedded_draft/calibration.json``: per sampling mode ("greedy" for
 T = 0, "sampled" for T > 0) the counts per confidence bin, which the draft-length policy starts from
 (``costs.Calibration``) and keeps learning. Also prints a reliability table (mean confidence vs
@@ -32,9 +33,11 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=40)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--val-mod", type=int, default=20, help="prompts with index %% this == 0: train_draft's validation set")
     ap.add_argument("--out", type=Path, default=ROOT / "assets" / "embedded_draft" / "calibration.json")
     a = ap.parse_args()
     rows = [json.loads(line) for line in (ROOT / "assets" / "draft_data" / "prompts.jsonl").read_text().splitlines()]
+    rows = [r for i, r in enumerate(rows) if i % a.val_mod == 0]  # never trained on
     prompts = [r["prompt"] for r in random.Random(0).sample(rows, a.prompts)]
     session = Session(load_pair())
     out: dict[str, dict] = {}
@@ -57,7 +60,7 @@ def main() -> None:
             if cal.seen[b]:
                 print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  {int(cal.seen[b]):5d}  {cal.stood[b] / cal.seen[b]:.3f}")
         print(f"  overall {sum(cal.stood) / max(1, sum(cal.seen)):.3f} over {int(sum(cal.seen))} drafts")
-    out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, source="assets/draft_data/prompts.jsonl")
+    out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, source=f"assets/draft_data/prompts.jsonl, index % {a.val_mod} == 0")
     a.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")
 
