@@ -56,6 +56,42 @@ def test_the_policy_picks_what_a_brute_force_search_picks():
     assert len(picked) >= 4  # the cases exercise short and long drafts alike
 
 
+def test_the_policy_follows_a_curve_where_a_longer_pass_is_cheaper():
+    # CPU kernels change with the rows of a pass: here V(5) < V(3) (measured on the project's
+    # 2-core machine: 1.00 1.65 2.01 1.45 1.30 ...). The policy must see that 4 drafts cost less
+    # than 2, on random curves of any shape against brute force, and on that one.
+    rng = random.Random(1)
+    for _ in range(500):
+        m = rng.randint(2, 9)
+        step = rng.uniform(5, 80)
+        verify = [step] + [step * rng.uniform(0.9, 2.5) for _ in range(m - 1)]
+        prices = PriceCurve(verify, rng.uniform(0, 0.2) * step, rng.uniform(0, 0.1) * step)
+        a = [rng.random() ** rng.choice([0.3, 1, 3]) for _ in range(m - 1)]
+        want = brute_force(a, prices)
+        assert best_k(a, prices) == want and DraftPolicy(prices, m - 1).choose(a) == want
+    here = PriceCurve([60.0, 99.0, 120.6, 87.0, 78.0, 85.2], 3.1)
+    assert best_k([0.45] * 5, here) == 4 and DraftPolicy(here, 5).choose([0.45] * 5) == 4
+
+
+def test_a_measured_curve_is_kept_as_measured(monkeypatch):
+    # A pass over 3 tokens made slow on purpose: the measured curve keeps its dip at m = 4, 5.
+    import time as _time
+
+    from conftest import tiny_llama
+    model = tiny_llama(0)
+    real = model.forward
+
+    def forward(input_ids, **kw):
+        out = real(input_ids, **kw)
+        if input_ids.shape[1] == 3 and kw.get("past_key_values") is not None:
+            _time.sleep(0.05)
+        return out
+
+    monkeypatch.setattr(model, "forward", forward)
+    curve = costs.measure_prices(model, max_m=5, repeats=2)
+    assert curve.verify_ms[2] > 40.0 and curve.verify_ms[3] < curve.verify_ms[2] and curve.verify_ms[4] < curve.verify_ms[2]
+
+
 def test_a_curve_where_verifying_never_pays_always_picks_zero():
     # V(m) = m V(1) and a draft step dearer than the overhead: k drafts can never beat a plain step
     prices = PriceCurve([30.0 * m for m in range(1, 9)], draft_ms=2.0, overhead_ms=1.0)
@@ -95,7 +131,7 @@ def test_load_or_measure_caches_the_profile_per_machine_key(tmp_path, monkeypatc
     from conftest import tiny_llama
     model = tiny_llama(0)
     first = costs.load_or_measure(model, max_m=4, cache_dir=tmp_path)
-    assert len(first.verify_ms) == 4 and all(b >= a for a, b in zip(first.verify_ms, first.verify_ms[1:]))
+    assert len(first.verify_ms) == 4 and all(v > 0 for v in first.verify_ms)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and "threads=" in json.loads(files[0].read_text())["key"]
     monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: pytest.fail("measured again"))
