@@ -74,22 +74,31 @@ def test_the_policy_follows_a_curve_where_a_longer_pass_is_cheaper():
 
 
 def test_a_measured_curve_is_kept_as_measured(monkeypatch):
-    # A pass over 3 tokens made slow on purpose: the measured curve keeps its dip at m = 4, 5.
-    import time as _time
-
+    # A clock that charges each pass a price by its width, slowest at 3 tokens (no wall time):
+    # the measured curve keeps its dip at m = 4, 5.
     from conftest import tiny_llama
     model = tiny_llama(0)
-    real = model.forward
+    real, now = model.forward, [0.0]
+    price_s = {1: 0.010, 2: 0.016, 3: 0.030, 4: 0.014, 5: 0.013}
 
     def forward(input_ids, **kw):
-        out = real(input_ids, **kw)
-        if input_ids.shape[1] == 3 and kw.get("past_key_values") is not None:
-            _time.sleep(0.05)
-        return out
+        now[0] += price_s.get(input_ids.shape[1], 0.0)
+        return real(input_ids, **kw)
+
+    class FakeClock:
+        def __init__(self, device):
+            pass
+
+        def mark(self):
+            return now[0]
+
+        def ms(self, a, b):
+            return (b - a) * 1000.0
 
     monkeypatch.setattr(model, "forward", forward)
+    monkeypatch.setattr("ears_core.timing.StepClock", FakeClock)
     curve = costs.measure_prices(model, max_m=5, repeats=2)
-    assert curve.verify_ms[2] > 40.0 and curve.verify_ms[3] < curve.verify_ms[2] and curve.verify_ms[4] < curve.verify_ms[2]
+    assert [round(v, 6) for v in curve.verify_ms] == [10.0, 16.0, 30.0, 14.0, 13.0]
 
 
 def test_a_curve_where_verifying_never_pays_always_picks_zero():
