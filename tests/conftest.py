@@ -54,3 +54,26 @@ def small_vocab_pair() -> tuple[LlamaForCausalLM, LlamaForCausalLM]:
 
 
 PROMPTS = [[1, 5, 7, 9], [0, 42], [3, 17, 17, 60, 2, 88, 11, 4, 30], [77]]
+
+
+def assert_first_two_tokens_follow(target: LlamaForCausalLM, prompt: list[int], first: list[int],
+                                   second: list[int], vocab: int = 16) -> None:
+    """Chi-squared checks that seeded generations' first tokens follow P_target after ``prompt``
+    and their second tokens P_target after ``prompt + [first]`` (pooled over firsts seen >= 60 times)."""
+    import numpy as np
+    from scipy import stats
+
+    n = len(first)
+    with torch.no_grad():
+        p0 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1).numpy()
+        assert stats.chisquare(np.bincount(first, minlength=vocab), p0 / p0.sum() * n).pvalue > 1e-3
+        stat, df = 0.0, 0
+        for a in set(first):
+            sel = [s for f, s in zip(first, second) if f == a]
+            if len(sel) < 60:
+                continue
+            p1 = torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1).numpy()
+            exp = p1 * len(sel)
+            stat += float(((np.bincount(sel, minlength=vocab) - exp) ** 2 / exp).sum())
+            df += vocab - 1
+        assert df >= 30 and stats.chi2.sf(stat, df) > 1e-3

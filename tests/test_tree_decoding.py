@@ -1,13 +1,11 @@
 """Tree decoding end to end on tiny random Llama pairs."""
 
-import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import ears_core.tree_decoding as td
 import ears_core.trees as trees_mod
-from conftest import PROMPTS, tiny_llama
+from conftest import PROMPTS, assert_first_two_tokens_follow, tiny_llama
 from ears_core import EARSRule, GreedyRule, StandardRule, generate
 from ears_core.drafters import NGramDrafter
 from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
@@ -243,17 +241,4 @@ def test_the_first_tokens_of_tree_decoding_follow_the_target(small_vocab_pair):
                             temperature=1.0, max_new_tokens=3, seed=seed, with_distortion=False)
         first.append(out.token_ids[0])
         second.append(out.token_ids[1])
-    with torch.no_grad():
-        p0 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1).numpy()
-        c0 = np.bincount(first, minlength=16)
-        assert stats.chisquare(c0, p0 / p0.sum() * n).pvalue > 1e-3
-        stat, df = 0.0, 0
-        for a in set(first):
-            sel = [s for f, s in zip(first, second) if f == a]
-            if len(sel) < 60:
-                continue
-            p1 = torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1).numpy()
-            exp = p1 * len(sel)
-            stat += float(((np.bincount(sel, minlength=16) - exp) ** 2 / exp).sum())
-            df += 15
-        assert df >= 30 and stats.chi2.sf(stat, df) > 1e-3
+    assert_first_two_tokens_follow(target, prompt, first, second)
