@@ -58,9 +58,14 @@ def target_features(out: object, drafter: object) -> Tensor | None:
     (B, T, n_layers * d)."""
     if not getattr(drafter, "needs_target_hidden", False):
         return None
-    layers = tuple(getattr(drafter, "feature_layers", (-1,)))
-    hs = out.hidden_states
-    return hs[layers[0]] if len(layers) == 1 else torch.cat([hs[i] for i in layers], dim=-1)
+    return layers_side_by_side(out.hidden_states, tuple(getattr(drafter, "feature_layers", (-1,))))
+
+
+def layers_side_by_side(hidden_states: tuple[Tensor, ...], layers: tuple[int, ...]) -> Tensor:
+    """hidden_states[i] for i in ``layers``, concatenated on the last axis: (B, T, len(layers) * d)."""
+    if len(layers) == 1:
+        return hidden_states[layers[0]]
+    return torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def model_vocab_size(model: PreTrainedModel) -> int:

@@ -40,7 +40,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from .decoding import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
-from .drafters import Drafter, ModelDrafter, target_features
+from .drafters import Drafter, ModelDrafter, layers_side_by_side, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
 from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
@@ -107,10 +107,7 @@ def score_tree(target: PreTrainedModel, cache: DynamicCache, last: Tensor, tree:
         pos = tree_position_ids(tree.depths, length, entries, last.device)
     out = target(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                  output_hidden_states=need_hidden)
-    if not need_hidden:
-        return out.logits, None
-    hs = out.hidden_states
-    return out.logits, (hs[layers[0]] if len(layers) == 1 else torch.cat([hs[i] for i in layers], dim=-1))
+    return out.logits, (layers_side_by_side(out.hidden_states, tuple(layers)) if need_hidden else None)
 
 
 def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequence[int]) -> None:
