@@ -311,7 +311,7 @@ def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, 
 def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
     root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "costs" / f"{safe}.v2.json"  # v2: raw curves (v1 files were forced non-decreasing)
+    return root / "costs" / f"{safe}.v3.json"  # v2: raw curves (v1: forced non-decreasing); v3: planned output head
 
 
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,

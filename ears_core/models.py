@@ -479,6 +479,9 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
     target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
+    if dev.type == "cpu":  # the output projection's fastest matmul layout per verified rows (output_head.py)
+        from .output_head import install_planned_head
+        install_planned_head(target_model)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:

@@ -1,0 +1,166 @@
+"""The target's output projection with the fastest matmul layout for the rows at hand (CPU only).
+
+Terms
+-----
+output projection  logits = h W^T with W (V, d) the output embedding (often tied to the input one).
+                   In a small LM it is the largest single matrix (SmolLM2-135M: 49,152 x 576, 113 MB
+                   in float32, a fifth of the weights) and it is read once per forward.
+rows               r = the hidden states projected in one call: batch x positions kept
+                   (``logits_to_keep``): 1 for a plain decode step, k + 1 for a verify pass of k drafts.
+layout             three ways to compute the same product; CPU BLAS runs them at very different
+                   speeds for small r (MKL, 2 cores, V = 49,152, d = 576, measured here, ms):
+                     linear  F.linear(h, W)   (what nn.Linear does)     r=1: 9.9  r=2: 20.9  r=3: 31.6  r=5: 22.9
+                     wx      (W @ h^T)^T      (W as the left operand)   r=1: 10.0 r=2: 7.0   r=3: 10.7  r=5: 10.6
+                     xw      h @ W^T, W^T kept contiguous (a copy)     r=1: 5.7  r=2: 10.4  r=3: 15.9  r=5: 31.6
+                   ``linear`` reads W once per row for r <= 3, which is most of why a verify pass over
+                   2-3 tokens cost ~2 target steps on this machine.
+plan               the layout per r = 1 .. max_rows, the fastest median of a few interleaved timed
+                   calls on this machine, cached per (shape, dtype, threads, CPU) under
+                   $EARS_CACHE/kernels; more rows than max_rows use ``linear``.
+exactness          every layout computes the same dot products in float arithmetic, summed in another
+                   order: logits agree to float rounding (~1e-6 relative), as they already differ
+                   between r = 1 and r = 5 with ``linear`` alone. Speculative and target-only decoding
+                   run the same planned head, so the comparison between them stays fair.
+scope              CPU, floating dtypes, and W large enough to matter (V x d >= MIN_ELEMENTS); on a
+                   GPU, and for the tiny models of the tests, the model is left as it is. Inference
+                   only: the W^T copy is not updated if W is trained afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["LAYOUTS", "HeadPlan", "PlannedLinear", "choose_layouts", "install_planned_head", "plan_head"]
+
+LAYOUTS = ("linear", "wx", "xw")
+MIN_ELEMENTS = 1 << 22  # V x d below this (4M weights, 16 MB in float32): not worth a plan
+
+
+@dataclass
+class HeadPlan:
+    """layouts[r - 1] = the layout for r rows; ms[r - 1] = {layout: median ms} as measured."""
+
+    layouts: list[str]
+    ms: list[dict[str, float]]
+    key: str = ""
+
+    def layout(self, rows: int) -> str:
+        return self.layouts[rows - 1] if 1 <= rows <= len(self.layouts) else "linear"
+
+
+def choose_layouts(ms: list[dict[str, float]]) -> list[str]:
+    """The fastest layout per row count; ties keep ``linear`` (no W^T copy for nothing)."""
+    return [min(LAYOUTS, key=lambda name: (t.get(name, float("inf")), name != "linear")) for t in ms]
+
+
+class PlannedLinear(torch.nn.Module):
+    """A bias-free or biased ``nn.Linear`` replacement that follows a ``HeadPlan``.
+
+    ``weight`` is the original Parameter (tied embeddings stay tied; ``get_output_embeddings().weight``
+    reads the same tensor); ``weight_t`` (d, V) is a contiguous copy of W^T, kept only when the plan
+    uses ``xw``."""
+
+    def __init__(self, linear: torch.nn.Linear, plan: HeadPlan) -> None:
+        super().__init__()
+        self.weight = linear.weight  # (V, d)
+        self.bias = linear.bias  # (V,) or None
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.plan = plan
+        self.weight_t = linear.weight.detach().t().contiguous() if "xw" in plan.layouts else None  # (d, V)
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., d) -> (..., V)
+        layout = self.plan.layout(x[..., 0].numel())
+        if layout == "linear" or x.requires_grad:
+            return F.linear(x, self.weight, self.bias)
+        h = x.reshape(-1, x.shape[-1])  # (r, d)
+        y = h @ self.weight_t if layout == "xw" else (self.weight.detach() @ h.t()).t()  # (r, V)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, plan={self.plan.layouts}"
+
+
+def _run(layout: str, h: Tensor, w: Tensor, w_t: Tensor) -> Tensor:
+    if layout == "linear":
+        return F.linear(h, w)
+    return h @ w_t if layout == "xw" else (w @ h.t()).t()
+
+
+@torch.inference_mode()
+def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
+              clock: Callable[[], float] = time.perf_counter) -> HeadPlan:
+    """Time every layout for r = 1 .. max_rows rows (interleaved, after a warm-up) and keep the fastest."""
+    w = weight.detach()
+    w_t = w.t().contiguous()
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(max_rows, w.shape[1], generator=g).to(w.device, w.dtype)  # (max_rows, d)
+    times: dict[tuple[int, str], list[float]] = {(r, name): [] for r in range(1, max_rows + 1) for name in LAYOUTS}
+    for rep in range(repeats + 1):
+        for r in range(1, max_rows + 1):
+            order = LAYOUTS if (rep + r) % 2 else LAYOUTS[::-1]  # alternate, so drift hits every layout
+            for name in order:
+                t0 = clock()
+                _run(name, h[:r], w, w_t)
+                if rep:  # the first sweep is the warm-up
+                    times[r, name].append((clock() - t0) * 1000)
+    ms = [{name: statistics.median(times[r, name]) for name in LAYOUTS} for r in range(1, max_rows + 1)]
+    return HeadPlan(choose_layouts(ms), ms)
+
+
+def _plan_key(weight: Tensor) -> str:
+    cpu = platform.processor() or platform.machine()
+    return (f"{weight.shape[0]}x{weight.shape[1]}|{str(weight.dtype).removeprefix('torch.')}|"
+            f"threads={torch.get_num_threads()}|{cpu}|torch={torch.__version__}")
+
+
+def _plan_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
+    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+    return root / "kernels" / f"head-{safe}.json"
+
+
+def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
+                         refresh: bool = False) -> HeadPlan | None:
+    """Give ``model`` a planned output projection (module terms: scope); the plan, or None if left as is.
+
+    The plan is read from the cache, or measured (about a second) and written to it."""
+    head = model.get_output_embeddings()
+    if isinstance(head, PlannedLinear):
+        return head.plan
+    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
+        return None
+    w = head.weight
+    if w.device.type != "cpu" or not w.dtype.is_floating_point or w.numel() < MIN_ELEMENTS:
+        return None
+    key = _plan_key(w)
+    path = _plan_file(key, cache_dir)
+    plan = None
+    if path.is_file() and not refresh:
+        try:
+            plan = HeadPlan(**json.loads(path.read_text()))
+            if len(plan.layouts) < max_rows or any(x not in LAYOUTS for x in plan.layouts):
+                plan = None
+        except (ValueError, TypeError):
+            plan = None  # a damaged or old file: measure again
+    if plan is None:
+        plan = plan_head(w, max_rows)
+        plan.key = key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(plan), indent=1))
+        tmp.replace(path)
+    model.set_output_embeddings(PlannedLinear(head, plan))
+    return plan
