@@ -165,6 +165,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--epochs", type=float, default=None, help="stop after this many passes over the data "
                     "(the learning-rate schedule then runs by epochs, so runs on nested subsets share a recipe)")
+    ap.add_argument("--curve-every", type=int, default=0, help="also measure validation top-1 every this many "
+                    "steps: the learning curve against answer positions seen, kept in training.json (the first "
+                    "epoch sees each position once, so it is a saturation curve of one run)")
     ap.add_argument("--fused", action="store_true", help="--features: read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     args = ap.parse_args()
@@ -233,6 +236,7 @@ def main() -> None:
         return step / total_steps if total_steps else el / budget
 
     done = False
+    seen, curve = 0, []  # answer positions trained on so far (repeats counted); [(step, seen, val top-1)]
     while not done:
         for b in batches(train, args.batch_tokens, rng):
             el = time.perf_counter() - t0
@@ -248,6 +252,11 @@ def main() -> None:
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
+            seen += sum(len(r["ids"]) - r["prompt_len"] for r in b)
+            if args.curve_every and (step + 1) % args.curve_every == 0:
+                curve.append({"step": step + 1, "positions_seen": seen, "epoch": round((step + 1) / per_epoch, 3),
+                              "val_top1_step1": round(evaluate()[0], 4)})
+                print(f"curve: {curve[-1]}", flush=True)
             if step % 25 == 0:
                 c1, c2, r1, r2 = (float(x.detach()) for x in (c1, c2, r1, r2))
                 print(f"epoch {epoch} step {step}/{total_steps or '?'} {el / 60:.1f} min: cls {c1:.3f}/{c2:.3f} "
@@ -264,7 +273,7 @@ def main() -> None:
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
             "data": "draft_data features" if args.features else "make_draft_data shards",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),
-            "epochs_asked": args.epochs, "minutes_asked": args.minutes}
+            "epochs_asked": args.epochs, "minutes_asked": args.minutes, "curve": curve}
     head.eval()
     head.save(args.out, meta=meta)
     (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))
