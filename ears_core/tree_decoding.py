@@ -146,7 +146,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
     def probs_fn(logits: Tensor) -> Tensor:
         return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
 
-    def rank_fn(logits: Tensor) -> Tensor:  # fixed siblings at T = 0 are ranked by the raw draft
+    def rank_fn(logits: Tensor) -> Tensor:  # slots and scores by the raw draft (T = 1), at any temperature
         return torch.softmax(logits[..., : cfg.vocab_size].float(), dim=-1)
 
     need_h = bool(getattr(drafter, "needs_target_hidden", False))

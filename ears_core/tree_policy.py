@@ -28,8 +28,9 @@ stopping rule  ``TreeBudget(priority, nodes, depth)``, the ``keep`` hook of ``tr
 learning       ``observe_round(record)`` teaches the calibration from a finished round (a
                ``TreeRecord``): every node whose parent stood (or that hangs from the root) is one
                observation at its level confidence, its priority over its parent's score (the
-               probability of its rank at the parent), stood or not. At T > 0 the tree's
-               probabilities are after temperature, the chain's confidences before it.
+               probability of its rank at the parent), stood or not. Scores come from the raw draft
+               (T = 1) at every temperature, the units of the chain's confidence, so the shipped
+               calibration of the chain starts the tree's off in the right units.
 exactness      the rule reads the priority, the node count and the depth, all fixed before the draw,
                and prices and a calibration learnt from earlier rounds only. Like the chain's
                ``DraftPolicy`` it is a stopping rule: every acceptance rule stays exactly what it

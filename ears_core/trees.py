@@ -18,7 +18,10 @@ siblings     how a node's children are chosen (``DraftTree.siblings``):
                fixed    the parent's j-th most likely draft tokens, deterministic; each node's
                         ``draft_probs`` is one-hot on its token. At T = 0 it is the only choice
                         (the sampling distribution is one-hot there).
-score        the product of the draft probabilities along a node's path (EAGLE-2).
+score        the product of the draft probabilities along a node's path (EAGLE-2), taken from the
+             score distribution (``rank_fn``): tree_decoding passes the raw draft (T = 1), so
+             scores and priorities are in the units of the drafter's calibrated confidence at every
+             temperature, while sampled siblings are drawn from the sampling distribution.
 slot         the promise of a rank-j child of a node before it is drawn, with priority
              score(parent) * (j-th largest draft probability at the parent). Best-first expansion
              pops the best slot, draws its token and never removes a node afterwards, so whether a
@@ -180,15 +183,21 @@ class _Dist:
     """A node's draft distribution, prepared for drawing its children."""
 
     q: Tensor  # (V,) sampling distribution (sampled) or ranking distribution (fixed)
-    top_p: list[float]  # the largest values of q, descending (slot priorities)
+    s: Tensor  # (V,) score distribution: slot priorities and path scores are products of its values
+    top_p: list[float]  # the largest values of s, descending (slot priorities)
     top_ids: list[int]  # their tokens (fixed siblings)
     drawn: list[int]  # children drawn so far
 
 
-def _prepare(q: Tensor, kmax: int) -> _Dist:
-    vals, ids = torch.sort(q, descending=True, stable=True)
+def _prepare(q: Tensor, kmax: int, s: Tensor | None = None) -> _Dist:
+    """A node's distribution; ``s`` (default q) scores its slots. A sampled node has no more slots
+    than q has tokens with mass (drawing without replacement would run out)."""
+    s = q if s is None else s
+    vals, ids = torch.sort(s, descending=True, stable=True)
+    if s is not q:
+        kmax = min(kmax, int((q > 0).sum()))
     vals, ids = vals[:kmax].tolist(), ids[:kmax].tolist()
-    return _Dist(q, vals, ids, [])
+    return _Dist(q, s, vals, ids, [])
 
 
 def build_tree(
@@ -200,16 +209,27 @@ def build_tree(
     root_logits (V_model,): the draft's logits for depth 1. ``expand(ids, tree)`` runs the draft
     over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
     ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
-    ranked by ``rank_fn`` (default ``probs_fn``; at T = 0 pass the raw T = 1 softmax).
+    ranked by ``rank_fn`` (default ``probs_fn``; at T = 0 pass the raw T = 1 softmax). With sampled
+    siblings ``rank_fn`` scores the slots and paths (priorities, ``scores``) while tokens are drawn
+    from ``probs_fn``: with the raw softmax, priorities are in the units of the drafter's calibrated
+    confidence at every temperature (temperature and top-k / top-p reshape only what is drawn).
     ``keep(priority, nodes so far, depth)``, when given, is asked before each node is drawn and
     ends the tree at the first False: a stopping rule (e.g. from the cost model) that sees only
     what is known before the draw, so it keeps sampled trees exact.
     """
     fixed = spec.siblings == "fixed" or (spec.siblings == "auto" and greedy)
-    rank_fn = rank_fn if (fixed and rank_fn is not None) else probs_fn
+    score_fn = rank_fn if rank_fn is not None else probs_fn
     dev = root_logits.device
     kmax = min(spec.budget, spec.width or spec.budget)
-    dists: dict[int, _Dist] = {-1: _prepare(rank_fn(root_logits[None])[0], kmax)}  # node id -> dist; -1 root
+
+    def prepare(logits: Tensor) -> list[_Dist]:  # (m, V_model) -> one _Dist per row
+        s = score_fn(logits)  # (m, V)
+        if fixed or score_fn is probs_fn:
+            return [_prepare(row, kmax) for row in s]
+        q = probs_fn(logits)  # (m, V)
+        return [_prepare(q[j], kmax, s[j]) for j in range(q.shape[0])]
+
+    dists: dict[int, _Dist] = {-1: prepare(root_logits[None])[0]}  # node id -> dist; -1 root
     vocab = dists[-1].q.shape[-1]
     tree = DraftTree.empty(vocab, dev, "fixed" if fixed else "sampled")
     if spec.depth == 0:
@@ -234,10 +254,10 @@ def build_tree(
             pending = [i for i in range(tree.size) if i not in dists and tree.depths[i] < spec.depth]
             tree.tokens = torch.stack(tokens)
             logits = expand(pending, tree)  # (m, V_model)
-            ranked = rank_fn(logits)  # (m, V)
-            for j, i in enumerate(pending):
-                dists[i] = _prepare(ranked[j], kmax)
-                push(tree.scores[i] * dists[i].top_p[0], i, 0)
+            for i, dist in zip(pending, prepare(logits)):
+                dists[i] = dist
+                if dist.top_p:
+                    push(tree.scores[i] * dist.top_p[0], i, 0)
             continue
         d = dists[parent]
         depth = 1 if parent < 0 else tree.depths[parent] + 1
@@ -255,7 +275,7 @@ def build_tree(
             tok = int(sample_with_uniforms(q_node, draws.uniform(depth, ranks, dev)))
         d.drawn.append(tok)
         node = tree.size
-        score = (1.0 if parent < 0 else tree.scores[parent]) * float(d.q[tok])
+        score = (1.0 if parent < 0 else tree.scores[parent]) * float(d.s[tok])
         tree.parents.append(parent)
         tree.depths.append(depth)
         tree.ranks.append(rank)

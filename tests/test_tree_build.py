@@ -326,3 +326,26 @@ def test_an_eagle_tree_drafts_every_node_as_the_chain_would(target):
         fresh = torch.softmax(chain._sub_logits(feat), -1)[0]
         assert torch.allclose(tree.draft_probs[kids[0]], fresh, atol=1e-5), e
     assert math.isclose(float(tree.draft_probs[0].sum()), 1.0, rel_tol=1e-5)
+
+
+def test_sampled_siblings_are_drawn_from_the_sampling_distribution_and_scored_by_the_raw_one():
+    """rank_fn (the raw T = 1 softmax) scores slots and paths; tokens come from probs_fn (here T = 0.5
+    and top-k 2). Scores are products of raw probabilities along each path, priorities are raw
+    top-j values, and a node never gets more children than its top-k leaves tokens to draw."""
+    v, logits = 6, markov_logits(6, 1)
+    spec = TreeSpec(12, 3, 3, "sampled")
+    cfg = SamplingConfig(temperature=0.5, top_k=2)
+    raw = lambda x: torch.softmax(x, -1)  # noqa: E731
+    expand = lambda ids, tree: logits[tree.tokens[ids]]  # noqa: E731
+    tree = build_tree(logits[0], expand, spec, lambda x: logits_to_probs(x, cfg), TreeDraws(5, 0, True), rank_fn=raw)
+    assert tree.size > 0 and torch.isfinite(tree.draft_probs).all()
+    p = raw(logits)  # (V, V): raw draft probability of token b after token a
+    for i, parent in enumerate(tree.parents):
+        prev = 0 if parent < 0 else int(tree.tokens[parent])
+        base = 1.0 if parent < 0 else tree.scores[parent]
+        assert tree.scores[i] == pytest.approx(base * float(p[prev, tree.tokens[i]]), rel=1e-5)
+        nth = torch.sort(p[prev], descending=True).values[tree.ranks[i]]
+        assert tree.priorities[i] == pytest.approx(base * float(nth), rel=1e-5)
+        assert tree.ranks[i] < 2  # top-k 2: at most two children, even where the budget allows three
+        q = logits_to_probs(logits[prev], cfg)
+        assert bool((tree.draft_probs[i] > 0).sum() <= 2) and float(q[tree.tokens[i]]) > 0
