@@ -269,7 +269,9 @@ def profile_key(model: torch.nn.Module, extra: str = "") -> str:
     cfg = model.config.get_text_config()
     name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
     shape = f"{getattr(cfg, 'num_hidden_layers', '?')}x{getattr(cfg, 'hidden_size', '?')}x{getattr(cfg, 'vocab_size', '?')}"
-    return f"{name}|{shape}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}{extra}"
+    kernels = getattr(model, "ears_kernels", "")  # "packed" when packed_linear chose oneDNN kernels
+    return (f"{name}|{shape}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}"
+            f"{'|' + kernels if kernels else ''}{extra}")
 
 
 @torch.inference_mode()
@@ -311,7 +313,7 @@ def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, 
 def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
     root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "costs" / f"{safe}.v3.json"  # v2: raw curves (v1: forced non-decreasing); v3: planned output head
+    return root / "costs" / f"{safe}.v4.json"  # v2: raw curves (v1: forced non-decreasing); v3: planned head; v4: kernels in the key
 
 
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,

@@ -143,6 +143,7 @@ class EagleDrafter:
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
         self.vocab_ids = head.vocab_ids.to(w.device)  # (N,)
         self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
+        self.w_sub_packed: Tensor | None = None  # a oneDNN copy of w_sub when the target runs packed kernels
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self._s: _State | None = None
@@ -153,6 +154,20 @@ class EagleDrafter:
         other = copy.copy(self)
         other._s = None
         return other
+
+    def pack_kernels(self) -> int:
+        """Run the head's layers and its output rows with oneDNN-packed weights (packed_linear.py)."""
+        from .packed_linear import available, pack_linears
+
+        if not available() or self.w_sub.device.type != "cpu":
+            return 0
+        self.w_sub_packed = torch.ops.mkldnn._reorder_linear_weight(self.w_sub, None)
+        return pack_linears(self.head) + 1
+
+    def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N): logits over the head's vocabulary
+        from .packed_linear import linear
+
+        return linear(feats, self.w_sub, self.w_sub_packed)
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
         return self.head(feats.to(self.w_sub.dtype), self.embed(tokens), self._s.cache)  # (B, T, d)
@@ -183,7 +198,7 @@ class EagleDrafter:
         for i in range(k):
             if i > 0:  # the head's predicted feature after the previous draft
                 feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
-            sub = (feat @ self.w_sub.T).float()  # (B, N)
+            sub = self._sub(feat).float()  # (B, N)
             if keep is not None:
                 conf = float(torch.softmax(sub, dim=-1).max(dim=-1).values.mean())  # one host read, pre-draw
                 if not keep(conf):
@@ -234,7 +249,7 @@ class EagleDrafter:
     def _sub_logits(self, feats: Tensor) -> Tensor:
         """(m, d) predicted features -> (m, V) logits, -inf outside vocab_ids."""
         logits = torch.full((feats.shape[0], self.vocab_size), float("-inf"), device=feats.device)
-        logits[:, self.vocab_ids] = (feats @ self.w_sub.T).float()
+        logits[:, self.vocab_ids] = self._sub(feats).float()
         return logits
 
     @torch.inference_mode()

@@ -479,9 +479,11 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
     target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
-    if dev.type == "cpu":  # the output projection's fastest matmul layout per verified rows (output_head.py)
+    if dev.type == "cpu":  # the fastest matmul kernels for a few rows on this CPU (output_head.py, packed_linear.py)
         from .output_head import install_planned_head
+        from .packed_linear import choose_kernels
         install_planned_head(target_model)
+        choose_kernels(target_model)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:
@@ -493,6 +495,9 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         draft_model = _load_head_draft(target_model, dt, vocab_size, Path(str(draft)).expanduser())
     elif draft is not None:
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
+    if draft_model is not None:
+        from .packed_linear import pack_like
+        pack_like(target_model, draft_model)
     from .drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):
         if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:

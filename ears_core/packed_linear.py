@@ -1,0 +1,239 @@
+"""Prepacked (oneDNN) linear layers for CPU inference, chosen by measuring the whole model.
+
+Terms
+-----
+rows          r = the vectors one linear layer multiplies in a call: batch x new positions. A plain
+              decode step has r = 1; a verify pass over k drafts has r = k + 1.
+as loaded     the model's own ``nn.Linear`` (MKL through ``F.linear``), plus the planned output head
+              of ``output_head.py``. For a handful of rows MKL reads each weight matrix once per row:
+              on this project's 2-core machine a SmolLM2-135M pass over 2-5 tokens cost 1.4-1.9 decode
+              steps, which is what made speculative decoding slower than target-only there.
+packed        the same weights reordered once into oneDNN's blocked layout
+              (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
+              ``torch.ops.mkldnn._linear_pointwise``: the cost is nearly flat in r for r <= 8 (same
+              machine: a step 50.7 -> 36.7 ms, a pass over 5 tokens 72 -> 36 ms).
+kernel choice packed or as loaded, for a whole model: when a CPU pair loads, target passes over
+              m = 1, 3, 5 new tokens on a 64-token cache are timed in both modes, interleaved (the
+              fastest of a few each), and packed is kept only if it is at least ``MIN_GAIN`` cheaper
+              summed over m. The choice is cached per (model shape, dtype, threads, CPU, torch) under
+              $EARS_CACHE/kernels, so a machine measures once; another machine decides for itself.
+exactness     the same dot products summed in another order: logits agree to float rounding
+              (~1e-4 absolute on 49k logits here), as they already differ between r = 1 and r = 5
+              with MKL alone. Speculative and target-only decoding run the same kernels, so the
+              comparison between them stays fair and greedy equality is unaffected in kind.
+scope         CPU, float32 or bfloat16 weights, models with at least ``MIN_ELEMENTS`` linear
+              weights (the tiny test models are left as they are), inference only: a call that
+              needs gradients, or an input on another device or dtype, runs the original layer. A
+              weight changed in place after packing is packed again at its next call.
+memory        the packed copy sits beside the original weights (which stay for tying, state dicts
+              and gradients): +1x the linear weights (SmolLM2-135M: +0.5 GB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_linears", "set_packed"]
+
+MIN_ELEMENTS = 1 << 24  # linear weights below this (16M, 64 MB in float32) are not worth a measurement
+MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be kept
+MEASURED_M = (1, 3, 5)
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def available() -> bool:
+    """oneDNN is built into this torch and exposes the two ops used here."""
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """Runs a linear layer with a oneDNN-packed copy of its weight while ``active`` (kernel choice).
+
+    ``weight``/``bias`` are the original Parameters (tied embeddings stay tied); the layer it replaced
+    (an ``nn.Linear`` or a ``PlannedLinear``) is kept outside the module tree and runs whenever the
+    packed path does not apply (inactive, gradients needed, another device or dtype)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.weight = inner.weight  # (out, in)
+        self.bias = getattr(inner, "bias", None)  # (out,) or None
+        self.in_features, self.out_features = int(self.weight.shape[1]), int(self.weight.shape[0])
+        self._inner = (inner,)  # a tuple: not registered, so parameters and state dicts are unchanged
+        self.active = True
+        self._pack()
+
+    def _pack(self) -> None:
+        w = self.weight.detach()
+        self._packed = torch.ops.mkldnn._reorder_linear_weight(w, None)  # oneDNN layout, same values
+        self._bias = None if self.bias is None else self.bias.detach()
+        self._version = self.weight._version
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., in) -> (..., out)
+        w = self.weight
+        if (not self.active or x.device.type != "cpu" or x.dtype != w.dtype
+                or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+            return self._inner[0](x)
+        if w._version != self._version:
+            self._pack()
+        h = x.reshape(-1, self.in_features)  # (r, in)
+        y = torch.ops.mkldnn._linear_pointwise(h, self._packed, self._bias, "none", [], "")  # (r, out)
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, active={self.active}"
+
+
+def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
+    """(parent, attribute, layer) for every plain linear layer: ``nn.Linear`` or the planned head."""
+    from .output_head import PlannedLinear
+
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear or type(child) is PlannedLinear:
+                found.append((parent, name, child))
+    return found
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every CPU float32 / bfloat16 linear layer of ``model`` by a ``PackedLinear``; how many."""
+    if not available():
+        return 0
+    n = 0
+    for parent, name, layer in _linears(model):
+        w = layer.weight
+        if w.device.type == "cpu" and w.dtype in _DTYPES:
+            setattr(parent, name, PackedLinear(layer))
+            n += 1
+    if n:
+        model.ears_kernels = "packed"
+    return n
+
+
+def set_packed(model: nn.Module, active: bool) -> None:
+    """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode for the price
+    profile's key (costs.profile_key)."""
+    n = 0
+    for m in model.modules():
+        if isinstance(m, PackedLinear):
+            m.active = active
+            n += 1
+    model.ears_kernels = "packed" if active and n else ""
+
+
+def is_packed(model: nn.Module) -> bool:
+    """True when ``model`` runs packed linear layers (part of the price profile's key)."""
+    return any(isinstance(m, PackedLinear) and m.active for m in model.modules())
+
+
+@dataclass
+class KernelChoice:
+    """packed: the decision; ms[mode][str(m)] = the fastest pass over m new tokens in that mode."""
+
+    packed: bool
+    ms: dict[str, dict[str, float]] = field(default_factory=dict)
+    key: str = ""
+    measured_at: str = ""
+
+
+def _key(model: nn.Module) -> str:
+    cfg = model.config.get_text_config() if hasattr(model, "config") else None
+    shape = "x".join(str(getattr(cfg, a, "?")) for a in ("num_hidden_layers", "hidden_size", "intermediate_size",
+                                                          "vocab_size"))
+    w = next(model.parameters())
+    cpu = platform.processor() or platform.machine()
+    return (f"{shape}|{str(w.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|"
+            f"torch={torch.__version__}")
+
+
+def _file(key: str, cache_dir: str | os.PathLike | None) -> Path:
+    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+    return root / "kernels" / f"linears-{safe}.json"
+
+
+@torch.inference_mode()
+def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
+    """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms.
+
+    Modes alternate round by round (each round measures a full price curve per mode), so a slow
+    minute of the machine hits both."""
+    from .costs import measure_prices
+
+    best: dict[str, dict[str, float]] = {"packed": {}, "loaded": {}}
+    top = max(MEASURED_M)
+    try:
+        for r in range(rounds):
+            for mode in (("packed", "loaded") if r % 2 == 0 else ("loaded", "packed")):
+                set_packed(model, mode == "packed")
+                curve = measure_prices(model, max_m=top, cache_len=cache_len, repeats=2)
+                for m in MEASURED_M:
+                    old = best[mode].get(str(m), float("inf"))
+                    best[mode][str(m)] = min(old, curve.verify(m))
+    finally:
+        set_packed(model, True)
+    return best
+
+
+def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = None,
+                   refresh: bool = False) -> KernelChoice | None:
+    """Pack ``model``'s linear layers if that measures faster here (module terms: kernel choice).
+
+    Returns the choice (read from the cache, or measured in a few seconds and written to it), or
+    None when the model is out of scope and left as it is."""
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        return None  # already decided for this model
+    layers = _linears(model)
+    w = layers[0][2].weight if layers else None
+    if (not available() or w is None or w.device.type != "cpu" or w.dtype not in _DTYPES
+            or sum(layer.weight.numel() for _, _, layer in layers) < MIN_ELEMENTS):
+        return None
+    key = _key(model)
+    path = _file(key, cache_dir)
+    choice = None
+    if path.is_file() and not refresh:
+        try:
+            choice = KernelChoice(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            choice = None  # damaged or old: measure again
+    if not pack_linears(model):
+        return None
+    if choice is None:
+        ms = measure_modes(model)
+        packed, loaded = (sum(ms[mode].values()) for mode in ("packed", "loaded"))
+        choice = KernelChoice(packed < (1 - MIN_GAIN) * loaded, ms, key, time.strftime("%Y-%m-%d %H:%M:%S"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(choice), indent=1))
+        tmp.replace(path)
+    set_packed(model, choice.packed)
+    return choice
+
+
+def pack_like(target: nn.Module, other: Any) -> int:
+    """Give a drafter's own layers (an EAGLE head, a draft model) the kernels the target chose."""
+    if not is_packed(target):
+        return 0
+    if hasattr(other, "pack_kernels"):
+        return int(other.pack_kernels())
+    return pack_linears(other) if isinstance(other, nn.Module) else 0
+
+
+def linear(x: Tensor, weight: Tensor, packed: Tensor | None) -> Tensor:
+    """x W^T with a packed copy of W when there is one (and the call needs no gradient)."""
+    if packed is None or x.dtype != weight.dtype or x.device.type != "cpu" or (torch.is_grad_enabled()
+                                                                               and x.requires_grad):
+        return F.linear(x, weight)
+    h = x.reshape(-1, x.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "").reshape(*x.shape[:-1], weight.shape[0])
