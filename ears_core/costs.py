@@ -39,7 +39,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DraftPolicy", "expected_tokens", "round_value", "best_k",
+__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "expected_tokens", "round_value", "best_k",
            "measure_prices", "load_or_measure", "profile_key", "break_even_acceptance", "describe"]
 
 
@@ -147,13 +147,22 @@ class Calibration:
     def _bin(self, conf: float) -> int:
         return min(int(max(conf, 0.0) * self.bins), self.bins - 1)
 
-    def __call__(self, conf: float) -> float:
+    def __call__(self, conf: float, depth: int = 1) -> float:
+        """The acceptance estimate for a draft of this confidence (one table for every depth)."""
         b = self._bin(conf)
         centre = (b + 0.5) / self.bins
         prior = min(self.prior_scale * centre, 1.0)
         if self.seen[b] + self.prior_weight <= 0:
             return prior
         return (self.stood[b] + self.prior_weight * prior) / (self.seen[b] + self.prior_weight)
+
+    def best(self, depth: int = 1) -> float:
+        """The highest estimate any confidence gets: what a draft could at most be worth."""
+        return max(self((b + 0.5) / self.bins) for b in range(self.bins))
+
+    def means(self, k: int) -> list[float]:
+        """The mean acceptance for depths 1 .. k (the policy's prior for positions not drafted yet)."""
+        return [self.mean()] * k
 
     def mean(self, default: float = 0.4) -> float:
         """The acceptance seen over all bins (``default`` before any evidence)."""
@@ -165,13 +174,50 @@ class Calibration:
     def copy(self) -> "Calibration":
         return Calibration(self.bins, self.prior_scale, self.prior_weight, list(self.stood), list(self.seen))
 
-    def observe(self, conf: float, stood: bool) -> None:
+    def observe(self, conf: float, stood: bool, depth: int = 1) -> None:
         b = self._bin(conf)
         self.seen[b] += 1.0
         self.stood[b] += float(stood)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+class DepthCalibration:
+    """One ``Calibration`` per draft depth (1 = a round's first draft; the last table serves every
+    deeper one). A head's later drafts read its own predicted features, so at one confidence a third
+    draft stands less often than a first (the embedded head: ...). Depth d learns only from rounds
+    whose drafts 1 .. d-1 stood, so it estimates the conditional a_d that E(k) multiplies."""
+
+    def __init__(self, tables: Sequence[Calibration]) -> None:
+        if not tables:
+            raise ValueError("a DepthCalibration needs at least one table")
+        self.tables = list(tables)
+        self.prior_weight = min(t.prior_weight for t in self.tables)
+
+    def _at(self, depth: int) -> Calibration:
+        return self.tables[min(max(depth, 1), len(self.tables)) - 1]
+
+    def __call__(self, conf: float, depth: int = 1) -> float:
+        return self._at(depth)(conf)
+
+    def observe(self, conf: float, stood: bool, depth: int = 1) -> None:
+        self._at(depth).observe(conf, stood)
+
+    def best(self, depth: int = 1) -> float:
+        return self._at(depth).best()
+
+    def mean(self, default: float = 0.4) -> float:
+        return self.tables[0].mean(default)
+
+    def means(self, k: int) -> list[float]:
+        return [self._at(d).mean() for d in range(1, k + 1)]
+
+    def copy(self) -> "DepthCalibration":
+        return DepthCalibration([t.copy() for t in self.tables])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"depths": [t.to_dict() for t in self.tables]}
 
 
 # ---------------------------------------------------------------------------- online prices
@@ -224,7 +270,7 @@ class DraftPolicy:
         threshold, but asked before the draw), ignoring the prices.
     """
 
-    def __init__(self, prices: RunningPrices | PriceCurve, max_k: int, *, prior: float = 0.5, fixed: bool = False,
+    def __init__(self, prices: RunningPrices | PriceCurve, max_k: int, *, prior: float | Sequence[float] = 0.5, fixed: bool = False,
                  threshold: float | None = None) -> None:
         if max_k < 0:
             raise ValueError(f"max_k must be >= 0, got {max_k}")
@@ -249,9 +295,15 @@ class DraftPolicy:
             return a_known[-1] >= self.threshold
         seen = list(a_known)
         stop_value = round_value(seen[:-1], self.curve)[i - 1]
-        rest = list(future)[: limit - i] if future is not None else [self.prior] * (limit - i)
+        rest = list(future)[: limit - i] if future is not None else [self._prior(j) for j in range(i + 1, limit + 1)]
         values = round_value(seen + rest, self.curve)
         return max(values[i:]) > stop_value
+
+    def _prior(self, position: int) -> float:
+        """The estimate assumed for a position not drafted yet: ``prior``, one value or one per depth."""
+        if isinstance(self.prior, (int, float)):
+            return float(self.prior)
+        return float(self.prior[min(position, len(self.prior)) - 1])
 
     def choose(self, a: Sequence[float]) -> int:
         """k for fully known estimates: the stopping rule run to its end (equals ``best_k``)."""

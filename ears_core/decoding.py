@@ -239,9 +239,14 @@ def _speculative_events(
     policy, calib = cfg.policy, cfg.calibration
     estimates: list[float] = []  # this round's acceptance estimates, one per position kept
 
-    def keep(conf: float, limit: int) -> bool:
-        """Asked by the drafter before each draw: verify one more position? (costs.DraftPolicy)"""
-        estimates.append(calib(conf))
+    def keep(conf: float | None, limit: int) -> bool:
+        """Asked by the drafter before each draw: verify one more position? (costs.DraftPolicy)
+        conf None: asked before the drafter computes the position at all (a head step costs ~1/15 of
+        a target step): could it pay even at the best estimate its depth ever gets?"""
+        depth = len(estimates) + 1
+        if conf is None:
+            return policy.keep_going([*estimates, calib.best(depth)], limit)
+        estimates.append(calib(conf, depth))
         if policy.keep_going(estimates, limit):
             return True
         estimates.pop()
@@ -269,7 +274,7 @@ def _speculative_events(
             if policy is None or k == 0:
                 tokens, dprobs = drafter.propose(k, probs_fn, draft_u)
             else:
-                policy.prior = calib.mean()
+                policy.prior = calib.means(k)  # per depth for a DepthCalibration
                 tokens, dprobs = drafter.propose(k, probs_fn, draft_u, keep=lambda c, lim=k: keep(c, lim))
             if tokens.shape[1] < k:  # a drafter may stop early (no n-gram match, the policy)
                 k = tokens.shape[1]
@@ -308,7 +313,7 @@ def _speculative_events(
         if policy is not None:
             confs = list(getattr(drafter, "confidence", []))
             for j in range(min(n + 1, k, len(confs))):  # every verified position teaches the calibration
-                calib.observe(confs[j], j < n)
+                calib.observe(confs[j], j < n, depth=j + 1)
             expected = expected_tokens(estimates[:k])[k] if len(estimates) >= k else None
         t3 = clock.mark()
         steps.append(StepRecord(step, k, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts,

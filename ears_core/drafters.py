@@ -45,7 +45,9 @@ class Drafter(Protocol):
         """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), with k' <= k (a drafter
         may stop early). ``keep(confidence)``, when given, is asked BEFORE each token is drawn,
         with the drafter's confidence at that position (its probability mass on its top token);
-        the drafter stops at the first False. It records the confidences in ``confidence``."""
+        the drafter stops at the first False. It records the confidences in ``confidence``. A
+        drafter whose later positions cost a forward may also ask ``keep(None)`` before computing
+        one (could the position pay at its depth's best estimate?) and stop there."""
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .costs import Calibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
+from .costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
 from .tree_decoding import tree_stream
 from .tree_policy import TreeBudget
 from .decoding import Generation, autoregressive_stream, stream
@@ -197,11 +197,11 @@ class Session:
                              threshold=THRESHOLD if draft_length == "threshold" else None)
         return dict(policy=policy, calibration=calib)
 
-    def _calibration(self, key: tuple, temperature: float) -> Calibration:
+    def _calibration(self, key: tuple, temperature: float) -> Calibration | DepthCalibration:
         """A copy of the calibration for ``key`` (made from the shipped one on first use)."""
         with self._lock:
             if key not in self._calibrations:
-                self._calibrations[key] = self._initial_calibration(temperature)
+                self._calibrations[key] = self._initial_calibration(temperature, by_depth="tree" not in key)
             return self._calibrations[key].copy()
 
     def tree_policy_for(self, rule: AcceptanceRule, temperature: float, budget: int, draft_length: str
@@ -216,14 +216,17 @@ class Session:
         calib = self._calibration((rule.describe(), temperature, "tree"), temperature)
         return dict(keep=TreeBudget(snapshot, budget, calib), backoff=True)
 
-    def _initial_calibration(self, temperature: float) -> Calibration:
+    def _initial_calibration(self, temperature: float, by_depth: bool = True) -> Calibration | DepthCalibration:
         """What the policy assumes before a run of this pair: the drafter's shipped calibration
-        (counts per confidence bin measured on training prompts, ``calibration_table``: "greedy"
-        for T = 0, "sampled" otherwise) when it has one, else the prior (acceptance = confidence)."""
+        (counts per confidence bin measured on held-out prompts, ``calibration_table``: "greedy"
+        for T = 0, "sampled" otherwise; a chain's per draft depth when the table has "depths", a
+        tree's pooled) when it has one, else the prior (acceptance = confidence)."""
         table = getattr(self.pair.draft, "calibration_table", None) or {}
         counts = table.get("greedy" if temperature == 0 else "sampled")
         if not counts or counts.get("bins") != Calibration().bins:
             return Calibration()
+        if by_depth and counts.get("depths"):
+            return DepthCalibration([Calibration(stood=list(d["stood"]), seen=list(d["seen"])) for d in counts["depths"]])
         return Calibration(stood=list(counts["stood"]), seen=list(counts["seen"]))
 
     def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None,

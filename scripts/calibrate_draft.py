@@ -5,10 +5,12 @@ Runs the embedded pair with a fixed K on the draft data's validation prompts (th
 scripts/train_draft.py never trains on; never the held-out ``assets/prompts.json``), records (confidence, stood) for every verified draft
 position, and writes ``assets/embedded_draft/calibration.json``: per sampling mode ("greedy" for
 T = 0, "sampled" for T > 0) the counts per confidence bin, which the draft-length policy starts from
-(``costs.Calibration``) and keeps learning. Also prints a reliability table (mean confidence vs
-observed acceptance per bin) for the card.
+(``costs.Calibration``) and keeps learning: per draft depth 1 .. k (``costs.DepthCalibration``: a
+depth-d draft is counted only when drafts 1 .. d-1 stood, so it measures the conditional acceptance
+E(k) multiplies) for the chain, and pooled over depths 1-2 for the tree budget. Also prints a
+reliability table (confidence bin vs observed acceptance) per depth for the card.
 
-    python scripts/calibrate_draft.py [--prompts 40] [--tokens 48] [--k 2]
+    python scripts/calibrate_draft.py [--prompts 32] [--tokens 48] [--k 4]
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ears_core import load_pair
-from ears_core.costs import Calibration, DraftPolicy, PriceCurve
+from ears_core.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
 from ears_core.decoding import stream
 from ears_core.session import RunConfig, Session
 
@@ -30,9 +32,9 @@ BINS = 10
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--prompts", type=int, default=40)
+    ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=48)
-    ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--val-mod", type=int, default=20, help="prompts with index %% this == 0: train_draft's validation set")
     ap.add_argument("--out", type=Path, default=ROOT / "assets" / "embedded_draft" / "calibration.json")
     a = ap.parse_args()
@@ -42,7 +44,7 @@ def main() -> None:
     session = Session(load_pair())
     out: dict[str, dict] = {}
     for mode, temperature in (("greedy", 0.0), ("sampled", 0.9)):
-        cal = Calibration(bins=BINS, prior_weight=0.0)  # the decode loop records into it
+        cal = DepthCalibration([Calibration(bins=BINS, prior_weight=0.0) for _ in range(a.k)])  # the loop records
         # always K drafts, each position's confidence recorded: a policy that always keeps going
         policy = DraftPolicy(PriceCurve([1.0] * (a.k + 1), 0.0), a.k, fixed=True)
         for i, prompt in enumerate(prompts):
@@ -54,12 +56,17 @@ def main() -> None:
                          policy=policy, calibration=cal, **cfg.sampling_kwargs(t))
             with torch.inference_mode():
                 gen.result()
-        out[mode] = {"bins": BINS, "stood": cal.stood, "seen": cal.seen}
-        print(f"\n{mode} (T = {temperature}): bin, drafts seen, acceptance")
+        pooled = [[sum(t.stood[b] for t in cal.tables[:2]) for b in range(BINS)],
+                  [sum(t.seen[b] for t in cal.tables[:2]) for b in range(BINS)]]
+        out[mode] = {"bins": BINS, "stood": pooled[0], "seen": pooled[1],
+                     "depths": [{"stood": t.stood, "seen": t.seen} for t in cal.tables]}
+        print(f"\n{mode} (T = {temperature}): confidence bin, then drafts seen / acceptance at depth 1 .. {a.k}")
         for b in range(BINS):
-            if cal.seen[b]:
-                print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  {int(cal.seen[b]):5d}  {cal.stood[b] / cal.seen[b]:.3f}")
-        print(f"  overall {sum(cal.stood) / max(1, sum(cal.seen)):.3f} over {int(sum(cal.seen))} drafts")
+            cells = [f"{int(t.seen[b]):5d} {t.stood[b] / t.seen[b]:.3f}" if t.seen[b] else f"{0:5d}   -  "
+                     for t in cal.tables]
+            print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  " + "  ".join(cells))
+        print("  all        " + "  ".join(f"{int(sum(t.seen)):5d} {sum(t.stood) / max(1, sum(t.seen)):.3f}"
+                                           for t in cal.tables))
     out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, source=f"assets/draft_data/prompts.jsonl, index % {a.val_mod} == 0")
     a.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")

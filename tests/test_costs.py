@@ -22,7 +22,7 @@ from transformers import PretrainedConfig
 
 from ears_core import EARSRule, GreedyRule, StandardRule, autoregressive, generate
 from ears_core import costs
-from ears_core.costs import Calibration, DraftPolicy, PriceCurve, RunningPrices, best_k, round_value
+from ears_core.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, best_k, round_value
 from ears_core.drafters import ModelDrafter
 from ears_core.sampling import SamplingConfig, logits_to_probs, sample_with_uniforms
 from conftest import PROMPTS
@@ -134,6 +134,32 @@ def test_running_prices_and_calibration_learn_from_rounds():
         cal.observe(0.9, False)
     assert cal(0.9) == pytest.approx(0.875 * 2 / 10) and cal(0.1) == pytest.approx(0.125)
     assert cal.copy().seen == cal.seen and cal.copy() is not cal
+
+
+def test_a_depth_calibration_keeps_one_table_per_draft_depth():
+    cal = DepthCalibration([Calibration(bins=4, prior_weight=2.0) for _ in range(2)])
+    for _ in range(8):
+        cal.observe(0.9, True, depth=1)
+        cal.observe(0.9, False, depth=2)
+        cal.observe(0.9, False, depth=5)  # deeper than the tables: the last one learns it
+    assert cal(0.9, 1) == pytest.approx((8 + 2 * 0.875) / 10)
+    assert cal(0.9, 2) == cal(0.9, 7) == pytest.approx(2 * 0.875 / 18)
+    assert cal.tables[1].seen == [0, 0, 0, 16]
+    assert cal.best(1) == pytest.approx(cal(0.9, 1)) and cal.best(2) == pytest.approx(0.625)  # bin 2's prior
+    assert cal.means(3) == pytest.approx([(8 + 2 * 0.4) / 10, 2 * 0.4 / 18, 2 * 0.4 / 18])
+    twin = cal.copy()
+    twin.observe(0.1, True, depth=2)
+    assert twin.tables[1].seen != cal.tables[1].seen  # copies do not share counts
+
+
+def test_the_policy_reads_a_prior_per_depth_for_positions_not_drafted_yet():
+    # a first draft at 0.9 does not pay alone (1.9 / 20 < 1 / 10) but does with two more at 0.9 each
+    # ((1 + 0.9 + 0.81 + 0.729) / 25 > 1 / 10): the answer rests on the priors of depths 2 and 3
+    curve = PriceCurve([10.0, 20.0, 20.0, 25.0], draft_ms=0.0)
+    assert DraftPolicy(curve, 3, prior=0.9).keep_going([0.9])
+    assert DraftPolicy(curve, 3, prior=[0.0, 0.9, 0.9]).keep_going([0.9])  # depth 1's own prior is not read
+    assert not DraftPolicy(curve, 3, prior=[0.9, 0.0, 0.0]).keep_going([0.9])
+    assert DraftPolicy(curve, 3, prior=[0.9, 0.9, 0.0]).keep_going([0.9])  # k = 2: (1 + .9 + .81) / 20 > 1 / 10
 
 
 def test_load_or_measure_caches_the_profile_per_machine_key(tmp_path, monkeypatch):
@@ -332,5 +358,10 @@ def test_a_session_starts_from_the_drafters_shipped_calibration():
     greedy, sampled = session._initial_calibration(0.0), session._initial_calibration(0.9)
     assert greedy(0.95) == pytest.approx((9 + 4 * 0.95) / 14) and greedy(0.05) == pytest.approx(4 * 0.05 / 14)
     assert sampled(0.05) == pytest.approx((5 + 4 * 0.05) / 14)
+    table["greedy"]["depths"] = [{"stood": [8.0] * 10, "seen": [10.0] * 10}, {"stood": [1.0] * 10, "seen": [10.0] * 10}]
+    chain, tree = session._initial_calibration(0.0), session._initial_calibration(0.0, by_depth=False)
+    assert isinstance(chain, DepthCalibration) and isinstance(tree, Calibration)
+    assert chain(0.05, 1) == pytest.approx((8 + 0.2) / 14) and chain(0.05, 3) == pytest.approx((1 + 0.2) / 14)
+    assert tree(0.95) == greedy(0.95)  # the tree reads the pooled table
     bare = Session(SimpleNamespace(draft=object()), prices=PriceCurve([10.0], 0.5))
     assert bare._initial_calibration(0.0)(0.55) == pytest.approx(0.55)  # no table: the prior

@@ -129,6 +129,36 @@ def test_the_draft_length_policy_stops_before_drawing_and_stays_exact(target_and
     assert mixed
 
 
+def test_a_depth_that_cannot_pay_is_never_computed(target_and_head):
+    """keep(None): before the head computes draft 2, the policy asks whether depth 2 could pay even at
+    its best estimate; a depth whose every draft failed never costs a head step, and the output is
+    unchanged."""
+    from ears_core.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
+
+    target, head = target_and_head
+    prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
+    first = Calibration(bins=10, stood=[1e6] * 10, seen=[1e6] * 10)  # a first draft always stands
+    hopeless = Calibration(bins=10, stood=[0.0] * 10, seen=[1e6] * 10)  # a later one never does
+    curve = PriceCurve([10.0, 10.5, 11.0, 11.5, 12.0], 0.5, 0.0)
+
+    def run(best_of_depth_2):
+        cal = DepthCalibration([first, hopeless])
+        cal.best = lambda depth=1: 1.0 if depth == 1 else best_of_depth_2  # what keep(None) is told
+        d = EagleDrafter(head, target)
+        calls = []
+        inner = d._head
+        d._head = lambda feats, tokens: calls.append(feats.shape[1]) or inner(feats, tokens)
+        out = generate(target, d, prompt, policy=DraftPolicy(curve, 4), calibration=cal, **kw)
+        return out, len(calls)
+
+    skipped, n_skipped = run(hopeless.best())
+    computed, n_computed = run(1.0)  # told depth 2 might pay: the head computes it, then the policy declines
+    assert skipped.token_ids == computed.token_ids == hf_greedy(target, prompt, 30)
+    assert {s.drafted for s in skipped.steps} <= {0, 1} and {s.drafted for s in computed.steps} <= {0, 1}
+    drafting_rounds = sum(1 for s in computed.steps if s.drafted)
+    assert drafting_rounds > 3 and n_computed - n_skipped >= drafting_rounds - 1
+
+
 @pytest.fixture(scope="module")
 def target_and_fused_head():
     """A head reading three of the target's hidden states (EAGLE-3's fusion): layer 1, the
