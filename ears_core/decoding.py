@@ -21,6 +21,9 @@ policy         (``costs.DraftPolicy``) each round sends the drafts that pay on t
                that asks the drafter is a probe; when a probe drafts nothing, the next rounds are
                plain target steps (k = 0, no drafter call, the head's update queued) and the next
                probe comes 2, then 4, then at most 8 rounds later; a probe that drafts resets it.
+               It backs off only while an average first draft (the calibration's mean at depth 1)
+               would not pay: where drafting is cheap (a flat price curve) every round is a probe,
+               and a low-confidence round costs one head step, not the next seven rounds' drafts.
                The schedule depends on past rounds only, so the output is as exact as without it.
 """
 
@@ -299,8 +302,9 @@ def _speculative_events(
             cache.crop(n - k)  # drop the target's positions for drafts that did not stand
         drafter.commit(n, next_token, target_features(out, drafter))  # (1, k+1, n*d) or None
         last = next_token.view(1, 1)
-        if probe:  # a probe that drafted nothing backs off: the next ones come 2, 4, then 8 rounds later
-            backoff = 1 if k > 0 else min(2 * backoff, MAX_BACKOFF)
+        if probe:  # a probe that drafted nothing backs off (2, 4, then 8 rounds) unless drafting pays on average
+            pays = k > 0 or policy.keep_going([calib.means(1)[0]], cfg.gamma)
+            backoff = 1 if pays else min(2 * backoff, MAX_BACKOFF)
             skip = backoff - 1
         events, drafts = host.records(k, produced, step)
         stop = False

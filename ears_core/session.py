@@ -201,7 +201,7 @@ class Session:
         """A copy of the calibration for ``key`` (made from the shipped one on first use)."""
         with self._lock:
             if key not in self._calibrations:
-                self._calibrations[key] = self._initial_calibration(temperature, by_depth="tree" not in key)
+                self._calibrations[key] = self._initial_calibration(temperature)
             return self._calibrations[key].copy()
 
     def tree_policy_for(self, rule: AcceptanceRule, temperature: float, budget: int, draft_length: str
@@ -219,8 +219,8 @@ class Session:
     def _initial_calibration(self, temperature: float, by_depth: bool = True) -> Calibration | DepthCalibration:
         """What the policy assumes before a run of this pair: the drafter's shipped calibration
         (counts per confidence bin measured on held-out prompts, ``calibration_table``: "greedy"
-        for T = 0, "sampled" otherwise; a chain's per draft depth when the table has "depths", a
-        tree's pooled) when it has one, else the prior (acceptance = confidence)."""
+        for T = 0, "sampled" otherwise; per draft depth when the table has "depths", for the chain's
+        policy and the tree budget alike) when it has one, else the prior (acceptance = confidence)."""
         table = getattr(self.pair.draft, "calibration_table", None) or {}
         counts = table.get("greedy" if temperature == 0 else "sampled")
         if not counts or counts.get("bins") != Calibration().bins:

@@ -8,7 +8,9 @@ estimate       P(node stands): the chance that a node and all its ancestors are 
                depth d. With the drafter's ``Calibration`` c (confidence -> acceptance of one
                position) it is c(pi^(1/d))^d: the calibrated acceptance of a per-level confidence
                equal to the path's geometric mean, compounded over its d levels. Without one it is
-               pi itself (what a calibrated draft's own probability of the path promises).
+               pi itself (what a calibrated draft's own probability of the path promises). With a
+               ``DepthCalibration`` (one table per draft depth) level j reads table j:
+               prod_j c_j(pi^(1/d)), so deep nodes are priced as the head's deep drafts stand.
 E(N)           1 + the sum of the estimates of the round's N nodes: the tokens the round is
                expected to emit (at most one node per depth stands, so the accepted length is the
                number of nodes that stand, and its mean the sum of their chances).
@@ -41,17 +43,24 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .costs import Calibration, PriceCurve
+from .costs import Calibration, DepthCalibration, PriceCurve
 
 __all__ = ["TreeBudget", "node_estimate", "tree_round_ms", "tree_value"]
 
 
-def node_estimate(priority: float, depth: int, calibration: Calibration | None = None) -> float:
-    """P(node stands) from its slot priority and depth (see the module's terms)."""
+def node_estimate(priority: float, depth: int, calibration: Calibration | DepthCalibration | None = None) -> float:
+    """P(node stands) from its slot priority and depth (see the module's terms). With a
+    ``DepthCalibration`` each level j = 1 .. d reads its own table: prod_j c_j(pi^(1/d))."""
     pi = min(max(float(priority), 0.0), 1.0)
     if calibration is None or depth < 1:
         return pi
-    return min(max(calibration(pi ** (1.0 / depth)), 0.0), 1.0) ** depth
+    level = pi ** (1.0 / depth)
+    if isinstance(calibration, DepthCalibration):
+        out = 1.0
+        for j in range(1, depth + 1):
+            out *= min(max(calibration(level, j), 0.0), 1.0)
+        return out
+    return min(max(calibration(level), 0.0), 1.0) ** depth
 
 
 def tree_round_ms(prices: PriceCurve, nodes: int, depth: int) -> float:
@@ -77,7 +86,8 @@ class TreeBudget:
     confidence -> acceptance table (None: a node's estimate is its priority). State per round:
     ``estimates`` of the nodes drafted so far (reset when a new tree starts, ``nodes == 0``)."""
 
-    def __init__(self, prices: PriceCurve, budget: int, calibration: Calibration | None = None) -> None:
+    def __init__(self, prices: PriceCurve, budget: int, calibration: Calibration | DepthCalibration | None = None
+                 ) -> None:
         if not isinstance(budget, int) or budget < 1:
             raise ValueError(f"the tree budget (nodes per round at most) must be a whole number >= 1, got {budget!r}")
         if not isinstance(prices, PriceCurve):
@@ -136,4 +146,4 @@ class TreeBudget:
                 continue  # its parent fell: the node was never in question
             base = record.scores[parent] if parent >= 0 else 1.0
             conf = record.priorities[i] / base if base > 0 else 0.0
-            self.calibration.observe(min(conf, 1.0), i in stood)
+            self.calibration.observe(min(conf, 1.0), i in stood, depth=record.depths[i])

@@ -359,9 +359,33 @@ def test_a_session_starts_from_the_drafters_shipped_calibration():
     assert greedy(0.95) == pytest.approx((9 + 4 * 0.95) / 14) and greedy(0.05) == pytest.approx(4 * 0.05 / 14)
     assert sampled(0.05) == pytest.approx((5 + 4 * 0.05) / 14)
     table["greedy"]["depths"] = [{"stood": [8.0] * 10, "seen": [10.0] * 10}, {"stood": [1.0] * 10, "seen": [10.0] * 10}]
-    chain, tree = session._initial_calibration(0.0), session._initial_calibration(0.0, by_depth=False)
-    assert isinstance(chain, DepthCalibration) and isinstance(tree, Calibration)
+    chain, pooled = session._initial_calibration(0.0), session._initial_calibration(0.0, by_depth=False)
+    assert isinstance(chain, DepthCalibration) and isinstance(pooled, Calibration)
     assert chain(0.05, 1) == pytest.approx((8 + 0.2) / 14) and chain(0.05, 3) == pytest.approx((1 + 0.2) / 14)
-    assert tree(0.95) == greedy(0.95)  # the tree reads the pooled table
+    assert pooled(0.95) == greedy(0.95)
     bare = Session(SimpleNamespace(draft=object()), prices=PriceCurve([10.0], 0.5))
     assert bare._initial_calibration(0.0)(0.55) == pytest.approx(0.55)  # no table: the prior
+
+
+def test_probes_back_off_only_while_an_average_first_draft_would_not_pay(tiny_pair):
+    """The tiny draft's confidence stays in the low bin, where no draft ever stood: every probe
+    drafts nothing. With a high mean acceptance (the high bin) drafting pays on average, so every
+    round asks the drafter again; with a mean of 0 the probes back off (2, 4, 8 rounds)."""
+    target, draft = tiny_pair
+    cheap = PriceCurve([10.0, 10.1, 10.2, 10.3, 10.4], 0.5, 0.0)
+
+    def asked(high_bin_stood):
+        drafter = ModelDrafter(draft)
+        calls = []
+        inner = drafter.propose
+        drafter.propose = lambda k, *a, **kw: calls.append(k) or inner(k, *a, **kw)
+        cal = Calibration(bins=2, prior_weight=0.0, stood=[0.0, high_bin_stood], seen=[1000.0, 9000.0])
+        out = generate(target, drafter, PROMPTS[0], rule=StandardRule(), gamma=4, temperature=1.0,
+                       max_new_tokens=30, seed=3, policy=DraftPolicy(cheap, 4), calibration=cal)
+        assert sum(s.drafted for s in out.steps) == 0  # every confidence fell in the hopeless bin
+        return sum(1 for k in calls if k > 0), len(out.steps)
+
+    probes, rounds = asked(9000.0)
+    assert probes >= rounds - 1  # every round but the last (k = 0 at the end) was a probe
+    backed_off, rounds = asked(0.0)
+    assert backed_off <= rounds // 2

@@ -14,7 +14,7 @@ import torch
 
 from conftest import PROMPTS, assert_first_two_tokens_follow
 from ears_core import EARSRule, GreedyRule, StandardRule
-from ears_core.costs import Calibration, PriceCurve
+from ears_core.costs import Calibration, DepthCalibration, PriceCurve
 from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.tree_decoding import tree_generate, tree_stream
 from ears_core.tree_policy import TreeBudget, node_estimate, tree_round_ms, tree_value
@@ -119,6 +119,12 @@ def test_values_and_estimates_on_known_numbers():
     assert node_estimate(0.64, 2, None) == pytest.approx(0.64)
     assert node_estimate(0.64, 2, cal) == pytest.approx(0.0875 ** 2)  # sqrt(0.64) = 0.8 per level
     assert node_estimate(1.7, 1, None) == 1.0 and node_estimate(-0.1, 1, None) == 0.0
+    deep = Calibration(bins=4, prior_weight=1.0)
+    for _ in range(9):
+        deep.observe(0.8, True)  # depth 2 at 0.8: (9 + 0.875) / 10
+    by_depth = DepthCalibration([cal, deep])
+    assert node_estimate(0.64, 2, by_depth) == pytest.approx(0.0875 * 0.9875)  # level 1 reads table 1, level 2 table 2
+    assert node_estimate(0.512, 3, by_depth) == pytest.approx(0.0875 * 0.9875 ** 2)  # deeper: the last table
 
 
 def test_a_curve_where_verifying_never_pays_gives_an_empty_tree():
@@ -137,13 +143,18 @@ def test_the_calibration_learns_from_a_round():
     # root -> 0 (rank 0, stood) -> 2 (rank 0, stood) ; root -> 1 (rank 1) ; 0 -> 3 (rank 1) ; 2 -> 4 (rank 0, fell)
     # 1 -> 5: its parent never stood, so it teaches nothing
     record = SimpleNamespace(parents=[-1, -1, 0, 0, 2, 1], scores=[0.6, 0.3, 0.42, 0.12, 0.21, 0.15],
-                             priorities=[0.6, 0.3, 0.42, 0.12, 0.21, 0.15], path=[0, 2])
+                             priorities=[0.6, 0.3, 0.42, 0.12, 0.21, 0.15], path=[0, 2], depths=[1, 1, 2, 2, 3, 2])
     cal = Calibration(bins=10)
     TreeBudget(PriceCurve([10.0], 1.0), 8, cal).observe_round(record)
     # level confidences: 0.6 (stood), 0.3, 0.7 (stood), 0.2, 0.5 (fell)
     assert cal.seen == [0, 0, 1, 1, 0, 1, 1, 1, 0, 0]
     assert cal.stood == [0, 0, 0, 0, 0, 0, 1, 1, 0, 0]
     TreeBudget(PriceCurve([10.0], 1.0), 8).observe_round(record)  # no calibration: nothing to learn
+    by_depth = DepthCalibration([Calibration(bins=10), Calibration(bins=10)])
+    TreeBudget(PriceCurve([10.0], 1.0), 8, by_depth).observe_round(record)
+    assert by_depth.tables[0].seen == [0, 0, 0, 1, 0, 0, 1, 0, 0, 0]  # depth 1: 0.6 (stood), 0.3
+    assert by_depth.tables[1].seen == [0, 0, 1, 0, 0, 1, 0, 1, 0, 0]  # depths 2 and 3: 0.7 (stood), 0.2, 0.5
+    assert by_depth.tables[1].stood == [0, 0, 0, 0, 0, 0, 0, 1, 0, 0]
 
 
 def cheap_prices():
