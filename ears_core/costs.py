@@ -156,10 +156,6 @@ class Calibration:
             return prior
         return (self.stood[b] + self.prior_weight * prior) / (self.seen[b] + self.prior_weight)
 
-    def best(self, depth: int = 1) -> float:
-        """The highest estimate any confidence gets: what a draft could at most be worth."""
-        return max(self((b + 0.5) / self.bins) for b in range(self.bins))
-
     def means(self, k: int) -> list[float]:
         """The mean acceptance for depths 1 .. k (the policy's prior for positions not drafted yet)."""
         return [self.mean()] * k
@@ -204,9 +200,6 @@ class DepthCalibration:
 
     def observe(self, conf: float, stood: bool, depth: int = 1) -> None:
         self._at(depth).observe(conf, stood)
-
-    def best(self, depth: int = 1) -> float:
-        return self._at(depth).best()
 
     def mean(self, default: float = 0.4) -> float:
         return self.tables[0].mean(default)

@@ -245,10 +245,11 @@ def _speculative_events(
     def keep(conf: float | None, limit: int) -> bool:
         """Asked by the drafter before each draw: verify one more position? (costs.DraftPolicy)
         conf None: asked before the drafter computes the position at all (a head step costs ~1/15 of
-        a target step): could it pay even at the best estimate its depth ever gets?"""
+        a target step): would an average draft at this depth pay after the drafts so far? (A
+        position that would not is rarely worth the head step that finds out.)"""
         depth = len(estimates) + 1
         if conf is None:
-            return policy.keep_going([*estimates, calib.best(depth)], limit)
+            return policy.keep_going([*estimates, calib.means(depth)[-1]], limit)
         estimates.append(calib(conf, depth))
         if policy.keep_going(estimates, limit):
             return True

@@ -47,7 +47,7 @@ class Drafter(Protocol):
         with the drafter's confidence at that position (its probability mass on its top token);
         the drafter stops at the first False. It records the confidences in ``confidence``. A
         drafter whose later positions cost a forward may also ask ``keep(None)`` before computing
-        one (could the position pay at its depth's best estimate?) and stop there."""
+        one (would an average draft at its depth pay?) and stop there."""
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""

@@ -184,7 +184,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None) -> tuple[Tensor, Tensor]:
         """Draft up to k tokens; ``keep(confidence) -> bool`` (optional) is asked before each draw, and
-        ``keep(None)`` before the head computes a later position (may it pay at all?)."""
+        ``keep(None)`` before the head computes a later position (would an average one pay?)."""
         s = self._s
         assert s is not None, "prefill() first"
         if k > 0:
@@ -198,7 +198,7 @@ class EagleDrafter:
         feat, tokens, probs = s.next_feat, [], []
         for i in range(k):
             if i > 0:  # the head's predicted feature after the previous draft
-                if keep is not None and not keep(None):  # not worth a head step even at its best estimate
+                if keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
                     break
                 feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
             sub = self._sub(feat).float()  # (B, N)

@@ -43,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_linears", "set_packed"]
+__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_like", "pack_linears",
+           "set_packed", "unpack_linears"]
 
 MIN_ELEMENTS = 1 << 24  # linear weights below this (16M, 64 MB in float32) are not worth a measurement
 MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be kept
@@ -207,6 +208,8 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
             choice = KernelChoice(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             choice = None  # damaged or old: measure again
+    if choice is not None and not choice.packed:
+        return choice  # this machine measured packing slower: the model keeps its own layers
     if not pack_linears(model):
         return None
     if choice is None:
@@ -217,8 +220,21 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(choice), indent=1))
         tmp.replace(path)
-    set_packed(model, choice.packed)
+    if not choice.packed:
+        unpack_linears(model)  # give the memory of the packed copies back
     return choice
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Put back the layers ``pack_linears`` replaced; how many."""
+    n = 0
+    for parent in model.modules():
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear):
+                setattr(parent, name, child._inner[0])
+                n += 1
+    model.ears_kernels = ""
+    return n
 
 
 def pack_like(target: nn.Module, other: Any) -> int:

@@ -145,7 +145,6 @@ def test_a_depth_calibration_keeps_one_table_per_draft_depth():
     assert cal(0.9, 1) == pytest.approx((8 + 2 * 0.875) / 10)
     assert cal(0.9, 2) == cal(0.9, 7) == pytest.approx(2 * 0.875 / 18)
     assert cal.tables[1].seen == [0, 0, 0, 16]
-    assert cal.best(1) == pytest.approx(cal(0.9, 1)) and cal.best(2) == pytest.approx(0.625)  # bin 2's prior
     assert cal.means(3) == pytest.approx([(8 + 2 * 0.4) / 10, 2 * 0.4 / 18, 2 * 0.4 / 18])
     twin = cal.copy()
     twin.observe(0.1, True, depth=2)

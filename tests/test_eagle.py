@@ -129,10 +129,10 @@ def test_the_draft_length_policy_stops_before_drawing_and_stays_exact(target_and
     assert mixed
 
 
-def test_a_depth_that_cannot_pay_is_never_computed(target_and_head):
-    """keep(None): before the head computes draft 2, the policy asks whether depth 2 could pay even at
-    its best estimate; a depth whose every draft failed never costs a head step, and the output is
-    unchanged."""
+def test_a_depth_that_would_not_pay_on_average_is_never_computed(target_and_head):
+    """keep(None): before the head computes draft 2, the policy asks whether an average draft at depth
+    2 would pay; where depth 2's drafts never stand the round stops without that head step, and the
+    output is unchanged."""
     from ears_core.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
 
     target, head = target_and_head
@@ -141,9 +141,9 @@ def test_a_depth_that_cannot_pay_is_never_computed(target_and_head):
     hopeless = Calibration(bins=10, stood=[0.0] * 10, seen=[1e6] * 10)  # a later one never does
     curve = PriceCurve([10.0, 10.5, 11.0, 11.5, 12.0], 0.5, 0.0)
 
-    def run(best_of_depth_2):
+    def run(mean_of_depth_2):
         cal = DepthCalibration([first, hopeless])
-        cal.best = lambda depth=1: 1.0 if depth == 1 else best_of_depth_2  # what keep(None) is told
+        cal.means = lambda k: [1.0] + [mean_of_depth_2] * (k - 1)  # what keep(None) and the priors read
         d = EagleDrafter(head, target)
         calls = []
         inner = d._head
@@ -151,8 +151,8 @@ def test_a_depth_that_cannot_pay_is_never_computed(target_and_head):
         out = generate(target, d, prompt, policy=DraftPolicy(curve, 4), calibration=cal, **kw)
         return out, len(calls)
 
-    skipped, n_skipped = run(hopeless.best())
-    computed, n_computed = run(1.0)  # told depth 2 might pay: the head computes it, then the policy declines
+    skipped, n_skipped = run(hopeless.mean())
+    computed, n_computed = run(1.0)  # told depth 2 pays on average: the head computes it, then the policy declines
     assert skipped.token_ids == computed.token_ids == hf_greedy(target, prompt, 30)
     assert {s.drafted for s in skipped.steps} <= {0, 1} and {s.drafted for s in computed.steps} <= {0, 1}
     drafting_rounds = sum(1 for s in computed.steps if s.drafted)

@@ -135,7 +135,11 @@ def test_choose_kernels_keeps_packed_only_when_it_measures_faster_and_caches_the
     level = copy.deepcopy(base)
     choice = choose_kernels(level, cache_dir=tmp_path, refresh=True)  # < 3 % better: not worth a second copy
     assert not choice.packed and calls == [1, 1] and not pl.is_packed(level)
-    assert all(isinstance(m, PackedLinear) and not m.active for m in level.modules() if isinstance(m, PackedLinear))
+    assert not any(isinstance(m, PackedLinear) for m in level.modules())  # its own layers are back
+    assert [type(m) for m in level.modules()] == [type(m) for m in base.modules()]
+    later = copy.deepcopy(base)
+    assert not choose_kernels(later, cache_dir=tmp_path).packed and calls == [1, 1]  # cached: nothing packed
+    assert not any(isinstance(m, PackedLinear) for m in later.modules())
 
 
 def test_measure_modes_times_both_modes_and_leaves_the_model_packed():
