@@ -175,6 +175,9 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
     warm = ids[jobs[0].prompt_id]
     for cfg in {(j.config.method, j.config.shape): j.config for j in jobs}.values():  # warm-up: one per method, shape
         bench.run(cfg, warm, 0, 8)
+    prices_at_start = bench.session.profile_text() if bench.session is not None else None
+    if progress and prices_at_start:
+        print(f"this machine's {prices_at_start}", file=sys.stderr, flush=True)
     rows: dict[Job, dict[str, Any]] = {}
     t_start = time.perf_counter()
     for n, job in enumerate(jobs, 1):
@@ -191,8 +194,11 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
                   file=sys.stderr, flush=True)
     if progress and sys.stderr.isatty():
         print(file=sys.stderr)
+    info = machine(bench.target)
+    if bench.session is not None:  # the price curve the runs were priced with: at the start and as the rounds left it
+        info["prices_at_start"], info["prices_at_end"] = prices_at_start, bench.session.profile_text()
     meta = dict(target=s.target, draft=bench.draft_label, assisted=bench.assisted_label if assisted else None,
-                machine=machine(bench.target), settings={k: (str(v) if isinstance(v, Path) else v)
+                machine=info, settings={k: (str(v) if isinstance(v, Path) else v)
                                                          for k, v in asdict(s).items()},
                 wall_s=round(time.perf_counter() - t_start, 1))
     return bench_report.write_all(s, prompts, rows, by_section, meta)

@@ -199,6 +199,9 @@ def _cols(rows: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
 def format_table(summary: dict[str, Any]) -> str:
     """Fixed-width text tables, one per section."""
     parts = [f"target {summary['target']}, draft {summary['draft']}, {summary['machine']['device']}"]
+    for when in ("start", "end"):  # every speed figure below was measured on this price curve
+        if summary["machine"].get(f"prices_at_{when}"):
+            parts.append(f"prices at the {when}: {summary['machine'][f'prices_at_{when}']}")
     for sec, rows in summary["sections"].items():
         cols = _cols(rows)
         body = [[h for _, h, _ in cols]] + [_cells(r, cols) for r in rows]

@@ -265,15 +265,17 @@ def _speculative_events(
     last = ids[:, -1:]  # (1, 1) the committed token the target has not seen
     produced, step = 0, 0
     backoff, skip = 1, 0  # the policy's probe schedule (see the module's terms)
+    every = torch.arange(cfg.max_new_tokens + cfg.gamma + 1, device=dev)  # every output position a round may use
+    draws = {s: counter_uniforms(cfg.seed, every, s) for s in Stream}  # each (positions,): one call per stream
     while produced < cfg.max_new_tokens:
         k = min(cfg.gamma, cfg.max_new_tokens - produced - 1)
         probe = policy is not None and skip == 0 and k > 0
         if policy is not None and not probe:
             k, skip = 0, max(skip - 1, 0)
-        pos = torch.arange(produced, produced + k + 1, device=dev)  # (k+1,) output positions
+        span = slice(produced, produced + k + 1)  # the round's k + 1 output positions
         with torch.inference_mode():
             t0 = clock.mark()
-            draft_u = counter_uniforms(cfg.seed, pos[:k], Stream.DRAFT)[None]  # (1, k)
+            draft_u = draws[Stream.DRAFT][span][None, :k]  # (1, k)
             estimates.clear()
             if policy is None or k == 0:
                 tokens, dprobs = drafter.propose(k, probs_fn, draft_u)
@@ -282,19 +284,19 @@ def _speculative_events(
                 tokens, dprobs = drafter.propose(k, probs_fn, draft_u, keep=lambda c, lim=k: keep(c, lim))
             if tokens.shape[1] < k:  # a drafter may stop early (no n-gram match, the policy)
                 k = tokens.shape[1]
-                pos = pos[: k + 1]
+                span = slice(produced, produced + k + 1)
             t1 = clock.mark()
             out = target(torch.cat([last, tokens], dim=1), past_key_values=cache, use_cache=True, logits_to_keep=k + 1,
                          output_hidden_states=need_h)
             tprobs = probs_fn(out.logits)  # (1, k+1, V)
             t2 = clock.mark()
             if k == 0:  # a plain target step: what verify() does with no drafts, without its bookkeeping
-                next_token, host = _plain_step(rule, tprobs, counter_uniforms(cfg.seed, pos, Stream.TARGET))
+                next_token, host = _plain_step(rule, tprobs, draws[Stream.TARGET][span])
             else:
                 v = verify(
                     tprobs, dprobs, tokens, rule,
-                    uniforms=counter_uniforms(cfg.seed, pos[:k], Stream.ACCEPT)[None],  # (1, k)
-                    sample_uniforms=counter_uniforms(cfg.seed, pos, Stream.TARGET)[None],  # (1, k+1)
+                    uniforms=draws[Stream.ACCEPT][span][None, :k],  # (1, k)
+                    sample_uniforms=draws[Stream.TARGET][span][None],  # (1, k+1)
                     with_distortion=with_distortion, check=check,
                 )
                 next_token, host = v.next_token, _RoundHost.read(v, tokens)  # the round's one host sync

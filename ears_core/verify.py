@@ -147,7 +147,7 @@ def verify(
         sample_uniforms = torch.rand((b,), generator=generator, device=dev)
 
     judged = target_probs[:, :k]  # (B, K, V)
-    max_p = target_probs.max(dim=-1).values  # (B, K+1): computed once, reused below
+    max_p = target_probs.amax(dim=-1)  # (B, K+1): computed once, reused below
     in_range = (draft_tokens >= 0) & (draft_tokens < v)  # (B, K)
     idx = draft_tokens.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # (B, K, 1): gather never reads outside V
     p = judged.gather(-1, idx).squeeze(-1)  # (B, K)
@@ -170,12 +170,11 @@ def verify(
     ).to(torch.int8)
 
     # The next token: residual at position n (n < K) or the bonus distribution at K.
-    at_n = target_probs.gather(1, n.unsqueeze(-1).expand(b, 1, v)).squeeze(1)  # (B, V)
+    rows = torch.arange(b, device=dev)  # (B,): row selection by index, not a gather over V
+    at_n = target_probs[rows, num_accepted]  # (B, V)
     bonus = num_accepted == k  # (B,)
     if k > 0:
-        n_draft = n.clamp(max=k - 1)  # (B, 1)
-        draft_at_n = draft_probs.gather(1, n_draft.unsqueeze(-1).expand(b, 1, v)).squeeze(1)
-        draft_at_n = torch.where(bonus.unsqueeze(-1), torch.zeros_like(draft_at_n), draft_at_n)
+        draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)] * (~bonus).unsqueeze(-1)  # (B, V), 0 for a bonus
         dist = torch.where(bonus.unsqueeze(-1), rule.bonus(at_n), rule.residual(at_n, draft_at_n))
     else:
         draft_at_n = torch.zeros_like(at_n)

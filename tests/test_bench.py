@@ -47,6 +47,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]", "[policy]", "[tree]"):
         assert section in printed
     assert "vs target" in printed and "cost-model S" in printed
+    assert printed.count("prices at the ") == 2 and "verify price in steps for m = 1..9" in printed  # start and end
 
     with open(out / "runs.csv", newline="") as f:
         runs = list(csv.DictReader(f))
@@ -62,6 +63,8 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert math_rows and all(r["correct"] in ("True", "False") for r in math_rows)
 
     summary = json.loads((out / "summary.json").read_text())
+    assert summary["machine"]["prices_at_start"].startswith("verify price in steps")
+    assert summary["machine"]["prices_at_end"].startswith("verify price in steps")
     assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier", "policy", "tree"}
     main = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["main"]}
     assert set(main) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.1 T=0.9 K=4", "ears 0.5 T=0.9 K=4",
