@@ -102,7 +102,7 @@ def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
                 theory_c=round(min(stats.cost_ratio, 1.0), 3))
 
 
-CHART_EVERY = 4  # frames between chart redraws while decoding (about once a second)
+CHART_EVERY = 3  # frames between chart redraws while decoding (about every 1.2 s)
 
 
 def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
