@@ -35,7 +35,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -120,16 +120,43 @@ def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
     return HeadPlan(choose_layouts(ms), ms)
 
 
-def _plan_key(weight: Tensor) -> str:
+def machine_tag(dtype: torch.dtype) -> str:
+    """What a kernel measurement depends on besides the shapes: dtype, threads, CPU, torch."""
     cpu = platform.processor() or platform.machine()
-    return (f"{weight.shape[0]}x{weight.shape[1]}|{str(weight.dtype).removeprefix('torch.')}|"
-            f"threads={torch.get_num_threads()}|{cpu}|torch={torch.__version__}")
+    return f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|torch={torch.__version__}"
+
+
+def kernel_file(kind: str, key: str, cache_dir: str | os.PathLike | None) -> Path:
+    """$EARS_CACHE/kernels/<kind>-<key>.json: where a kernel measurement is cached."""
+    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+    return root / "kernels" / f"{kind}-{safe}.json"
+
+
+def read_cached(path: Path, make: Callable[..., Any]) -> Any:
+    """``make(**fields)`` from a cached JSON file, or None if it is missing or damaged."""
+    if not path.is_file():
+        return None
+    try:
+        return make(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        return None
+
+
+def write_cached(path: Path, fields: dict[str, Any]) -> None:
+    """Write a measurement's JSON atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(fields, indent=1))
+    tmp.replace(path)
+
+
+def _plan_key(weight: Tensor) -> str:
+    return f"{weight.shape[0]}x{weight.shape[1]}|{machine_tag(weight.dtype)}"
 
 
 def _plan_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
-    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "kernels" / f"head-{safe}.json"
+    return kernel_file("head", key, cache_dir)
 
 
 def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
@@ -147,20 +174,12 @@ def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_di
         return None
     key = _plan_key(w)
     path = _plan_file(key, cache_dir)
-    plan = None
-    if path.is_file() and not refresh:
-        try:
-            plan = HeadPlan(**json.loads(path.read_text()))
-            if len(plan.layouts) < max_rows or any(x not in LAYOUTS for x in plan.layouts):
-                plan = None
-        except (ValueError, TypeError):
-            plan = None  # a damaged or old file: measure again
+    plan = None if refresh else read_cached(path, HeadPlan)
+    if plan is not None and (len(plan.layouts) < max_rows or any(x not in LAYOUTS for x in plan.layouts)):
+        plan = None  # an old file: measure again
     if plan is None:
         plan = plan_head(w, max_rows)
         plan.key = key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(plan), indent=1))
-        tmp.replace(path)
+        write_cached(path, asdict(plan))
     model.set_output_embeddings(PlannedLinear(head, plan))
     return plan

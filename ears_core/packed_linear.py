@@ -31,9 +31,7 @@ memory        the packed copy sits beside the original weights (which stay for t
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .output_head import PlannedLinear, kernel_file, machine_tag, read_cached, write_cached
 
 __all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_like", "pack_linears",
            "set_packed", "unpack_linears"]
@@ -97,8 +97,6 @@ class PackedLinear(nn.Module):
 
 def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, layer) for every plain linear layer: ``nn.Linear`` or the planned head."""
-    from .output_head import PlannedLinear
-
     found = []
     for parent in model.modules():
         for name, child in parent.named_children():
@@ -152,16 +150,11 @@ def _key(model: nn.Module) -> str:
     cfg = model.config.get_text_config() if hasattr(model, "config") else None
     shape = "x".join(str(getattr(cfg, a, "?")) for a in ("num_hidden_layers", "hidden_size", "intermediate_size",
                                                           "vocab_size"))
-    w = next(model.parameters())
-    cpu = platform.processor() or platform.machine()
-    return (f"{shape}|{str(w.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|"
-            f"torch={torch.__version__}")
+    return f"{shape}|{machine_tag(next(model.parameters()).dtype)}"
 
 
 def _file(key: str, cache_dir: str | os.PathLike | None) -> Path:
-    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "kernels" / f"linears-{safe}.json"
+    return kernel_file("linears", key, cache_dir)
 
 
 @torch.inference_mode()
@@ -202,12 +195,7 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
         return None
     key = _key(model)
     path = _file(key, cache_dir)
-    choice = None
-    if path.is_file() and not refresh:
-        try:
-            choice = KernelChoice(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            choice = None  # damaged or old: measure again
+    choice = None if refresh else read_cached(path, KernelChoice)
     if choice is not None and not choice.packed:
         return choice  # this machine measured packing slower: the model keeps its own layers
     if not pack_linears(model):
@@ -216,10 +204,7 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
         ms = measure_modes(model)
         packed, loaded = (sum(ms[mode].values()) for mode in ("packed", "loaded"))
         choice = KernelChoice(packed < (1 - MIN_GAIN) * loaded, ms, key, time.strftime("%Y-%m-%d %H:%M:%S"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(choice), indent=1))
-        tmp.replace(path)
+        write_cached(path, asdict(choice))
     if not choice.packed:
         unpack_linears(model)  # give the memory of the packed copies back
     return choice
