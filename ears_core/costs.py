@@ -289,11 +289,11 @@ class DraftPolicy:
             return a_known[-1] >= self.threshold
         seen = list(a_known)
         stop_value = round_value(seen[:-1], self.curve)[i - 1]
-        rest = list(future)[: limit - i] if future is not None else [self._prior(j) for j in range(i + 1, limit + 1)]
+        rest = list(future)[: limit - i] if future is not None else [self.prior_at(j) for j in range(i + 1, limit + 1)]
         values = round_value(seen + rest, self.curve)
         return max(values[i:]) > stop_value
 
-    def _prior(self, position: int) -> float:
+    def prior_at(self, position: int) -> float:
         """The estimate assumed for a position not drafted yet: ``prior``, one value or one per depth."""
         if isinstance(self.prior, (int, float)):
             return float(self.prior)

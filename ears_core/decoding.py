@@ -249,7 +249,7 @@ def _speculative_events(
         position that would not is rarely worth the head step that finds out.)"""
         depth = len(estimates) + 1
         if conf is None:
-            return policy.keep_going([*estimates, calib.means(depth)[-1]], limit)
+            return policy.keep_going([*estimates, policy.prior_at(depth)], limit)  # the round's prior: calib.means(k)
         estimates.append(calib(conf, depth))
         if policy.keep_going(estimates, limit):
             return True

@@ -143,7 +143,8 @@ class EagleDrafter:
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
         self.vocab_ids = head.vocab_ids.to(w.device)  # (N,)
         self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
-        self.w_sub_packed: Tensor | None = None  # a oneDNN copy of w_sub when the target runs packed kernels
+        self.sub_head = nn.Linear(self.w_sub.shape[1], self.w_sub.shape[0], bias=False, device="meta")  # feats -> (N,)
+        self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self._s: _State | None = None
@@ -157,17 +158,14 @@ class EagleDrafter:
 
     def pack_kernels(self) -> int:
         """Run the head's layers and its output rows with oneDNN-packed weights (packed_linear.py)."""
-        from .packed_linear import available, pack_linears
+        from .packed_linear import pack_layer, pack_linears
 
-        if not available() or self.w_sub.device.type != "cpu":
-            return 0
-        self.w_sub_packed = torch.ops.mkldnn._reorder_linear_weight(self.w_sub, None)
-        return pack_linears(self.head) + 1
+        rows = self.sub_head
+        self.sub_head = pack_layer(rows)
+        return pack_linears(self.head) + int(self.sub_head is not rows)
 
     def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N): logits over the head's vocabulary
-        from .packed_linear import linear
-
-        return linear(feats, self.w_sub, self.w_sub_packed)
+        return self.sub_head(feats)
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
         return self.head(feats.to(self.w_sub.dtype), self.embed(tokens), self._s.cache)  # (B, T, d)

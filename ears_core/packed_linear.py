@@ -38,13 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .output_head import PlannedLinear, kernel_file, machine_tag, read_cached, write_cached
 
-__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_like", "pack_linears",
-           "set_packed", "unpack_linears"]
+__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
+           "pack_linears", "set_packed", "unpack_linears"]
 
 MIN_ELEMENTS = 1 << 24  # linear weights below this (16M, 64 MB in float32) are not worth a measurement
 MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be kept
@@ -105,15 +104,21 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return found
 
 
+def pack_layer(layer: nn.Module) -> nn.Module:
+    """``PackedLinear(layer)`` for a CPU float32 / bfloat16 linear layer when oneDNN is here, else ``layer``."""
+    w = layer.weight
+    if available() and w.device.type == "cpu" and w.dtype in _DTYPES:
+        return PackedLinear(layer)
+    return layer
+
+
 def pack_linears(model: nn.Module) -> int:
     """Replace every CPU float32 / bfloat16 linear layer of ``model`` by a ``PackedLinear``; how many."""
-    if not available():
-        return 0
     n = 0
     for parent, name, layer in _linears(model):
-        w = layer.weight
-        if w.device.type == "cpu" and w.dtype in _DTYPES:
-            setattr(parent, name, PackedLinear(layer))
+        packed = pack_layer(layer)
+        if packed is not layer:
+            setattr(parent, name, packed)
             n += 1
     if n:
         model.ears_kernels = "packed"
@@ -230,11 +235,3 @@ def pack_like(target: nn.Module, other: Any) -> int:
         return int(other.pack_kernels())
     return pack_linears(other) if isinstance(other, nn.Module) else 0
 
-
-def linear(x: Tensor, weight: Tensor, packed: Tensor | None) -> Tensor:
-    """x W^T with a packed copy of W when there is one (and the call needs no gradient)."""
-    if packed is None or x.dtype != weight.dtype or x.device.type != "cpu" or (torch.is_grad_enabled()
-                                                                               and x.requires_grad):
-        return F.linear(x, weight)
-    h = x.reshape(-1, x.shape[-1])
-    return torch.ops.mkldnn._linear_pointwise(h, packed, None, "none", [], "").reshape(*x.shape[:-1], weight.shape[0])

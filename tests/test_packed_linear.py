@@ -106,7 +106,7 @@ def test_greedy_speculative_output_with_a_packed_pair_is_the_targets():
     reference = [autoregressive(target, p, temperature=0, max_new_tokens=24).token_ids for p in PROMPTS[:3]]
     pack_linears(target)
     drafter = EagleDrafter(head, target)
-    assert pack_like(target, drafter) > 1 and drafter.w_sub_packed is not None
+    assert pack_like(target, drafter) > 1 and isinstance(drafter.sub_head, PackedLinear)  # the head's output rows too
     feats = torch.randn(3, target.config.hidden_size)
     with torch.inference_mode():
         torch.testing.assert_close(drafter._sub(feats), feats @ drafter.w_sub.T, rtol=1e-5, atol=1e-5)
