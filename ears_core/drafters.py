@@ -150,7 +150,7 @@ class ModelDrafter:
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
     @torch.inference_mode()
     def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
-                     keep=None):
+                     keep=None, level=None):
         """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
         the nodes being expanded with a tree mask over the cache: each sees the committed tokens
         and its own ancestors. -> DraftTree"""
@@ -178,7 +178,8 @@ class ModelDrafter:
             slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
-        self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn, keep=keep)
+        self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn, keep=keep,
+                                 level=level)
         return self._tree
 
     @torch.inference_mode()

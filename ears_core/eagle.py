@@ -255,7 +255,7 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,
-                     keep: Any = None) -> Any:
+                     keep: Any = None, level: Any = None) -> Any:
         """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
         fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
         cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
@@ -287,7 +287,7 @@ class EagleDrafter:
             return self._sub_logits(out)
 
         tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn,
-                          keep=keep)
+                          keep=keep, level=level)
         s.proposed = tree.tokens[None]  # (1, N)
         return tree
 

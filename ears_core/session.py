@@ -40,7 +40,7 @@ import torch
 
 from .costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
 from .tree_decoding import tree_stream
-from .tree_policy import TreeBudget
+from .tree_policy import TreeBudget, TreeCalibration
 from .decoding import Generation, autoregressive_stream, stream
 from .metrics import GenerationStats
 from .models import ModelPair, describe_device
@@ -55,6 +55,7 @@ DRAFT_SHAPES = ("chain", "tree")
 MAX_TREE_NODES = 16
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
 MAX_K = 8
+TREE_NODE_STEPS = 0.035  # a tree node's price beyond the chain's, in target steps, before any tree round (tree_policy)
 STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
 
 
@@ -133,6 +134,7 @@ class Session:
         self.activity = activity or ACTIVITY
         self._baselines: dict[tuple, GenerationStats] = {}
         self._calibrations: dict[tuple, Calibration] = {}  # (rule, temperature[, "tree"]) -> calibration
+        self._node_ms: dict[tuple, float] = {}  # (rule, temperature, "tree") -> a tree node's price, learnt
         self._prices = RunningPrices(prices) if prices is not None else None
         self._measured_step: float | None = prices.step_ms if prices is not None else None
         self._refresh = False  # the rounds disagree with the cached profile: measure again
@@ -197,11 +199,11 @@ class Session:
                              threshold=THRESHOLD if draft_length == "threshold" else None)
         return dict(policy=policy, calibration=calib)
 
-    def _calibration(self, key: tuple, temperature: float) -> Calibration | DepthCalibration:
+    def _calibration(self, key: tuple, temperature: float, tree: bool = False) -> Any:
         """A copy of the calibration for ``key`` (made from the shipped one on first use)."""
         with self._lock:
             if key not in self._calibrations:
-                self._calibrations[key] = self._initial_calibration(temperature)
+                self._calibrations[key] = self._initial_calibration(temperature, tree=tree)
             return self._calibrations[key].copy()
 
     def tree_policy_for(self, rule: AcceptanceRule, temperature: float, budget: int, draft_length: str
@@ -213,16 +215,28 @@ class Session:
             return {}
         c = self.prices
         snapshot = PriceCurve(list(c.verify_ms), c.draft_ms, c.overhead_ms, c.key, c.measured_at)
-        calib = self._calibration((rule.describe(), temperature, "tree"), temperature)
-        return dict(keep=TreeBudget(snapshot, budget, calib), backoff=True)
+        key = (rule.describe(), temperature, "tree")
+        calib = self._calibration(key, temperature, tree=True)
+        with self._lock:
+            node_ms = self._node_ms.get(key, TREE_NODE_STEPS * c.step_ms)
+        return dict(keep=TreeBudget(snapshot, budget, calib, node_ms=node_ms), backoff=True)
 
-    def _initial_calibration(self, temperature: float, by_depth: bool = True) -> Calibration | DepthCalibration:
+    def _initial_calibration(self, temperature: float, by_depth: bool = True, tree: bool = False) -> Any:
         """What the policy assumes before a run of this pair: the drafter's shipped calibration
         (counts per confidence bin measured on held-out prompts, ``calibration_table``: "greedy"
         for T = 0, "sampled" otherwise; per draft depth when the table has "depths", for the chain's
-        policy and the tree budget alike) when it has one, else the prior (acceptance = confidence)."""
+        policy and the tree budget alike) when it has one, else the prior (acceptance = confidence).
+        ``tree``: a ``TreeCalibration``, with the table's "siblings" (later children of a tree node,
+        per depth) beside it, or the prior for them."""
         table = getattr(self.pair.draft, "calibration_table", None) or {}
         counts = table.get("greedy" if temperature == 0 else "sampled")
+        if tree:
+            first = self._initial_calibration(temperature, by_depth)
+            sib = (counts or {}).get("siblings") or {}
+            if sib.get("bins") == Calibration().bins and sib.get("depths"):
+                return TreeCalibration(first, DepthCalibration(
+                    [Calibration(stood=list(d["stood"]), seen=list(d["seen"])) for d in sib["depths"]]))
+            return TreeCalibration(first, Calibration())
         if not counts or counts.get("bins") != Calibration().bins:
             return Calibration()
         if by_depth and counts.get("depths"):
@@ -268,8 +282,15 @@ class Session:
         gen = tree_stream(self.pair.target, drafter, ids, rule=rule, budget=cfg.tree_budget, depth=cfg.gamma,
                           width=cfg.tree_width, deadline_s=deadline_s, **cfg.sampling_kwargs(temperature),
                           **self._common(), **extra)
-        calib = extra["keep"].calibration if "keep" in extra else None
-        return Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, calib, shape="tree"))
+        budget = extra.get("keep")
+        calib = budget.calibration if budget is not None else None
+
+        def absorb(g: Generation) -> None:
+            self.absorb(g, rule, temperature, calib, shape="tree")
+            if budget is not None and budget.costed:
+                with self._lock:
+                    self._node_ms[(rule.describe(), temperature, "tree")] = budget.node_ms
+        return Tracked(gen, self.activity, absorb)
 
     def baseline(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """Target-only decoding of the same request (same temperature, seed, length)."""

@@ -23,7 +23,8 @@ records      events and step records are the chain's (``TokenEvent``, ``StepReco
 distortion   per emitted position, from verify_tree; exact where it can be enumerated, else an
              upper bound (``TreeRecord.distortion_exact``).
 size policy  ``keep(priority, nodes so far, depth)`` (e.g. ``tree_policy.TreeBudget``) ends a round's
-             tree before a draw; if it has ``observe_round(record)`` it is shown each finished round.
+             tree before a draw; if it has ``observe_round(record)`` it is shown each finished round,
+             and ``observe_cost(nodes, depth, ms)`` the round's measured time.
              With ``backoff``, a round whose tree the policy left empty is followed by plain target
              steps that do not ask the drafter (1, then 3, then at most 7 of them, as the chain
              decoder's policy does; ``propose(0)`` / ``commit(0, ...)``). The schedule depends on past
@@ -47,7 +48,7 @@ from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
 from .trees import (
-    DraftTree, KeepFn, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids,
+    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids,
 )
 from .verify import DraftKind
 from .verify_tree import verify_tree
@@ -136,6 +137,7 @@ class _Config:
     with_distortion: bool
     keep: KeepFn | None
     backoff: bool = False
+    level: LevelFn | None = None
 
 
 def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: AcceptanceRule, cfg: _Config,
@@ -160,6 +162,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
     last = ids[:, -1:]  # (1, 1)
     produced, step = 0, 0
     observe = getattr(cfg.keep, "observe_round", None)  # a size policy that learns from the rounds
+    cost = getattr(cfg.keep, "observe_cost", None)
     backoff, skip = 1, 0  # the size policy's probe schedule (module terms)
     while produced < cfg.max_new_tokens:
         spec = cfg.spec.capped(cfg.max_new_tokens - produced - 1)
@@ -174,7 +177,8 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
                 tree = DraftTree.empty(cfg.vocab_size, dev)
             else:
                 tree = drafter.propose_tree(spec, probs_fn, TreeDraws(cfg.seed, produced, cfg.spec.branching),
-                                            greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep)
+                                            greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep,
+                                            level=cfg.level)
             told = hasattr(cfg.keep, "estimates") and not plain  # the policy's estimate per drafted node
             estimates = list(cfg.keep.estimates)[: tree.size] if told else []
             t1 = clock.mark()
@@ -214,6 +218,8 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
         t3 = clock.mark()
         steps.append(StepRecord(step, tree.size, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts,
                                 clock.ms(t2, t3), estimates, expected))
+        if cost is not None and not plain:  # a size policy that learns a node's price from the rounds
+            cost(tree.size, depth, clock.ms(t0, t3))
         trees.append(record)
         for ev in events:
             ev.text = detok.add(ev.token_id)
@@ -278,6 +284,7 @@ def tree_stream(
     vocab_size: int | None = None,
     with_distortion: bool = True,
     keep: KeepFn | None = None,
+    level: LevelFn | None = None,
     backoff: bool = False,
     deadline_s: float | None = None,
 ) -> TreeGeneration:
@@ -289,7 +296,8 @@ def tree_stream(
     budget = depth = K is the chain decoder with gamma = K, token for token. ``keep(priority,
     nodes so far, depth)`` is asked before each node is drawn and ends the round's tree at the
     first False (a size policy from measured prices, ``tree_policy.TreeBudget``: it sees only what
-    precedes the draw). ``backoff``: after a round the policy left empty, plain target steps for
+    precedes the draw). ``level``: per-level acceptance estimates for ``keep`` (``trees.build_tree``;
+    default: the keep hook's own ``level``, if it has one). ``backoff``: after a round the policy left empty, plain target steps for
     1, 3, then 7 rounds (module terms). ``deadline_s``: stop after this many seconds of decoding,
     keeping the tokens so far (``Generation``).
     """
@@ -306,8 +314,9 @@ def tree_stream(
         drafter.vocab_size = vocab
     ids = _as_input_ids(input_ids, target.device)
     _check_request(target, ids, max_new_tokens, seed, vocab)
+    level = level if level is not None else getattr(keep, "level", None)  # a TreeBudget's own estimates
     cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos_set(target, eos_token_id),
-                  with_distortion, keep, bool(backoff and keep is not None))
+                  with_distortion, keep, bool(backoff and keep is not None), level)
     steps: list[StepRecord] = []
     trees: list[TreeRecord] = []
     events = _tree_events(target, drafter, ids, rule, cfg, steps, trees, Detokenizer(tokenizer))

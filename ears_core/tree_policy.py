@@ -11,12 +11,25 @@ estimate       P(node stands): the chance that a node and all its ancestors are 
                pi itself (what a calibrated draft's own probability of the path promises). With a
                ``DepthCalibration`` (one table per draft depth) level j reads table j:
                prod_j c_j(pi^(1/d)), so deep nodes are priced as the head's deep drafts stand.
+               With a ``TreeCalibration`` the estimate is built level by level instead (the
+               ``level`` hook of ``trees.build_tree``): prod over the path of c(p_j, j, rank_j),
+               p_j the probability of the rank_j-th slot at level j, read from the rank-0 tables for
+               a first child and from the siblings' own tables for a later one. A later sibling
+               stands far less often than a first child at the same probability (held-out prompts,
+               T = 0.9, depth 1, probability below 0.1: rank 2 and later 0.08-0.09, a first draft
+               0.16), so without its own table the budget drafted siblings that did not pay.
 E(N)           1 + the sum of the estimates of the round's N nodes: the tokens the round is
                expected to emit (at most one node per depth stands, so the accepted length is the
                number of nodes that stand, and its mean the sum of their chances).
-T(N, D)        D d + V(N + 1) + o: D draft passes (siblings share a pass, one per level: D is the
-               tree's depth), the target pass over the root and N nodes, the round's overhead. A
-               chain of k drafts (N = D = k) costs ``PriceCurve.round_ms(k)``.
+T(N, D)        D d + V(N + 1) + o + N n: D draft passes (siblings share a pass, one per level: D
+               is the tree's depth), the target pass over the root and N nodes, the round's
+               overhead, and n per node: what a tree round costs beyond a chain's prices (the tree
+               mask in both passes, ranking and drawing each node's slots, the walk over siblings;
+               measured on the embedded pair with 2 cores: 1.4-2.3 ms a node at 40-45 ms a step,
+               with the chain's prices predicting 49 of 55 ms for 4 nodes and 55 of 70 ms for 6).
+               n is learnt from the rounds' own clocks (``observe_cost``: a running mean of the
+               measured round time minus the chain's prices, per node). A chain of k drafts
+               (N = D = k, n = 0) costs ``PriceCurve.round_ms(k)``.
 value(N)       E(N) / T(N, D): expected tokens per millisecond. N = 0 is a plain target step.
 stopping rule  ``TreeBudget(priority, nodes, depth)``, the ``keep`` hook of ``trees.build_tree``, is
                asked before node N + 1 is drawn, with p its estimate: the node is drawn iff some
@@ -45,7 +58,31 @@ from typing import Any, Sequence
 
 from .costs import Calibration, DepthCalibration, PriceCurve
 
-__all__ = ["TreeBudget", "node_estimate", "tree_round_ms", "tree_value"]
+__all__ = ["TreeBudget", "TreeCalibration", "node_estimate", "tree_round_ms", "tree_value"]
+
+
+class TreeCalibration:
+    """Slot probability -> P(the node stands | its parent stood), per depth, with a first child
+    (rank 0) and later siblings (rank >= 1) in tables of their own (module terms: estimate)."""
+
+    def __init__(self, first: Calibration | DepthCalibration, siblings: Calibration | DepthCalibration) -> None:
+        self.first, self.siblings = first, siblings
+        self.prior_weight = min(first.prior_weight, siblings.prior_weight)
+
+    def _table(self, rank: int) -> Calibration | DepthCalibration:
+        return self.first if rank == 0 else self.siblings
+
+    def level(self, conf: float, depth: int, rank: int) -> float:
+        return min(max(self._table(rank)(conf, depth), 0.0), 1.0)
+
+    def __call__(self, conf: float, depth: int = 1) -> float:  # a first child's, as a chain's table
+        return self.level(conf, depth, 0)
+
+    def observe(self, conf: float, stood: bool, depth: int = 1, rank: int = 0) -> None:
+        self._table(rank).observe(conf, stood, depth=depth)
+
+    def copy(self) -> "TreeCalibration":
+        return TreeCalibration(self.first.copy(), self.siblings.copy())
 
 
 def node_estimate(priority: float, depth: int, calibration: Calibration | DepthCalibration | None = None) -> float:
@@ -63,18 +100,19 @@ def node_estimate(priority: float, depth: int, calibration: Calibration | DepthC
     return min(max(calibration(level), 0.0), 1.0) ** depth
 
 
-def tree_round_ms(prices: PriceCurve, nodes: int, depth: int) -> float:
-    """T(N, D) = D d + V(N + 1) + o, in milliseconds."""
-    return depth * prices.draft_ms + prices.verify(nodes + 1) + prices.overhead_ms
+def tree_round_ms(prices: PriceCurve, nodes: int, depth: int, node_ms: float = 0.0) -> float:
+    """T(N, D) = D d + V(N + 1) + o + N n, in milliseconds."""
+    return depth * prices.draft_ms + prices.verify(nodes + 1) + prices.overhead_ms + nodes * node_ms
 
 
-def tree_value(estimates: Sequence[float], depths: Sequence[int], prices: PriceCurve) -> list[float]:
+def tree_value(estimates: Sequence[float], depths: Sequence[int], prices: PriceCurve, node_ms: float = 0.0
+               ) -> list[float]:
     """[value(0), ..., value(N)] for nodes with these estimates and depths, in their drawing order."""
     out, e, deepest = [1.0 / tree_round_ms(prices, 0, 0)], 1.0, 0
     for n, (p, d) in enumerate(zip(estimates, depths), start=1):
         e += p
         deepest = max(deepest, d)
-        out.append(e / tree_round_ms(prices, n, deepest))
+        out.append(e / tree_round_ms(prices, n, deepest, node_ms))
     return out
 
 
@@ -83,11 +121,14 @@ class TreeBudget:
 
     prices: the price curve in force (a snapshot: a run's decisions do not change with timings
     taken during it); budget: the most nodes a round may draft; calibration: the drafter's
-    confidence -> acceptance table (None: a node's estimate is its priority). State per round:
-    ``estimates`` of the nodes drafted so far (reset when a new tree starts, ``nodes == 0``)."""
+    confidence -> acceptance table (None: a node's estimate is its priority); node_ms: the price
+    of a node beyond the chain's prices (module terms: T(N, D)), learnt further from each round
+    (``observe_cost``). State per round: ``estimates`` of the nodes drafted so far (reset when a
+    new tree starts, ``nodes == 0``)."""
 
-    def __init__(self, prices: PriceCurve, budget: int, calibration: Calibration | DepthCalibration | None = None
-                 ) -> None:
+    def __init__(self, prices: PriceCurve, budget: int,
+                 calibration: Calibration | DepthCalibration | TreeCalibration | None = None,
+                 node_ms: float = 0.0, alpha: float = 0.1) -> None:
         if not isinstance(budget, int) or budget < 1:
             raise ValueError(f"the tree budget (nodes per round at most) must be a whole number >= 1, got {budget!r}")
         if not isinstance(prices, PriceCurve):
@@ -96,18 +137,28 @@ class TreeBudget:
         self.estimates: list[float] = []  # this round's drafted nodes, in drawing order
         self.depth = 0  # the deepest level drafted this round
         self.rounds = 0  # rounds that asked (trees started)
+        if not node_ms >= 0:
+            raise ValueError(f"node_ms (a tree node's price beyond the chain's, ms) must be >= 0, got {node_ms!r}")
+        self.node_ms, self.alpha, self.costed = float(node_ms), alpha, 0  # costed: rounds that taught node_ms
+        # with a TreeCalibration, build_tree computes each slot's estimate level by level and asks
+        # this hook with it (trees.build_tree: level); otherwise it is asked with the slot priority
+        self.level = calibration.level if isinstance(calibration, TreeCalibration) else None
 
     def estimate(self, priority: float, depth: int) -> float:
+        """P(node stands) from what the hook is asked with: the estimate itself when ``level`` is
+        set (build_tree computed it), else from the slot priority (``node_estimate``)."""
+        if self.level is not None:
+            return min(max(float(priority), 0.0), 1.0)
         return node_estimate(priority, depth, self.calibration)
 
     def _pays(self, e_stop: float, nodes: int, depth: int, future: Sequence[tuple[float, int]]) -> bool:
         """Does some prefix of ``future`` ((estimate, depth) of the next nodes) beat stopping now?"""
-        stop = e_stop / tree_round_ms(self.prices, nodes, depth)
+        stop = e_stop / tree_round_ms(self.prices, nodes, depth, self.node_ms)
         e, deepest = e_stop, depth
         for n, (p, d) in enumerate(future, start=nodes + 1):
             e += p
             deepest = max(deepest, d)
-            if e / tree_round_ms(self.prices, n, deepest) > stop:
+            if e / tree_round_ms(self.prices, n, deepest, self.node_ms) > stop:
                 return True
         return False
 
@@ -136,6 +187,17 @@ class TreeBudget:
             n += 1
         return n
 
+    def observe_cost(self, nodes: int, depth: int, round_ms: float) -> None:
+        """A finished round's measured time (drafting, the target pass and the round's work, ms)
+        for a tree of ``nodes`` nodes and ``depth`` levels: node_ms moves toward (round_ms - T(N, D)
+        at n = 0) / N, a running mean over the first 1 / alpha rounds, then an exponential one."""
+        if nodes <= 0 or not round_ms > 0:
+            return
+        extra = max((round_ms - tree_round_ms(self.prices, nodes, depth)) / nodes, 0.0)
+        w = max(self.alpha, 1.0 / (self.costed + 1))
+        self.node_ms = (1 - w) * self.node_ms + w * extra
+        self.costed += 1
+
     def observe_round(self, record: Any) -> None:
         """Learn from a finished round's ``TreeRecord`` (module terms: learning)."""
         if self.calibration is None:
@@ -146,4 +208,7 @@ class TreeBudget:
                 continue  # its parent fell: the node was never in question
             base = record.scores[parent] if parent >= 0 else 1.0
             conf = record.priorities[i] / base if base > 0 else 0.0
-            self.calibration.observe(min(conf, 1.0), i in stood, depth=record.depths[i])
+            if isinstance(self.calibration, TreeCalibration):
+                self.calibration.observe(min(conf, 1.0), i in stood, depth=record.depths[i], rank=record.ranks[i])
+            else:
+                self.calibration.observe(min(conf, 1.0), i in stood, depth=record.depths[i])

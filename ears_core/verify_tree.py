@@ -127,7 +127,15 @@ def verify_tree(
     parents = parents.tolist() if isinstance(parents, Tensor) else list(parents)
     b, n, v = _check(target_probs, draft_probs, tokens, parents)
     dev = target_probs.device
-    depth = max(_depths(parents), default=0)
+    node_depths = _depths(parents)
+    depth = max(node_depths, default=0)
+    width = [0] * (depth + 1)  # width[d]: the most children of an entry at depth d (host side: no sync)
+    count = [0] * (n + 1)
+    for p in parents:
+        count[p + 1] += 1
+    for e, c in enumerate(count):
+        d = 0 if e == 0 else node_depths[e - 1]
+        width[d] = max(width[d], c)
     if uniforms is None:
         uniforms = torch.rand((b, n), generator=generator, device=dev)
     if sample_uniforms is None:
@@ -135,7 +143,7 @@ def verify_tree(
     ch = children_table(parents, dev)  # (N+1, W)
     rows = torch.arange(b, device=dev)
 
-    max_p = target_probs.max(dim=-1).values  # (B, N+1)
+    max_p = target_probs.amax(dim=-1)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
     p_all = target_probs[:, parent_entry].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
@@ -153,7 +161,7 @@ def verify_tree(
         res, tol, mp = at, tol_e[rows, cur], max_p[rows, cur]  # (B, V), (B,), (B,)
         moved = torch.zeros(b, dtype=torch.bool, device=dev)
         nxt, rej_here = cur.clone(), torch.full((b,), -1, dtype=torch.long, device=dev)
-        for j in range(ch.shape[1]):
+        for j in range(width[d]):  # no entry at this depth has more children to try
             cand = ch[cur, j]  # (B,)
             active = alive & ~moved & (cand >= 0)
             c = cand.clamp(min=0)

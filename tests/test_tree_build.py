@@ -349,3 +349,45 @@ def test_sampled_siblings_are_drawn_from_the_sampling_distribution_and_scored_by
         assert tree.ranks[i] < 2  # top-k 2: at most two children, even where the budget allows three
         q = logits_to_probs(logits[prev], cfg)
         assert bool((tree.draft_probs[i] > 0).sum() <= 2) and float(q[tree.tokens[i]]) > 0
+
+
+def test_top_slots_come_in_the_order_of_a_stable_sort_ties_to_the_lower_token():
+    from ears_core.trees import _top
+
+    s = torch.tensor([[0.1, 0.3, 0.2, 0.3, 0.05, 0.05],   # a tie for first place: token 1 before 3
+                      [0.0, 0.0, 0.5, 0.0, 0.25, 0.25],   # a tie at the last slot kept (k = 3): token 4
+                      [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]])
+    vals, ids = _top(s, 3)
+    for row, (v, i) in enumerate(zip(vals, ids)):
+        ref_v, ref_i = torch.sort(s[row], descending=True, stable=True)
+        assert i == ref_i[:3].tolist() and v == pytest.approx(ref_v[:3].tolist())
+    assert ids[0][0] == int(s[0].argmax())  # rank 0 is the chain's greedy draft
+
+
+def test_with_a_level_function_the_stopping_rule_is_asked_with_the_path_estimate():
+    asked = []
+
+    def level(p, depth, rank):  # a first child stands with p, a later sibling with p / 2, one level deeper 0.8x
+        return (p if rank == 0 else p / 2) * 0.8 ** (depth - 1)
+
+    def keep(estimate, nodes, depth):
+        asked.append(estimate)
+        return True
+
+    spec = TreeSpec(9, 3, 3, "fixed")
+    plain = synthetic_build(spec, seed=1)
+    logits = markov_logits(6, 1)
+    probs = lambda x: torch.softmax(x, -1)  # noqa: E731
+
+    def expand(ids, tree):
+        return logits[tree.tokens[ids]]
+
+    tree = build_tree(logits[0], expand, spec, probs, TreeDraws(1, 0, True), keep=keep, level=level)
+    assert tree.parents == plain.parents and tree.tokens.tolist() == plain.tokens.tolist()  # the order is kept
+    est = []
+    for i, (parent, rank) in enumerate(zip(tree.parents, tree.ranks)):
+        base = 1.0 if parent < 0 else tree.scores[parent]
+        conf = tree.priorities[i] / base  # the slot's probability at its parent
+        est.append((1.0 if parent < 0 else est[parent]) * level(conf, tree.depths[i], rank))
+    assert asked[: tree.size] == pytest.approx(est)
+    assert asked[: tree.size] != pytest.approx(tree.priorities)  # not the raw priorities

@@ -234,3 +234,53 @@ def test_width_one_with_the_budget_is_a_chain_of_the_budgets_length(tiny_pair):
     out = tree_generate(target, draft, PROMPTS[2], rule=GreedyRule(), budget=6, depth=6, width=1, temperature=0,
                         max_new_tokens=30, keep=TreeBudget(cheap_prices(), 6))
     assert out.token_ids == hf_greedy(target, PROMPTS[2], 30)
+
+
+def test_a_tree_calibration_reads_and_teaches_siblings_apart_from_first_children():
+    from ears_core.tree_policy import TreeCalibration
+
+    first = DepthCalibration([Calibration(bins=10, prior_weight=0.0), Calibration(bins=10, prior_weight=0.0)])
+    sib = DepthCalibration([Calibration(bins=10, prior_weight=0.0), Calibration(bins=10, prior_weight=0.0)])
+    first.tables[0].stood[2], first.tables[0].seen[2] = 6, 10  # a first child at 0.2-0.3 stands 0.6
+    sib.tables[0].stood[2], sib.tables[0].seen[2] = 1, 10  # a later sibling at the same probability: 0.1
+    cal = TreeCalibration(first, sib)
+    assert cal.level(0.25, 1, 0) == pytest.approx(0.6) and cal.level(0.25, 1, 2) == pytest.approx(0.1)
+    budget = TreeBudget(PriceCurve([10.0, 10.0, 10.0], 0.0), 4, cal)
+    assert budget.level == cal.level and budget.estimate(0.37, 3) == pytest.approx(0.37)  # asked with estimates
+    # the record of the learning test above: ranks route each node to its table
+    record = SimpleNamespace(parents=[-1, -1, 0, 0, 2, 1], scores=[0.6, 0.3, 0.42, 0.12, 0.21, 0.15],
+                             priorities=[0.6, 0.3, 0.42, 0.12, 0.21, 0.15], path=[0, 2], depths=[1, 1, 2, 2, 3, 2],
+                             ranks=[0, 1, 0, 1, 0, 0])
+    budget.observe_round(record)
+    assert sib.tables[0].seen[3] == 1 and sib.tables[0].stood[3] == 0  # node 1: rank 1 at depth 1, 0.3, fell
+    assert sib.tables[1].seen[2] == 1  # node 3: rank 1 at depth 2, 0.2
+    assert first.tables[0].seen[6] == 1 and first.tables[0].stood[6] == 1  # node 0: 0.6, stood
+    assert first.tables[1].seen[7] == 1 and first.tables[1].seen[5] == 1  # nodes 2 (0.7) and 4 (0.5)
+    copy = cal.copy()
+    copy.observe(0.25, True, depth=1, rank=1)
+    assert sib.tables[0].seen[2] == 10  # a copy learns apart
+
+
+def test_a_budget_with_tree_calibration_drafts_fewer_weak_siblings(tiny_pair, head):
+    """On the tiny pair at T = 0.9, a budget whose sibling table says later siblings rarely stand
+    drafts fewer nodes than one that prices them like first children; the output stays exact
+    (greedy: the target's own)."""
+    from ears_core.tree_policy import TreeCalibration
+
+    target, draft = tiny_pair
+    prices = PriceCurve([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2, 11.4, 11.6], 0.5, 0.2)
+    generous = DepthCalibration([Calibration(prior_scale=1.0, prior_weight=1e6)])  # acceptance = probability
+    wary = DepthCalibration([Calibration(prior_scale=0.05, prior_weight=1e6)])  # a sibling: 1/20 of it
+    sizes = {}
+    for name, sib in (("generous", generous), ("wary", wary)):
+        budget = TreeBudget(prices, 8, TreeCalibration(generous.copy(), sib))
+        gen = tree_stream(target, draft, torch.tensor([PROMPTS[1]]), rule=StandardRule(), budget=8, depth=3,
+                          temperature=0.9, max_new_tokens=30, seed=2, keep=budget)
+        gen.result()
+        sizes[name] = sum(s.drafted for s in gen.steps) / len(gen.steps)
+        assert all(tr.ranks.count(0) >= 1 for tr in gen.trees if tr.tokens)
+    assert sizes["wary"] < sizes["generous"]
+    greedy_budget = TreeBudget(prices, 8, TreeCalibration(generous.copy(), wary.copy()))
+    out = tree_generate(target, draft, torch.tensor([PROMPTS[1]]), rule=GreedyRule(), budget=8, depth=3,
+                        temperature=0, max_new_tokens=30, keep=greedy_budget)
+    assert out.token_ids == hf_greedy(target, PROMPTS[1], 30)
