@@ -234,13 +234,12 @@ class Session:
             first = self._initial_calibration(temperature, by_depth)
             sib = (counts or {}).get("siblings") or {}
             if sib.get("bins") == Calibration().bins and sib.get("depths"):
-                return TreeCalibration(first, DepthCalibration(
-                    [Calibration(stood=list(d["stood"]), seen=list(d["seen"])) for d in sib["depths"]]))
+                return TreeCalibration(first, _depth_tables(sib["depths"]))
             return TreeCalibration(first, Calibration())
         if not counts or counts.get("bins") != Calibration().bins:
             return Calibration()
         if by_depth and counts.get("depths"):
-            return DepthCalibration([Calibration(stood=list(d["stood"]), seen=list(d["seen"])) for d in counts["depths"]])
+            return _depth_tables(counts["depths"])
         return Calibration(stood=list(counts["stood"]), seen=list(counts["seen"]))
 
     def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None,
@@ -322,6 +321,11 @@ class Session:
 
 
 # ------------------------------------------------------------------------------------ the summary
+
+
+def _depth_tables(entries: Sequence[dict[str, Any]]) -> DepthCalibration:
+    """A ``DepthCalibration`` from a shipped table's per-depth counts ([{"stood", "seen"}, ...])."""
+    return DepthCalibration([Calibration(stood=list(d["stood"]), seen=list(d["seen"])) for d in entries])
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:

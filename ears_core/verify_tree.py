@@ -70,11 +70,18 @@ class TreeVerdict:
     distortion_exact: Tensor | None  # (B, D + 1) bool: exact (else an upper bound)
 
 
-def children_table(parents: Sequence[int], device: torch.device | None = None) -> Tensor:
-    """(N + 1, W) long: the children of each entry in rank order, -1 padded (W >= 1)."""
+def _children(parents: Sequence[int]) -> list[list[int]]:
+    """The children of each entry (0: the root, i + 1: node i) in rank order."""
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
     for i, p in enumerate(parents):
         kids[p + 1].append(i)
+    return kids
+
+
+def children_table(parents: Sequence[int], device: torch.device | None = None,
+                   kids: list[list[int]] | None = None) -> Tensor:
+    """(N + 1, W) long: the children of each entry in rank order, -1 padded (W >= 1)."""
+    kids = _children(parents) if kids is None else kids
     w = max(1, max(len(k) for k in kids))
     table = torch.full((len(kids), w), -1, dtype=torch.long)
     for e, k in enumerate(kids):
@@ -129,18 +136,16 @@ def verify_tree(
     dev = target_probs.device
     node_depths = _depths(parents)
     depth = max(node_depths, default=0)
+    kids = _children(parents)
     width = [0] * (depth + 1)  # width[d]: the most children of an entry at depth d (host side: no sync)
-    count = [0] * (n + 1)
-    for p in parents:
-        count[p + 1] += 1
-    for e, c in enumerate(count):
+    for e, k in enumerate(kids):
         d = 0 if e == 0 else node_depths[e - 1]
-        width[d] = max(width[d], c)
+        width[d] = max(width[d], len(k))
     if uniforms is None:
         uniforms = torch.rand((b, n), generator=generator, device=dev)
     if sample_uniforms is None:
         sample_uniforms = torch.rand((b,), generator=generator, device=dev)
-    ch = children_table(parents, dev)  # (N+1, W)
+    ch = children_table(parents, dev, kids)  # (N+1, W)
     rows = torch.arange(b, device=dev)
 
     max_p = target_probs.amax(dim=-1)  # (B, N+1)

@@ -70,20 +70,21 @@ def main() -> None:
                      "depths": [{"stood": t.stood, "seen": t.seen} for t in cal.tables],
                      "siblings": {"bins": BINS, "depths": [{"stood": t.stood, "seen": t.seen} for t in sib.tables]}}
         print(f"\n{mode} (T = {temperature}): confidence bin, then drafts seen / acceptance at depth 1 .. {a.k}")
-        for b in range(BINS):
-            cells = [f"{int(t.seen[b]):5d} {t.stood[b] / t.seen[b]:.3f}" if t.seen[b] else f"{0:5d}   -  "
-                     for t in cal.tables]
-            print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  " + "  ".join(cells))
+        print_table(cal.tables)
         print("  all        " + "  ".join(f"{int(sum(t.seen)):5d} {sum(t.stood) / max(1, sum(t.seen)):.3f}"
                                            for t in cal.tables))
         print(f"  siblings (rank >= 1, parent stood), {a.tree_nodes}-node trees: depth 1 / depths >= 2")
-        for b in range(BINS):
-            cells = [f"{int(t.seen[b]):5d} {t.stood[b] / t.seen[b]:.3f}" if t.seen[b] else f"{0:5d}   -  "
-                     for t in sib.tables]
-            print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  " + "  ".join(cells))
+        print_table(sib.tables)
     out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, tree_nodes=a.tree_nodes, source=f"assets/draft_data/prompts.jsonl, index % {a.val_mod} == 0")
     a.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")
+
+
+def print_table(tables: list[Calibration]) -> None:
+    """One row per confidence bin: drafts seen and the acceptance observed, one column per table."""
+    for b in range(BINS):
+        cells = [f"{int(t.seen[b]):5d} {t.stood[b] / t.seen[b]:.3f}" if t.seen[b] else f"{0:5d}   -  " for t in tables]
+        print(f"  [{b / BINS:.1f}, {(b + 1) / BINS:.1f})  " + "  ".join(cells))
 
 
 def siblings_table(session: Session, prompts: list[str], temperature: float, a: argparse.Namespace) -> DepthCalibration:
