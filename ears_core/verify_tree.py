@@ -26,9 +26,14 @@ emitted      the distribution of the token an entry emits, marginal over its chi
              coupling with the ordinary rule, which differs only after a pardon:
              pardon_1 + (m - 1) * reject_1 * tolerance (``distortion_exact`` says which).
 
-The decision is tensor code with loops over depth and rank only (no loop over rows, nodes or the
-vocabulary, no host sync). The tree's structure (parents) is shared by the B rows; tokens and
-probabilities may differ per row. Distortion, when asked, loops over emitted positions on the host.
+How it runs: the residual a rank-j child faces depends only on its entry and its earlier siblings,
+not on the route, so every node's test is computed first, one rank at a time for all entries at
+once (each node its own rule call with K = 1); then the route is walked depth by depth over (B,)
+tensors (the first standing child of each entry), and the tested nodes are those on the route's
+entries up to the first that stood. Loops run over rank and depth only (no loop over rows, nodes
+or the vocabulary, no host sync), and a V-sized tensor is copied only by index_select. The tree's
+structure (parents) is shared by the B rows; tokens and probabilities may differ per row.
+Distortion, when asked, loops over emitted positions on the host.
 """
 
 from __future__ import annotations
@@ -110,6 +115,19 @@ def _check(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: S
     return b, n, v
 
 
+def _pick(t: Tensor, idx: Tensor) -> Tensor:
+    """t (B, E, V), idx (B,) -> (B, V): row b's entry idx[b] (a copy by index_select, not advanced indexing)."""
+    b, e, v = t.shape
+    return t.reshape(b * e, v).index_select(0, torch.arange(b, device=t.device) * e + idx)
+
+
+def _rank_lists(kids: list[list[int]]) -> list[tuple[list[int], list[int]]]:
+    """Per rank j: (entries with more than j children, their rank-j child), in entry order."""
+    width = max((len(k) for k in kids), default=0)
+    return [([e for e, k in enumerate(kids) if len(k) > j], [k[j] for k in kids if len(k) > j])
+            for j in range(width)]
+
+
 def verify_tree(
     target_probs: Tensor,
     draft_probs: Tensor,
@@ -134,13 +152,8 @@ def verify_tree(
     parents = parents.tolist() if isinstance(parents, Tensor) else list(parents)
     b, n, v = _check(target_probs, draft_probs, tokens, parents)
     dev = target_probs.device
-    node_depths = _depths(parents)
-    depth = max(node_depths, default=0)
+    depth = max(_depths(parents), default=0)
     kids = _children(parents)
-    width = [0] * (depth + 1)  # width[d]: the most children of an entry at depth d (host side: no sync)
-    for e, k in enumerate(kids):
-        d = 0 if e == 0 else node_depths[e - 1]
-        width[d] = max(width[d], len(k))
     if uniforms is None:
         uniforms = torch.rand((b, n), generator=generator, device=dev)
     if sample_uniforms is None:
@@ -151,60 +164,83 @@ def verify_tree(
     max_p = target_probs.amax(dim=-1)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
-    p_all = target_probs[:, parent_entry].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
+    flat_tp = target_probs.reshape(b, (n + 1) * v)  # (B, (N+1) V): entry e's row starts at e V
+    p_all = flat_tp.gather(1, parent_entry * v + tokens)  # (B, N) P_target(x) at the parent's entry
     q_all = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
-    ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N), overwritten where tested
-    kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.long, device=dev)
+    ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N): p / q, then r_j(x) / q where tested
 
+    # 1. Every node's test, as if the walk reached it: the residual a rank-j child faces depends
+    #    only on its entry and its earlier siblings, so the tests of one rank run at once.
+    stands = torch.zeros((b, n), dtype=torch.bool, device=dev)
+    pardoned = torch.zeros((b, n), dtype=torch.bool, device=dev)
+    res_at = target_probs.new_empty((b, n, v))  # (B, N, V) the residual a rank >= 1 node faces (filled below)
+    for j, (ents, nodes) in enumerate(_rank_lists(kids)):
+        e_t, c_t = torch.tensor(ents, device=dev), torch.tensor(nodes, device=dev)
+        m = len(nodes)
+        res = (res_at if j else target_probs).index_select(1, c_t if j else e_t)  # (B, m, V) the residual faced
+        qd = draft_probs.index_select(1, c_t)  # (B, m, V)
+        x = tokens[:, c_t]  # (B, m)
+        p = res.gather(-1, x.unsqueeze(-1)).squeeze(-1) if j else p_all[:, c_t]  # (B, m)
+        q = q_all[:, c_t]
+        r = p / q.clamp(min=Q_EPS)
+        flat = lambda t: t.reshape(b * m, 1, *t.shape[2:])  # noqa: E731  one node per rule call (K = 1)
+        inputs = RuleInputs(flat(res), flat(qd), flat(x), flat(p), flat(q), flat(r), flat(max_p[:, e_t]),
+                            flat(uniforms[:, c_t]))
+        acc, par = (t.reshape(b, m) for t in rule.decide(inputs, flat(tol_e[:, e_t])))
+        stands[:, c_t], pardoned[:, c_t] = acc | par, par & ~acc
+        ratio[:, c_t] = r
+        nxt_ents = [i for i, e in enumerate(ents) if len(kids[e]) > j + 1]  # entries with a rank j + 1 child
+        if nxt_ents:
+            sel = torch.tensor(nxt_ents, device=dev)
+            res_at.index_copy_(1, torch.tensor([kids[ents[i]][j + 1] for i in nxt_ents], device=dev),
+                               rule.residual(res.index_select(1, sel), qd.index_select(1, sel)))
+
+    # 2. The walk: from the root, the first standing child of each entry, depth by depth.
+    valid = ch >= 0  # (N+1, W)
+    padded = torch.cat([stands, stands.new_zeros((b, 1))], dim=1)  # (B, N+1): column N stands for 'no child'
+    s = padded[:, torch.where(valid, ch, n)]  # (B, N+1, W)
+    has = s.any(-1)  # (B, N+1): some child of this entry stands
+    first = s.to(torch.uint8).argmax(-1)  # (B, N+1) rank of the first that stands
+    goes_to = ch.expand(b, -1, -1).gather(-1, first.unsqueeze(-1)).squeeze(-1)  # (B, N+1) node walked to
     cur = torch.zeros(b, dtype=torch.long, device=dev)  # (B,) current entry
-    alive = torch.ones(b, dtype=torch.bool, device=dev)
     path = torch.full((b, depth), -1, dtype=torch.long, device=dev)
-    stop_dist = torch.zeros((b, v), dtype=target_probs.dtype, device=dev)
-    last_rej = torch.full((b,), -1, dtype=torch.long, device=dev)
     for d in range(depth):
-        at = target_probs[rows, cur]  # (B, V)
-        res, tol, mp = at, tol_e[rows, cur], max_p[rows, cur]  # (B, V), (B,), (B,)
-        moved = torch.zeros(b, dtype=torch.bool, device=dev)
-        nxt, rej_here = cur.clone(), torch.full((b,), -1, dtype=torch.long, device=dev)
-        for j in range(width[d]):  # no entry at this depth has more children to try
-            cand = ch[cur, j]  # (B,)
-            active = alive & ~moved & (cand >= 0)
-            c = cand.clamp(min=0)
-            x = tokens[rows, c]  # (B,)
-            qd = draft_probs[rows, c]  # (B, V)
-            p = res.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B,)
-            q = q_all[rows, c]
-            r = p / q.clamp(min=Q_EPS)
-            inputs = RuleInputs(res[:, None], qd[:, None], x[:, None], p[:, None], q[:, None], r[:, None],
-                                mp[:, None], uniforms[rows, c][:, None])
-            acc, par = (t[:, 0] for t in rule.decide(inputs, tol[:, None]))
-            stands = (acc | par) & active
-            rejected = active & ~stands
-            kind = torch.where(acc, int(DraftKind.ACCEPTED),
-                               torch.where(par, int(DraftKind.PARDONED), int(DraftKind.REJECTED)))
-            kinds[rows, c] = torch.where(active, kind, kinds[rows, c])
-            ratio[rows, c] = torch.where(active, r, ratio[rows, c])
-            res = torch.where(rejected[:, None], rule.residual(res, qd), res)
-            rej_here = torch.where(rejected, c, rej_here)
-            nxt = torch.where(stands, c + 1, nxt)
-            moved |= stands
-        stop = alive & ~moved
-        leaf = ch[cur, 0] < 0  # (B,) nothing to test here
-        stop_dist = torch.where(stop[:, None], torch.where(leaf[:, None], rule.bonus(at), res), stop_dist)
-        last_rej = torch.where(stop, rej_here, last_rej)
-        path[:, d] = torch.where(moved, nxt - 1, -1)
-        alive &= moved
-        cur = torch.where(moved, nxt, cur)  # rows that stopped keep their entry
-    # Rows still walking sit at a node of the deepest level: a leaf, so a bonus token.
-    stop_dist = torch.where(alive[:, None], rule.bonus(target_probs[rows, cur]), stop_dist)
-    is_bonus = last_rej < 0
+        moved = has[rows, cur]  # (B,) rows that stopped before stay unmoved: their entry has none standing
+        path[:, d] = torch.where(moved, goes_to[rows, cur], -1)
+        cur = torch.where(moved, goes_to[rows, cur] + 1, cur)
     num_accepted = (path >= 0).sum(dim=-1)  # (B,)
+
+    # 3. Which nodes were tested: children of an entry on the route, up to the first that stood.
+    on_route = torch.zeros((b, n + 1), dtype=torch.bool, device=dev)
+    on_route[:, 0] = True
+    on_route.scatter_(1, path.clamp(min=-1) + 1, True)  # path -1 marks entry 0, already on the route
+    n_kids = valid.sum(-1)  # (N+1,)
+    reach = torch.where(has, first, n_kids - 1)  # (B, N+1) the last rank tested at each entry
+    rank = torch.tensor([kids[p + 1].index(i) for i, p in enumerate(parents)], dtype=torch.long, device=dev)
+    tested = on_route[:, parent_entry] & (rank <= reach[:, parent_entry])  # (B, N)
+    kinds = torch.where(stands, torch.where(pardoned, int(DraftKind.PARDONED), int(DraftKind.ACCEPTED)),
+                        int(DraftKind.REJECTED))
+    kinds = torch.where(tested, kinds, int(DraftKind.NOT_EVALUATED))
+    ratio = torch.where(tested, ratio, p_all / q_all.clamp(min=Q_EPS))
+
+    # 4. The next token: from the residual after the stop entry's last child, or a bonus at a leaf.
+    leaf = n_kids[cur] == 0  # (B,)
+    last_rej = torch.where(leaf, -1, ch[cur, (n_kids[cur] - 1).clamp(min=0)])  # (B,)
+    at = _pick(target_probs, cur)  # (B, V)
+    if n > 0:
+        lr = last_rej.clamp(min=0)
+        faced = torch.where((rank[lr] == 0)[:, None], at, _pick(res_at, lr))  # (B, V) residual the last one faced
+        after = rule.residual(faced, _pick(draft_probs, lr))  # (B, V)
+        stop_dist = torch.where(leaf[:, None], rule.bonus(at), after)
+    else:
+        stop_dist = rule.bonus(at)
+    is_bonus = leaf
     if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
         sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
     next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
-    next_p = target_probs[rows, cur].gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+    next_p = at.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
     if n > 0:
-        q0 = draft_probs[rows, ch[cur, 0].clamp(min=0)]  # (B, V) rank-0 draft distribution at the stop
+        q0 = _pick(draft_probs, ch[cur, 0].clamp(min=0))  # (B, V) rank-0 draft distribution at the stop
         next_q = torch.where(is_bonus, 0.0, q0.gather(-1, next_token.unsqueeze(-1)).squeeze(-1))
     else:
         next_q = torch.zeros_like(next_p)
