@@ -48,7 +48,7 @@ from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
 from .trees import (
-    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, keep_cache_positions, tree_attention_mask, tree_position_ids,
+    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, keep_tail_positions, tree_attention_mask, tree_position_ids,
 )
 from .verify import DraftKind
 from .verify_tree import verify_tree
@@ -120,7 +120,7 @@ def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequen
         return
     dev = cache.layers[0].keys.device
     nodes = torch.tensor(list(path), dtype=torch.long, device=dev)
-    keep_cache_positions(cache, torch.cat([torch.arange(prefix_len, device=dev), prefix_len + nodes]))
+    keep_tail_positions(cache, prefix_len, prefix_len + nodes)
 
 
 # ----------------------------------------------------------------------------- the loop

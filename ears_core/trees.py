@@ -65,7 +65,7 @@ from .sampling import Stream, counter_uniforms, sample_with_uniforms
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "ancestor_matrix",
-    "tree_attention_mask", "tree_position_ids", "keep_cache_positions",
+    "tree_attention_mask", "tree_position_ids", "keep_cache_positions", "keep_tail_positions",
 ]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
@@ -377,3 +377,19 @@ def keep_cache_positions(cache: DynamicCache, keep: Tensor) -> None:
         idx = keep.to(layer.keys.device)
         layer.keys = layer.keys.index_select(-2, idx)  # (B, H, len(keep), D)
         layer.values = layer.values.index_select(-2, idx)
+
+
+def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
+    """Keep positions [0, start) as they are, then the positions ``keep`` (ascending, each >= start)
+    in that order, in every layer: only the kept tail is copied, in place; the layers end as views."""
+    n = int(keep.numel())
+    for layer in cache.layers:
+        if type(layer).__name__ != "DynamicLayer":
+            raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
+        if not layer.is_initialized:
+            continue
+        idx = keep.to(layer.keys.device)
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # (B, H, L, D)
+            t[..., start:start + n, :] = t.index_select(-2, idx)  # gathered first, so overlaps are safe
+            setattr(layer, name, t[..., : start + n, :])
