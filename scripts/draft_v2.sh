@@ -13,14 +13,15 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-/tmp/draft_v2}
 EPOCHS=${EPOCHS:-2}
-SIZES=${SIZES:-"80000 250000 500000 all"}
+SIZES=${SIZES-"80000 250000 500000 all"}  # SIZES="" trains only the fused head on all the data
+CURVE=${CURVE:-}  # e.g. 110: the learning curve every 110 steps (training.json)
 FEATS=${FEATS:-$HOME/.cache/ears_studio/draft_features/L3-15-last}
 mkdir -p "$OUT"
 rm -f /tmp/ears_quiet
 $PY scripts/draft_data.py features --layers 3,15,last --threads 2 --nice 0 --minutes 600
 
 evaluate() {  # $1 head folder, $2 eval json
-  [ -f "$2" ] || $PY scripts/eval_draft.py --draft "$1" --quick --prompts 16 --max-new-tokens 64 --gamma 4 --json "$2"
+  [ -f "$2" ] || $PY scripts/eval_draft.py --draft "$1" --quick --no-speed --prompts 16 --max-new-tokens 64 --gamma 4 --json "$2"
 }
 for n in $SIZES; do
   head="$OUT/head-$n"
@@ -31,6 +32,6 @@ for n in $SIZES; do
 done
 head="$OUT/head-fused"
 [ -f "$head/training.json" ] || $PY scripts/train_draft.py --features "$FEATS" --fused --epochs "$EPOCHS" \
-    --minutes 600 --out "$head"
+    --minutes 600 ${CURVE:+--curve-every "$CURVE"} --out "$head"
 evaluate "$head" "$OUT/eval-fused.json"
-echo "draft v2: done"
+echo "draft head: done"
