@@ -15,7 +15,8 @@ from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
 from ears_core.tree_decoding import keep_path, score_tree
 from ears_core.trees import (
-    DraftTree, TreeDraws, TreeSpec, accept_keys, ancestor_matrix, build_tree, tree_attention_mask, tree_position_ids,
+    DraftTree, TreeDraws, TreeSpec, accept_keys, ancestor_matrix, build_tree, keep_cache_positions, keep_tail_positions,
+    tree_attention_mask, tree_position_ids,
 )
 
 
@@ -271,6 +272,18 @@ def test_after_rearrangement_the_cache_is_the_chains(target, path):
     assert cache.get_seq_length() == len(seq)
     for mine, ref in zip(cache.layers, fresh_cache.layers):
         assert torch.allclose(mine.keys, ref.keys, atol=1e-4) and torch.allclose(mine.values, ref.values, atol=1e-4)
+
+
+@pytest.mark.parametrize("start, keep", [(5, [6, 9]), (3, [3, 4, 5]), (4, [8]), (6, [])])
+def test_keeping_the_tail_in_place_equals_gathering_every_position(target, start, keep):
+    prompt = PROMPTS[2] + PROMPTS[0]  # 13 tokens: 12 cached positions
+    a, b = prefilled(target, prompt), prefilled(target, prompt)
+    idx = torch.tensor(keep, dtype=torch.long)
+    keep_cache_positions(a, torch.cat([torch.arange(start), idx]))
+    keep_tail_positions(b, start, idx)
+    assert b.get_seq_length() == start + len(keep) == a.get_seq_length()
+    for la, lb in zip(a.layers, b.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
 
 
 # ----------------------------------------------------------------------------- drafters
