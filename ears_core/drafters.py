@@ -186,7 +186,7 @@ class ModelDrafter:
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
         entries in order (the draft ran every path node except perhaps the last), drop the rest."""
-        from .trees import keep_cache_positions
+        from .trees import keep_tail_positions
 
         nxt = next_token.reshape(1, 1)
         if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round
@@ -194,9 +194,9 @@ class ModelDrafter:
             return
         slot = {node: i for i, node in enumerate(self._tree_slots)}
         fed = [a for a in path if a in slot]  # a prefix of the path
-        if self._tree_slots:
-            keep = [*range(self._base), *(self._base + slot[a] for a in fed)]
-            keep_cache_positions(self._cache, torch.tensor(keep, dtype=torch.long, device=self.device))
+        if self._tree_slots:  # a path's slots ascend (a node runs after its parent): the tail moves in place
+            keep = [self._base + slot[a] for a in fed]
+            keep_tail_positions(self._cache, self._base, torch.tensor(keep, dtype=torch.long, device=self.device))
         self._cache_len = self._base + len(fed)
         tail = self._tree.tokens[path[len(fed):]].reshape(1, -1)  # (1, P-1) path nodes not yet run
         self._pending = torch.cat([tail, nxt], dim=1)

@@ -167,7 +167,8 @@ def verify_tree(
     flat_tp = target_probs.reshape(b, (n + 1) * v)  # (B, (N+1) V): entry e's row starts at e V
     p_all = flat_tp.gather(1, parent_entry * v + tokens)  # (B, N) P_target(x) at the parent's entry
     q_all = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
-    ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N): p / q, then r_j(x) / q where tested
+    plain_ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N) p / q, reported for nodes never tested
+    ratio = plain_ratio.clone()  # (B, N) r_j(x) / q as each node would be tested
 
     # 1. Every node's test, as if the walk reached it: the residual a rank-j child faces depends
     #    only on its entry and its earlier siblings, so the tests of one rank run at once.
@@ -205,9 +206,9 @@ def verify_tree(
     cur = torch.zeros(b, dtype=torch.long, device=dev)  # (B,) current entry
     path = torch.full((b, depth), -1, dtype=torch.long, device=dev)
     for d in range(depth):
-        moved = has[rows, cur]  # (B,) rows that stopped before stay unmoved: their entry has none standing
-        path[:, d] = torch.where(moved, goes_to[rows, cur], -1)
-        cur = torch.where(moved, goes_to[rows, cur] + 1, cur)
+        moved, node = has[rows, cur], goes_to[rows, cur]  # (B,): rows that stopped before stay: none stands there
+        path[:, d] = torch.where(moved, node, -1)
+        cur = torch.where(moved, node + 1, cur)
     num_accepted = (path >= 0).sum(dim=-1)  # (B,)
 
     # 3. Which nodes were tested: children of an entry on the route, up to the first that stood.
@@ -221,7 +222,7 @@ def verify_tree(
     kinds = torch.where(stands, torch.where(pardoned, int(DraftKind.PARDONED), int(DraftKind.ACCEPTED)),
                         int(DraftKind.REJECTED))
     kinds = torch.where(tested, kinds, int(DraftKind.NOT_EVALUATED))
-    ratio = torch.where(tested, ratio, p_all / q_all.clamp(min=Q_EPS))
+    ratio = torch.where(tested, ratio, plain_ratio)
 
     # 4. The next token: from the residual after the stop entry's last child, or a bonus at a leaf.
     leaf = n_kids[cur] == 0  # (B,)
