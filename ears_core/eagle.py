@@ -141,7 +141,11 @@ class EagleDrafter:
         self.embed = target.get_input_embeddings()
         w = target.get_output_embeddings().weight  # (V, d)
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
-        self.vocab_ids = head.vocab_ids.to(w.device)  # (N,)
+        self.vocab_ids = head.vocab_ids.to(w.device).sort().values  # (N,) ascending (the head's order is free)
+        # A chain's draft step samples on the head's N tokens and widens to V once per round: the same
+        # draws as over V (ascending ids: the same inverse CDF; the same argmax on ties), without V-sized
+        # work per step. Only when every head token is a real token (else the V path, as trees use).
+        self._n_space = bool(len(self.vocab_ids)) and int(self.vocab_ids[-1]) < self.vocab_size
         self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
         self.sub_head = nn.Linear(self.w_sub.shape[1], self.w_sub.shape[0], bias=False, device="meta")  # feats -> (N,)
         self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
@@ -205,16 +209,21 @@ class EagleDrafter:
                 if not keep(conf):
                     break
                 self.confidence.append(conf)
-            logits = torch.full((b, self.vocab_size), float("-inf"), device=dev)
-            logits[:, self.vocab_ids] = sub  # (B, V)
-            pr = probs_fn(logits)  # (B, V), zero outside vocab_ids
-            tokens.append(sample_with_uniforms(pr, uniforms[:, i]))  # (B,)
+            if self._n_space:
+                pr = probs_fn(sub)  # (B, N): the sampling distribution on the head's tokens
+                tokens.append(self.vocab_ids[sample_with_uniforms(pr, uniforms[:, i])])  # (B,)
+            else:
+                pr = probs_fn(self._widen(sub))  # (B, V), zero outside vocab_ids
+                tokens.append(sample_with_uniforms(pr, uniforms[:, i]))  # (B,)
             probs.append(pr)
         if not tokens:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         s.proposed = torch.stack(tokens, dim=1)  # (B, k') with k' <= k
-        return s.proposed, torch.stack(probs, dim=1)  # (B, k'), (B, k', V)
+        q = torch.stack(probs, dim=1)  # (B, k', N) or (B, k', V)
+        if self._n_space:  # widen once: zero outside vocab_ids
+            q = q.new_zeros(b, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)
+        return s.proposed, q  # (B, k'), (B, k', V)
 
     @torch.inference_mode()
     def sync(self) -> None:
@@ -247,11 +256,15 @@ class EagleDrafter:
         s.proposed = None
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
+    def _widen(self, sub: Tensor) -> Tensor:
+        """(..., N) logits on the head's tokens -> (..., V) logits, -inf outside vocab_ids."""
+        logits = torch.full((*sub.shape[:-1], self.vocab_size), float("-inf"), device=sub.device)
+        logits[..., self.vocab_ids] = sub.float()
+        return logits
+
     def _sub_logits(self, feats: Tensor) -> Tensor:
         """(m, d) predicted features -> (m, V) logits, -inf outside vocab_ids."""
-        logits = torch.full((feats.shape[0], self.vocab_size), float("-inf"), device=feats.device)
-        logits[:, self.vocab_ids] = self._sub(feats).float()
-        return logits
+        return self._widen(self._sub(feats))
 
     @torch.inference_mode()
     def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,

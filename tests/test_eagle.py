@@ -206,3 +206,34 @@ def test_a_fused_head_round_trips_its_layers(tmp_path, target_and_fused_head):
     head.save(tmp_path / "h")
     back = DraftHead.load(tmp_path / "h")
     assert back.feature_layers == (1, 0, -1) and back.fc.in_features == head.fc.in_features
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=0.9), dict(temperature=1.3, top_k=5),
+                                      dict(temperature=0.7, top_p=0.8)])
+def test_drafting_on_the_heads_tokens_draws_what_drafting_over_the_vocabulary_does(target_and_head, sampling):
+    # A chain's draft step samples on the head's N tokens and widens once; it must draw the same
+    # tokens from the same distributions as sampling over all V tokens with -inf elsewhere, also
+    # for a head whose vocabulary is stored out of order (the drafter sorts it).
+    from ears_core.sampling import SamplingConfig, logits_to_probs
+
+    target, head = target_and_head
+    shuffled = DraftHead(head.config, head.vocab_ids)
+    shuffled.load_state_dict(head.state_dict())
+    shuffled.vocab_ids = head.vocab_ids[torch.randperm(len(head.vocab_ids), generator=torch.Generator().manual_seed(3))]
+    cfg = SamplingConfig(**sampling)
+    probs_fn = lambda logits: logits_to_probs(logits[..., :96], cfg)  # noqa: E731  (as decoding's)
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[-1]  # (1, T, d)
+    fast, slow = EagleDrafter(shuffled.eval(), target), EagleDrafter(shuffled.eval(), target)
+    slow._n_space = False
+    assert fast._n_space and bool((fast.vocab_ids[1:] > fast.vocab_ids[:-1]).all())
+    gen = torch.Generator().manual_seed(0)
+    for t in range(4, ids.shape[1]):
+        for d in (fast, slow):
+            d.prefill(ids[:, :t], h[:, : t - 1])
+        u = torch.rand(1, 4, generator=gen)
+        a, pa = fast.propose(4, probs_fn, u)
+        b, pb = slow.propose(4, probs_fn, u)
+        assert torch.equal(a, b) and pa.shape == pb.shape == (1, 4, 96)
+        assert torch.allclose(pa, pb, atol=1e-6) and bool((pa[..., 1::2] == 0).all())
