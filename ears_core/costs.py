@@ -365,18 +365,23 @@ def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
                     refresh: bool = False, key_extra: str = "") -> PriceCurve:
     """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
-    seconds) written to the cache. ``refresh`` measures again."""
+    seconds) written to the cache. ``refresh`` measures again; the new curve is returned, but it
+    replaces a cached one only if its step is not slower: another job on the cores only ever adds
+    time, and a profile measured under it (e.g. a refresh asked for while a training job ran) would
+    otherwise mislead every later process on this machine."""
     key = profile_key(target, key_extra)
     path = _cache_file(key, cache_dir)
-    if path.is_file() and not refresh:
+    cached = None
+    if path.is_file():
         try:
-            data = json.loads(path.read_text())
-            curve = PriceCurve(**data)
-            if curve.max_m >= max_m:
-                return curve
+            cached = PriceCurve(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a damaged or old file: measure again
+    if cached is not None and cached.max_m >= max_m and not refresh:
+        return cached
     curve = measure_prices(target, max_m=max_m, key=key)
+    if refresh and cached is not None and cached.max_m >= max_m and curve.step_ms > cached.step_ms:
+        return curve  # for this process only
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(curve.to_dict(), indent=1))

@@ -172,6 +172,21 @@ def test_load_or_measure_caches_the_profile_per_machine_key(tmp_path, monkeypatc
     assert costs.load_or_measure(model, max_m=4, cache_dir=tmp_path).verify_ms == first.verify_ms
 
 
+def test_a_slower_refresh_is_used_but_not_cached(tmp_path, monkeypatch):
+    # Contention only adds time: a re-measurement slower than the cached profile serves this
+    # process, and the file keeps the faster one; a faster re-measurement replaces it.
+    from conftest import tiny_llama
+    model = tiny_llama(0)
+    curves = iter([PriceCurve([10.0, 11.0], 1.0, measured_at="a"), PriceCurve([30.0, 20.0], 1.0, measured_at="b"),
+                   PriceCurve([8.0, 9.0], 1.0, measured_at="c")])
+    monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: next(curves))
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.0, 11.0]
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [30.0, 20.0]
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.0, 11.0]
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [8.0, 9.0]
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [8.0, 9.0]
+
+
 # --------------------------------------------------------------------- losslessness with the policy
 
 
