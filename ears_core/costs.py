@@ -377,10 +377,12 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
             cached = PriceCurve(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass  # a damaged or old file: measure again
-    if cached is not None and cached.max_m >= max_m and not refresh:
+    if cached is not None and cached.max_m < max_m:
+        cached = None  # too short a curve: measured again and replaced
+    if cached is not None and not refresh:
         return cached
     curve = measure_prices(target, max_m=max_m, key=key)
-    if refresh and cached is not None and cached.max_m >= max_m and curve.step_ms > cached.step_ms:
+    if cached is not None and curve.step_ms > cached.step_ms:  # a refresh that reads slower
         return curve  # for this process only
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")

@@ -171,6 +171,12 @@ class EagleDrafter:
     def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N): logits over the head's vocabulary
         return self.sub_head(feats)
 
+    def _widen(self, sub: Tensor) -> Tensor:
+        """(..., N) logits on the head's tokens -> (..., V) logits, -inf outside vocab_ids."""
+        logits = torch.full((*sub.shape[:-1], self.vocab_size), float("-inf"), device=sub.device)
+        logits[..., self.vocab_ids] = sub.float()
+        return logits
+
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
         return self.head(feats.to(self.w_sub.dtype), self.embed(tokens), self._s.cache)  # (B, T, d)
 
@@ -256,12 +262,6 @@ class EagleDrafter:
         s.proposed = None
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
-    def _widen(self, sub: Tensor) -> Tensor:
-        """(..., N) logits on the head's tokens -> (..., V) logits, -inf outside vocab_ids."""
-        logits = torch.full((*sub.shape[:-1], self.vocab_size), float("-inf"), device=sub.device)
-        logits[..., self.vocab_ids] = sub.float()
-        return logits
-
     def _sub_logits(self, feats: Tensor) -> Tensor:
         """(m, d) predicted features -> (m, V) logits, -inf outside vocab_ids."""
         return self._widen(self._sub(feats))
