@@ -56,6 +56,7 @@ MAX_TREE_NODES = 16
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
 MAX_K = 8
 TREE_NODE_STEPS = 0.035  # a tree node's price beyond the chain's, in target steps, before any tree round (tree_policy)
+DRIFT_MEMORY = 64.0  # verified drafts per depth the shipped calibration's drift ratio follows (costs.DepthCalibration)
 STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
 
 
@@ -325,7 +326,8 @@ class Session:
 
 def _depth_tables(entries: Sequence[dict[str, Any]]) -> DepthCalibration:
     """A ``DepthCalibration`` from a shipped table's per-depth counts ([{"stood", "seen"}, ...])."""
-    return DepthCalibration([Calibration(stood=list(d["stood"]), seen=list(d["seen"])) for d in entries])
+    return DepthCalibration([Calibration(stood=list(d["stood"]), seen=list(d["seen"]))
+                             for d in entries], drift_memory=DRIFT_MEMORY)
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:

@@ -168,6 +168,9 @@ def main() -> None:
     ap.add_argument("--curve-every", type=int, default=0, help="also measure validation top-1 every this many "
                     "steps: the learning curve against answer positions seen, kept in training.json (the first "
                     "epoch sees each position once, so it is a saturation curve of one run)")
+    ap.add_argument("--init", default=None, help="start from this saved head (same data, vocabulary and feature "
+                    "layers) instead of the target's last layer: more epochs on top of a finished run, with a new "
+                    "warm-up and cosine schedule (a warm restart)")
     ap.add_argument("--fused", action="store_true", help="--features: read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     args = ap.parse_args()
@@ -201,15 +204,23 @@ def main() -> None:
     head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
     head.body.norm.load_state_dict(target.model.norm.state_dict())
     d = target.config.hidden_size
-    with torch.no_grad():  # start near "the next feature is this one": z = f / w_norm, small layer update
-        w_norm = target.model.norm.weight.detach().float()
-        head.fc.weight.zero_()  # lower feature layers (a fused head) start at zero weight
-        n_in = len(layers) * d
-        head.fc.weight[:, n_in - d : n_in] = torch.diag(1.0 / w_norm)
-        head.fc.weight[:, n_in:] = 0.02 * torch.randn(d, d)
-        head.fc.bias.zero_()
-        head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
-        head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
+    init_meta = None
+    if args.init:  # a warm restart: the saved head's weights (bfloat16 on disk), everything else as below
+        start = DraftHead.load(args.init)
+        if not torch.equal(start.vocab_ids.cpu(), vocab_ids) or start.feature_layers != head.feature_layers:
+            sys.exit(f"--init {args.init}: its vocabulary or feature layers differ from this run's; train from scratch")
+        head.load_state_dict(start.state_dict(), strict=False)
+        init_meta = {k: start.meta.get(k) for k in ("epochs", "steps", "train_minutes", "val_top1_step1", "val_top1_step2", "lr")}
+    else:
+        with torch.no_grad():  # start near "the next feature is this one": z = f / w_norm, small layer update
+            w_norm = target.model.norm.weight.detach().float()
+            head.fc.weight.zero_()  # lower feature layers (a fused head) start at zero weight
+            n_in = len(layers) * d
+            head.fc.weight[:, n_in - d : n_in] = torch.diag(1.0 / w_norm)
+            head.fc.weight[:, n_in:] = 0.02 * torch.randn(d, d)
+            head.fc.bias.zero_()
+            head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
+            head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
     embed = target.get_input_embeddings()
     w_sub = target.get_output_embeddings().weight.detach()[vocab_ids]  # (N, d)
     params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
@@ -273,7 +284,8 @@ def main() -> None:
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
             "data": "draft_data features" if args.features else "make_draft_data shards",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),
-            "epochs_asked": args.epochs, "minutes_asked": args.minutes, "curve": curve}
+            "epochs_asked": args.epochs, "minutes_asked": args.minutes, "curve": curve,
+            "init": {"from": args.init, **init_meta} if init_meta else None}
     head.eval()
     head.save(args.out, meta=meta)
     (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))

@@ -151,6 +151,34 @@ def test_a_depth_calibration_keeps_one_table_per_draft_depth():
     assert twin.tables[1].seen != cal.tables[1].seen  # copies do not share counts
 
 
+def test_the_drift_ratio_corrects_a_table_measured_on_other_text():
+    # a table that learnt 0.8 at depth 1 from 1,000 drafts, on text where drafts now stand half as
+    # often: the bins alone would need thousands of rounds; the drift ratio corrects it in a hundred
+    def table() -> Calibration:
+        return Calibration(bins=4, prior_weight=2.0, stood=[0.0, 0.0, 0.0, 800.0], seen=[0.0, 0.0, 0.0, 1000.0])
+
+    slow = DepthCalibration([table(), table()])
+    fast = DepthCalibration([table(), table()], drift_memory=32.0, drift_prior=4.0)
+    assert fast(0.9, 1) == slow(0.9, 1) == pytest.approx((800 + 2 * 0.875) / 1002)  # no evidence yet: ratio 1
+    rng = random.Random(3)
+    for _ in range(200):
+        stood = rng.random() < 0.4
+        slow.observe(0.9, stood, depth=1)
+        fast.observe(0.9, stood, depth=1)
+    assert slow(0.9, 1) > 0.7  # the bin still holds its 1,000 old drafts
+    assert fast(0.9, 1) == pytest.approx(0.4, abs=0.1)
+    assert fast.drift(2) == 1.0 and fast(0.9, 2) == slow(0.9, 2)  # depth 2 saw nothing: untouched
+    assert fast.means(2)[0] == pytest.approx(fast.tables[0].mean() * fast.drift(1)) and fast.means(2)[0] < 0.6
+    twin = fast.copy()
+    assert twin(0.9, 1) == fast(0.9, 1)  # a copy keeps the ratio ...
+    twin.observe(0.9, True, depth=1)
+    assert twin(0.9, 1) != fast(0.9, 1)  # ... and does not share it
+    good = DepthCalibration([table()], drift_memory=32.0)
+    for _ in range(100):
+        good.observe(0.9, True, depth=1)  # better than the table: up, but never above 1
+    assert 0.8 < good(0.9, 1) <= 1.0
+
+
 def test_the_policy_reads_a_prior_per_depth_for_positions_not_drafted_yet():
     # a first draft at 0.9 does not pay alone (1.9 / 20 < 1 / 10) but does with two more at 0.9 each
     # ((1 + 0.9 + 0.81 + 0.729) / 25 > 1 / 10): the answer rests on the priors of depths 2 and 3
@@ -376,6 +404,7 @@ def test_a_session_starts_from_the_drafters_shipped_calibration():
     chain, pooled = session._initial_calibration(0.0), session._initial_calibration(0.0, by_depth=False)
     assert isinstance(chain, DepthCalibration) and isinstance(pooled, Calibration)
     assert chain(0.05, 1) == pytest.approx((8 + 0.2) / 14) and chain(0.05, 3) == pytest.approx((1 + 0.2) / 14)
+    assert chain.drift_memory > 0  # a shipped table follows the text at hand (its drift ratio)
     assert pooled(0.95) == greedy(0.95)
     bare = Session(SimpleNamespace(draft=object()), prices=PriceCurve([10.0], 0.5))
     assert bare._initial_calibration(0.0)(0.55) == pytest.approx(0.55)  # no table: the prior
