@@ -148,6 +148,33 @@ def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float):
     return losses
 
 
+def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) -> dict | None:
+    """Set the head's starting weights. From scratch: the target's last layer and final norm, and an
+    input projection near "the next feature is this one" (z = f / w_norm; lower fused layers at
+    zero weight; a small layer update). ``init``: a warm restart from a saved head (its bfloat16
+    weights), which must have this run's vocabulary and feature layers; returns its training record."""
+    head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+    head.body.norm.load_state_dict(target.model.norm.state_dict())
+    if init:
+        start = DraftHead.load(init)
+        if not torch.equal(start.vocab_ids.cpu(), head.vocab_ids.cpu()) or start.feature_layers != head.feature_layers:
+            sys.exit(f"--init {init}: its vocabulary or feature layers differ from this run's; train from scratch")
+        head.load_state_dict(start.state_dict(), strict=False)
+        return {"from": str(init), **{k: start.meta.get(k) for k in ("epochs", "steps", "train_minutes", "val_top1_step1",
+                                                                     "val_top1_step2", "lr")}}
+    d = target.config.hidden_size
+    with torch.no_grad():
+        w_norm = target.model.norm.weight.detach().float()
+        head.fc.weight.zero_()  # lower feature layers (a fused head) start at zero weight
+        n_in = n_layers * d
+        head.fc.weight[:, n_in - d : n_in] = torch.diag(1.0 / w_norm)
+        head.fc.weight[:, n_in:] = 0.02 * torch.randn(d, d)
+        head.fc.bias.zero_()
+        head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
+        head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
+    return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None, help="default: $EARS_CACHE/draft_data")
@@ -201,26 +228,7 @@ def main() -> None:
     if layers[-1] not in (-1, n_layers):
         sys.exit(f"the feature cache's last layer is {layers[-1]}, not the final one ({n_layers} = 'last')")
     head = DraftHead(head_config_from_target(target.config), vocab_ids, tuple(layers[:-1]) + (-1,))
-    head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
-    head.body.norm.load_state_dict(target.model.norm.state_dict())
-    d = target.config.hidden_size
-    init_meta = None
-    if args.init:  # a warm restart: the saved head's weights (bfloat16 on disk), everything else as below
-        start = DraftHead.load(args.init)
-        if not torch.equal(start.vocab_ids.cpu(), vocab_ids) or start.feature_layers != head.feature_layers:
-            sys.exit(f"--init {args.init}: its vocabulary or feature layers differ from this run's; train from scratch")
-        head.load_state_dict(start.state_dict(), strict=False)
-        init_meta = {k: start.meta.get(k) for k in ("epochs", "steps", "train_minutes", "val_top1_step1", "val_top1_step2", "lr")}
-    else:
-        with torch.no_grad():  # start near "the next feature is this one": z = f / w_norm, small layer update
-            w_norm = target.model.norm.weight.detach().float()
-            head.fc.weight.zero_()  # lower feature layers (a fused head) start at zero weight
-            n_in = len(layers) * d
-            head.fc.weight[:, n_in - d : n_in] = torch.diag(1.0 / w_norm)
-            head.fc.weight[:, n_in:] = 0.02 * torch.randn(d, d)
-            head.fc.bias.zero_()
-            head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
-            head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
+    init_meta = start_head(head, target, len(layers), args.init)
     embed = target.get_input_embeddings()
     w_sub = target.get_output_embeddings().weight.detach()[vocab_ids]  # (N, d)
     params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
@@ -285,7 +293,7 @@ def main() -> None:
             "data": "draft_data features" if args.features else "make_draft_data shards",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),
             "epochs_asked": args.epochs, "minutes_asked": args.minutes, "curve": curve,
-            "init": {"from": args.init, **init_meta} if init_meta else None}
+            "init": init_meta}
     head.eval()
     head.save(args.out, meta=meta)
     (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))

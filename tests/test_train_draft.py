@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from conftest import tiny_llama
@@ -48,3 +49,24 @@ def test_the_losses_of_a_fused_head_train_its_lower_layer_weights():
     g = head.fc.weight.grad  # (d, 3d): [lower layer | final layer | token embedding]
     assert g[:, :d].abs().sum() > 0 and g[:, d : 2 * d].abs().sum() > 0
     assert all(torch.isfinite(x) for x in (c1, r1, c2, r2)) and 0 <= float(a1) <= 1
+
+
+def test_a_warm_restart_starts_from_the_saved_head_and_refuses_another_vocabulary(tmp_path):
+    target = tiny_llama(0, vocab=96)
+    cfg = head_config_from_target(target.config)
+    torch.manual_seed(0)
+    fresh = DraftHead(cfg, torch.arange(0, 96, 2), feature_layers=(1, -1))
+    assert td.start_head(fresh, target, 2) is None
+    d = target.config.hidden_size
+    assert torch.equal(fresh.fc.weight[:, :d], torch.zeros(d, d))  # from scratch: lower layer at zero weight
+    with torch.no_grad():
+        fresh.fc.weight.add_(0.5)  # "trained"
+    fresh.save(tmp_path / "a", meta={"epochs": 4.0, "val_top1_step1": 0.47})
+    warm = DraftHead(cfg, torch.arange(0, 96, 2), feature_layers=(1, -1))
+    record = td.start_head(warm, target, 2, init=str(tmp_path / "a"))
+    assert record["from"] == str(tmp_path / "a") and record["epochs"] == 4.0 and record["val_top1_step1"] == 0.47
+    saved = fresh.fc.weight.to(torch.bfloat16).float()  # what the file holds
+    assert torch.equal(warm.fc.weight, saved) and not torch.equal(warm.fc.weight[:, :d], torch.zeros(d, d))
+    other = DraftHead(cfg, torch.arange(1, 96, 2), feature_layers=(1, -1))
+    with pytest.raises(SystemExit, match="vocabulary or feature layers differ"):
+        td.start_head(other, target, 2, init=str(tmp_path / "a"))
