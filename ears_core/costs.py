@@ -182,8 +182,8 @@ class Calibration:
 class DepthCalibration:
     """One ``Calibration`` per draft depth (1 = a round's first draft; the last table serves every
     deeper one). A head's later drafts read its own predicted features, so at one confidence a third
-    draft stands less often than a first (the embedded head, version 5, at T = 0: 0.51 /
-    0.48 / 0.40 / 0.41 for depths 1-4). Depth d learns only from rounds
+    draft stands less often than a first (the embedded head, version 6, at T = 0: 0.55 /
+    0.54 / 0.47 / 0.46 for depths 1-4). Depth d learns only from rounds
     whose drafts 1 .. d-1 stood, so it estimates the conditional a_d that E(k) multiplies.
 
     drift: per depth, a running ratio r_d = (drafts that stood) / (their estimates), over the last
