@@ -189,9 +189,9 @@ class DepthCalibration:
     drift: per depth, a running ratio r_d = (drafts that stood) / (their estimates), over the last
     ``drift_memory`` verified drafts at that depth (starting at 1, worth ``drift_prior`` drafts),
     and every estimate is the table's times r_d (at most 1). The bins learn slowly (a bin sees a
-    tenth of the drafts); r_d pools them, so a table measured on other text (the shipped one, from the
-    training prompts' held-out split, is 10-40 % optimistic on ``assets/prompts.json``, most at depth 3) is corrected within a few dozen
-    rounds. It also removes the policy's own selection bias: a deep draft is verified only where
+    tenth of the drafts); r_d pools them, so a table measured on other text (the shipped one, from
+    the training prompts' held-out split, is 10-40 % optimistic on ``assets/prompts.json``, most at
+    depth 3) is corrected within a few dozen rounds. It also removes the policy's own selection bias: a deep draft is verified only where
     its estimate was high, which is where a noisy bin errs upwards."""
 
     def __init__(self, tables: Sequence[Calibration], drift_memory: float = 0.0, drift_prior: float = 8.0) -> None:
@@ -216,8 +216,11 @@ class DepthCalibration:
         i = self._index(depth)
         return (self._stood[i] + self.drift_prior) / (self._est[i] + self.drift_prior)
 
+    def _corrected(self, value: float, depth: int) -> float:
+        return min(value * self.drift(depth), 1.0)
+
     def __call__(self, conf: float, depth: int = 1) -> float:
-        return min(self._at(depth)(conf) * self.drift(depth), 1.0)
+        return self._corrected(self._at(depth)(conf), depth)
 
     def observe(self, conf: float, stood: bool, depth: int = 1) -> None:
         if self.drift_memory > 0:
@@ -229,10 +232,10 @@ class DepthCalibration:
         self._at(depth).observe(conf, stood)
 
     def mean(self, default: float = 0.4) -> float:
-        return min(self.tables[0].mean(default) * self.drift(1), 1.0)
+        return self._corrected(self.tables[0].mean(default), 1)
 
     def means(self, k: int) -> list[float]:
-        return [min(self._at(d).mean() * self.drift(d), 1.0) for d in range(1, k + 1)]
+        return [self._corrected(self._at(d).mean(), d) for d in range(1, k + 1)]
 
     def copy(self) -> "DepthCalibration":
         c = DepthCalibration([t.copy() for t in self.tables], self.drift_memory, self.drift_prior)

@@ -153,8 +153,6 @@ def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) 
     input projection near "the next feature is this one" (z = f / w_norm; lower fused layers at
     zero weight; a small layer update). ``init``: a warm restart from a saved head (its bfloat16
     weights), which must have this run's vocabulary and feature layers; returns its training record."""
-    head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
-    head.body.norm.load_state_dict(target.model.norm.state_dict())
     if init:
         start = DraftHead.load(init)
         if not torch.equal(start.vocab_ids.cpu(), head.vocab_ids.cpu()) or start.feature_layers != head.feature_layers:
@@ -162,6 +160,8 @@ def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) 
         head.load_state_dict(start.state_dict(), strict=False)
         return {"from": str(init), **{k: start.meta.get(k) for k in ("epochs", "steps", "train_minutes", "val_top1_step1",
                                                                      "val_top1_step2", "lr")}}
+    head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
+    head.body.norm.load_state_dict(target.model.norm.state_dict())
     d = target.config.hidden_size
     with torch.no_grad():
         w_norm = target.model.norm.weight.detach().float()
