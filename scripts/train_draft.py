@@ -6,8 +6,9 @@ What is learnt: fc and one decoder layer (initialised from the target's last lay
 head(f_j, x_{j+1}) predicts f_{j+1}, the target's next feature. Losses, on answer positions:
   cls  cross-entropy of the head's distribution over ``vocab_ids`` against P_target there
   reg  smooth-L1 between the predicted and the true feature
-Both are applied twice: once from true (noised) input features, once from the head's own
-predictions fed back (what the second and later drafts of a round see at inference).
+Both are applied ``--unroll`` times (default 2): once from true (noised) input features, then from
+the head's own predictions fed back, one step further each time (a training-time test: what the
+second, third, ... drafts of a round see at inference).
 
     python scripts/train_draft.py [--minutes 12] [--vocab 6144] [--out assets/embedded_draft]
     python scripts/train_draft.py --features ~/.cache/ears_studio/draft_features/Llast \
@@ -124,7 +125,12 @@ def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     return feats, tokens, mask
 
 
-def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float):
+def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float, unroll: int = 2):
+    """[(cls, reg, top1)] for unroll steps 1 .. ``unroll``. Step u > 1 reads, at output j, the
+    head's step u - 1 prediction at j - 1 (so its input chain reaches back u - 1 own predictions to a
+    true feature), as the u-th draft of a round does; position 0 always reads the true feature."""
+    if unroll < 1:
+        raise ValueError(f"unroll must be >= 1, got {unroll}")
     d = w_sub.shape[1]
     f_in, f_tgt = feats[:, :-1], feats[:, 1:, -d:]  # (B, L, n*d) inputs, (B, L, d) final features
     with torch.no_grad():
@@ -132,8 +138,8 @@ def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float):
         p_t = logp_t.exp()
         emb = embed(tokens)
     losses, preds = [], None
-    for unroll in range(2):
-        if unroll == 0:
+    for u in range(unroll):
+        if u == 0:
             x = f_in + noise * torch.randn_like(f_in)
         else:  # the head's own predictions as inputs, as for the 2nd+ drafts of a round (a fused
             # head reads zeros for the lower layers there, as at inference: DraftHead.inputs)
@@ -198,6 +204,8 @@ def main() -> None:
     ap.add_argument("--init", default=None, help="start from this saved head (same data, vocabulary and feature "
                     "layers) instead of the target's last layer: more epochs on top of a finished run, with a new "
                     "warm-up and cosine schedule (a warm restart)")
+    ap.add_argument("--unroll", type=int, default=2, help="training-time test: steps of the head's own predictions "
+                    "fed back, counting the first from true features (2: the second draft's view; 3 adds the third's)")
     ap.add_argument("--fused", action="store_true", help="--features: read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     args = ap.parse_args()
@@ -234,15 +242,16 @@ def main() -> None:
     params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
 
-    def evaluate() -> tuple[float, float]:
+    def evaluate() -> list[float]:
         head.eval()
-        accs = [[], []]
+        accs = [[] for _ in range(max(2, args.unroll))]
         with torch.no_grad():
             for b in batches(val, args.batch_tokens, random.Random(1)):
-                for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b), noise=0.0)):
+                for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b), noise=0.0,
+                                                             unroll=max(2, args.unroll))):
                     accs[i].append(float(top1))
         head.train()
-        return sum(accs[0]) / len(accs[0]), sum(accs[1]) / len(accs[1])
+        return [sum(a) / len(a) for a in accs]  # val top-1 per unroll step
 
     print(f"before training: val top-1 agreement step1 {evaluate()[0]:.3f}", flush=True)
     t0, step, epoch = time.perf_counter(), 0, 0
@@ -265,8 +274,9 @@ def main() -> None:
             frac = min(1.0, progress(el))
             for g in opt.param_groups:  # warm-up then cosine
                 g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-            (c1, r1, a1), (c2, r2, a2) = step_losses(head, embed, w_sub, *collate(b), noise=args.noise)
-            loss = c1 + 0.5 * r1 + c2 + 0.5 * r2
+            losses = step_losses(head, embed, w_sub, *collate(b), noise=args.noise, unroll=args.unroll)
+            loss = sum(c + 0.5 * r for c, r, _ in losses)
+            (c1, r1, a1), (c2, r2, a2) = losses[0], losses[min(1, len(losses) - 1)]
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -283,12 +293,14 @@ def main() -> None:
             step += 1
         else:
             epoch += 1
-    v1, v2 = evaluate()
+    vals = evaluate()
+    v1, v2 = vals[0], vals[1]
     minutes = (time.perf_counter() - t0) / 60
     print(f"done: {step} steps, {step / per_epoch:.2f} epochs, {minutes:.1f} min; val top-1 agreement step1 {v1:.3f} step2 {v2:.3f}")
     meta = {"train_answers": len(train), "val_answers": len(val), "answer_positions": positions,
             "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": round(step / per_epoch, 2),
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
+            **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll,
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
             "data": "draft_data features" if args.features else "make_draft_data shards",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),

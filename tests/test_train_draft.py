@@ -70,3 +70,30 @@ def test_a_warm_restart_starts_from_the_saved_head_and_refuses_another_vocabular
     other = DraftHead(cfg, torch.arange(1, 96, 2), feature_layers=(1, -1))
     with pytest.raises(SystemExit, match="vocabulary or feature layers differ"):
         td.start_head(other, target, 2, init=str(tmp_path / "a"))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_each_unroll_step_reads_its_own_predictions_one_position_further_back(fused):
+    """Training-time test: step u's output at j sees true features only up to j - u + 1 (and the
+    first position), exactly as the u-th draft of a round sees the last true feature u - 1 drafts back."""
+    target = tiny_llama(0, vocab=96)
+    d = target.config.hidden_size
+    torch.manual_seed(0)
+    layers = (1, -1) if fused else (-1,)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(96), feature_layers=layers)
+    feats, tokens, mask = td.collate([_row(9, len(layers), d, 1, 3)])
+    feats.requires_grad_(True)
+    w_sub = target.get_output_embeddings().weight.detach()
+    j = 6
+    only_j = torch.zeros_like(mask)
+    only_j[0, j] = True
+    losses = td.step_losses(head, target.get_input_embeddings(), w_sub, feats, tokens, only_j, 0.0, unroll=3)
+    assert len(losses) == 3
+    for u, (cls, _, _) in enumerate(losses, start=1):
+        (g,) = torch.autograd.grad(cls, feats, retain_graph=True)
+        touched = g[0].abs().sum(-1) > 0  # (L+1,): input positions the loss at j depends on
+        last_true = j - u + 1
+        assert touched[last_true], (u, touched.tolist())
+        assert not touched[last_true + 1 : j + 1].any(), (u, touched.tolist())
+    with pytest.raises(ValueError, match="unroll must be >= 1"):
+        td.step_losses(head, target.get_input_embeddings(), w_sub, feats, tokens, mask, 0.0, unroll=0)
