@@ -28,7 +28,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-GRACE_S = 1.5  # well under docker stop's 10 s, and under the 2 s the image test allows
+GRACE_S = 1.5  # well under docker stop's 10 s
 
 
 def exit_on_sigterm(close: Callable[[], object], *, grace_s: float = GRACE_S, code: int = 0) -> None:

@@ -61,7 +61,7 @@ LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 TORCH = "2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # the Dockerfile's default TORCH_INDEX
 PYPI = "https://pypi.org/simple"
-STOP_LIMIT_S = 2.0
+GRACE_EXIT = "s after SIGTERM: exiting now"  # ears_core/shutdown.py's grace timer, in the log
 # /generate's inputs (see tests/test_app.py): prompt, beta, temperature, k, max new tokens, seed, rule,
 # baseline; output 7 is the details dictionary.
 GENERATE = ("The water is", 0.5, 0.9, 4, 12, 0, "EARS", False)
@@ -415,8 +415,9 @@ def check_stop(name: str, key: str) -> None:
     FIGURES[key] = took
     logs = docker_logs(name)
     assert code == 0, f"exit code {code} after `docker stop` (137: killed after 10 s):\n{tail(logs)}"
-    assert took < STOP_LIMIT_S, f"`docker stop` took {took} s:\n{tail(logs)}"
     assert "SIGTERM: closing the server" in logs
+    # which path ended it (not how long it took): the close returned, so the grace timer never fired
+    assert GRACE_EXIT not in logs, f"the server's close hung until the grace ran out:\n{tail(logs)}"
 
 
 # -- the tests ------------------------------------------------------------------------------------
@@ -479,10 +480,10 @@ time.sleep(60)
 
 
 @pytest.mark.parametrize("close, grace_s", [("returns", 3.0), ("hang", 0.5)])
-def test_sigterm_closes_the_server_and_exits_with_0_within_the_grace(close, grace_s):
+def test_sigterm_closes_the_server_and_exits_with_0_by_the_close_or_the_grace(close, grace_s):
     """A busy thread that is not a daemon holds nothing back; a close that hangs ends at the grace."""
     proc = subprocess.Popen([sys.executable, "-c", _SERVER, close, str(grace_s)], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         assert proc.stdout.readline().strip() == "ready"
         t0 = time.monotonic()
@@ -492,7 +493,9 @@ def test_sigterm_closes_the_server_and_exits_with_0_within_the_grace(close, grac
     finally:
         proc.kill()
     assert code == 0 and proc.stdout.read().split() == ["closed"]
-    if close == "hang":
-        assert grace_s <= took < grace_s + 1.5
-    else:
-        assert took < grace_s - 1.0  # the close returned: no waiting for the timer, nor for the thread
+    err = proc.stderr.read()
+    print(f"SIGTERM to exit: {took:.2f} s (grace {grace_s} s)")  # reported, never asserted on
+    # which path ended the process: a close that hangs is cut by the grace timer, which says so; a
+    # close that returns exits at once (a wait for the timer or for the busy thread would let the
+    # timer fire and say so, or outlast proc.wait's 10 s)
+    assert (GRACE_EXIT in err) == (close == "hang"), err
