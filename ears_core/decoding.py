@@ -241,6 +241,7 @@ def _speculative_events(
     with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed
     policy, calib = cfg.policy, cfg.calibration
     estimates: list[float] = []  # this round's acceptance estimates, one per position kept
+    free_positions = bool(getattr(drafter, "free_positions", False))  # n-gram: no step per position
 
     def keep(conf: float | None, limit: int) -> bool:
         """Asked by the drafter before each draw: verify one more position? (costs.DraftPolicy)
@@ -251,7 +252,9 @@ def _speculative_events(
         if conf is None:
             return policy.keep_going([*estimates, policy.prior_at(depth)], limit)  # the round's prior: calib.means(k)
         estimates.append(calib(conf, depth))
-        if policy.keep_going(estimates, limit):
+        # depth >= 2: the drafter ran a model step to find this confidence (depth 1's comes from
+        # feeding the committed tokens, which the next drafting round would need anyway)
+        if policy.keep_going(estimates, limit, looked=depth > 1 and not free_positions):
             return True
         estimates.pop()
         return False

@@ -14,6 +14,9 @@ commit(n, t)        the verifier kept the first n drafts and emitted t: drop the
 
 The decode loop only speaks this protocol, so a separate draft model and a head that reads the
 target's hidden states (EAGLE-style; ``needs_target_hidden = True``) are interchangeable.
+free_positions      (optional, default False) True when a position after the first costs the
+                    drafter no model step (n-gram lookup): the draft-length policy then does not
+                    count a position it looked at and declined as a spent draft step.
 A draft whose head covers part of the vocabulary reports probability 0 elsewhere.
 """
 
@@ -214,6 +217,7 @@ class NGramDrafter:
     """
 
     needs_target_hidden = False
+    free_positions = True  # a later position costs no model step (see ``Drafter``)
 
     def __init__(self, vocab_size: int, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -189,6 +189,45 @@ def test_the_policy_reads_a_prior_per_depth_for_positions_not_drafted_yet():
     assert DraftPolicy(curve, 3, prior=[0.9, 0.9, 0.0]).keep_going([0.9])  # k = 2: (1 + .9 + .81) / 20 > 1 / 10
 
 
+def test_a_position_already_computed_is_not_saved_by_stopping_before_it():
+    # verify 10 / 10 / 10.5 ms for 1 / 2 / 3 tokens, 2 ms a draft step. Estimates 0.9 then 0.1:
+    # verifying position 2 gives (1 + 0.9 + 0.09) / (2 * 2 + 10.5) = 0.1372 tokens/ms. Stopping at 1
+    # before computing position 2 gives 1.9 / 12 = 0.1583 (stop); after the step that computed it,
+    # 1.9 / 14 = 0.1357 (go on). At 0.01: 1.909 / 14.5 = 0.1317, a stop either way.
+    curve = PriceCurve([10.0, 10.0, 10.5, 11.0, 11.5], draft_ms=2.0)
+    policy = DraftPolicy(curve, 4, prior=0.0)
+    assert not policy.keep_going([0.9, 0.1])
+    assert policy.keep_going([0.9, 0.1], looked=True)
+    assert not policy.keep_going([0.9, 0.01], looked=True)
+    free = DraftPolicy(PriceCurve([10.0] * 5, draft_ms=0.0), 4, prior=0.0)  # nothing to sink: looked changes nothing
+    assert all(free.keep_going(a) == free.keep_going(a, looked=True) for a in ([0.9, 0.1], [0.5, 0.0], [0.2]))
+
+
+class _SpyPolicy(DraftPolicy):
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.asked: list[tuple[int, bool]] = []  # (position asked about, looked)
+
+    def keep_going(self, a_known, limit=None, future=None, looked=False):
+        self.asked.append((len(a_known), looked))
+        return super().keep_going(a_known, limit, future, looked)
+
+
+def test_the_decode_loop_counts_a_model_step_spent_on_a_later_position_and_none_for_ngrams(tiny_pair):
+    from ears_core.drafters import NGramDrafter
+
+    target, draft = tiny_pair
+    curve = PriceCurve([10.0, 10.1, 10.2, 10.3, 10.4], 0.5, 0.0)
+    prompt = PROMPTS[0] * 3  # repeats, so the n-gram drafter finds matches
+    for drafter, sunk in ((ModelDrafter(draft), True), (NGramDrafter(target.config.vocab_size), False)):
+        pol = _SpyPolicy(curve, 4)
+        generate(target, drafter, prompt, rule=StandardRule(), gamma=4, temperature=0, max_new_tokens=24,
+                 policy=pol, calibration=Calibration(prior_weight=0.0))
+        with_conf = [(i, looked) for i, looked in pol.asked if i >= 1]
+        assert any(i >= 2 for i, _ in with_conf), type(drafter).__name__
+        assert all(looked == (sunk and i >= 2) for i, looked in with_conf), (type(drafter).__name__, with_conf)
+
+
 def test_load_or_measure_caches_the_profile_per_machine_key(tmp_path, monkeypatch):
     from conftest import tiny_llama
     model = tiny_llama(0)
