@@ -325,10 +325,8 @@ class DraftPolicy:
         if self.threshold is not None:
             return a_known[-1] >= self.threshold
         seen = list(a_known)
-        stop_value = round_value(seen[:-1], self.curve)[i - 1]
-        if looked:  # the step that computed position i is spent whether or not it is verified
-            c = self.curve
-            stop_value = expected_tokens(seen[:-1])[i - 1] / (c.round_ms(i - 1) + c.draft_ms)
+        sunk = self.curve.draft_ms if looked else 0.0  # position i's step is spent whether or not it is verified
+        stop_value = expected_tokens(seen[:-1])[i - 1] / (self.curve.round_ms(i - 1) + sunk)
         rest = list(future)[: limit - i] if future is not None else [self.prior_at(j) for j in range(i + 1, limit + 1)]
         values = round_value(seen + rest, self.curve)
         return max(values[i:]) > stop_value
