@@ -81,12 +81,29 @@ def take_positions(rows: list[dict], positions: int) -> list[dict]:
     return out
 
 
-def pick_vocab(rows: list[dict], n: int, always: list[int]) -> tuple[torch.Tensor, float]:
-    counts = torch.zeros(49152, dtype=torch.long)
+def answer_token_counts(rows: list[dict], vocab_size: int = 49152) -> torch.Tensor:
+    """(V,) how often each token id occurs in the rows' answers (prompts not counted)."""
+    counts = torch.zeros(vocab_size, dtype=torch.long)
     for r in rows:
-        counts += torch.bincount(r["ids"][r["prompt_len"] :].long(), minlength=49152)
+        counts += torch.bincount(r["ids"][r["prompt_len"] :].long(), minlength=vocab_size)
+    return counts
+
+
+def pick_vocab(rows: list[dict], n: int, always: list[int]) -> tuple[torch.Tensor, float]:
+    """The n most frequent answer tokens (plus ``always``) and the share of answer tokens they cover."""
+    counts = answer_token_counts(rows)
     top = counts.argsort(descending=True)[:n]
     ids = torch.unique(torch.cat([top, torch.tensor(always)]))
+    return ids, float(counts[ids].sum() / counts.sum())
+
+
+def run_vocab(rows: list[dict], n: int, always: list[int], init: str | None) -> tuple[torch.Tensor, float]:
+    """This run's vocabulary: a warm restart (``init``) keeps the saved head's, so that more data
+    (whose most frequent tokens shift a little) can continue a head; else ``pick_vocab``."""
+    if not init:
+        return pick_vocab(rows, n, always)
+    ids = DraftHead.load(init).vocab_ids.cpu().long()
+    counts = answer_token_counts(rows)
     return ids, float(counts[ids].sum() / counts.sum())
 
 
@@ -201,8 +218,8 @@ def main() -> None:
     ap.add_argument("--curve-every", type=int, default=0, help="also measure validation top-1 every this many "
                     "steps: the learning curve against answer positions seen, kept in training.json (the first "
                     "epoch sees each position once, so it is a saturation curve of one run)")
-    ap.add_argument("--init", default=None, help="start from this saved head (same data, vocabulary and feature "
-                    "layers) instead of the target's last layer: more epochs on top of a finished run, with a new "
+    ap.add_argument("--init", default=None, help="start from this saved head (its vocabulary is kept; the same "
+                    "feature layers) instead of the target's last layer: more epochs on top of a finished run, with a new "
                     "warm-up and cosine schedule (a warm restart)")
     ap.add_argument("--unroll", type=int, default=2, help="training-time test: steps of the head's own predictions "
                     "fed back, counting the first from true features (2: the second draft's view; 3 adds the third's)")
@@ -227,7 +244,7 @@ def main() -> None:
     target, tok = pair.target, pair.tokenizer
     for p in target.parameters():
         p.requires_grad_(False)
-    vocab_ids, coverage = pick_vocab(train, args.vocab, [tok.eos_token_id])
+    vocab_ids, coverage = run_vocab(train, args.vocab, [tok.eos_token_id], args.init)
     positions = sum(len(r["ids"]) - r["prompt_len"] for r in train)
     print(f"{len(train)} train / {len(val)} val answers, {positions} answer positions; "
           f"vocab {len(vocab_ids)} covers {coverage:.3f} of answer tokens", flush=True)

@@ -72,6 +72,20 @@ def test_a_warm_restart_starts_from_the_saved_head_and_refuses_another_vocabular
         td.start_head(other, target, 2, init=str(tmp_path / "a"))
 
 
+def test_a_warm_restart_keeps_the_saved_heads_vocabulary_when_the_data_shifts(tmp_path):
+    """More data moves the most frequent tokens; a restart must keep the head's own vocabulary (so
+    start_head accepts it) and report the coverage of the new answers."""
+    target = tiny_llama(0, vocab=96)
+    saved_ids = torch.tensor([3, 5, 7, 9])
+    DraftHead(head_config_from_target(target.config), saved_ids).save(tmp_path / "a", meta={})
+    rows = [{"ids": torch.tensor([1, 2, 5, 5, 11, 11, 11, 3]), "prompt_len": 2}]  # answer: 5 5 11 11 11 3
+    picked, cov = td.pick_vocab(rows, 2, [3])
+    assert picked.tolist() == [3, 5, 11] and cov == 1.0
+    kept, cov = td.run_vocab(rows, 2, [3], str(tmp_path / "a"))
+    assert kept.tolist() == [3, 5, 7, 9] and cov == pytest.approx(3 / 6)
+    assert td.run_vocab(rows, 2, [3], None)[0].tolist() == [3, 5, 11]
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_each_unroll_step_reads_its_own_predictions_one_position_further_back(fused):
     """Training-time test: step u's output at j sees true features only up to j - u + 1 (and the
