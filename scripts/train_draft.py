@@ -171,6 +171,19 @@ def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float, unroll: i
     return losses
 
 
+DEFAULT_MINUTES = 12.0
+
+
+def time_budget_s(epochs: float | None, minutes: float | None) -> float:
+    """Seconds the run may take: ``minutes`` when given; else none (inf) when ``epochs`` ends the
+    run, so that "--epochs 3" means three passes, not three passes or 12 minutes; else 12 minutes."""
+    if minutes is not None:
+        if minutes <= 0:
+            raise SystemExit(f"--minutes must be > 0, got {minutes:g}")
+        return minutes * 60
+    return math.inf if epochs else DEFAULT_MINUTES * 60
+
+
 def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) -> dict | None:
     """Set the head's starting weights. From scratch: the target's last layer and final norm, and an
     input projection near "the next feature is this one" (z = f / w_norm; lower fused layers at
@@ -202,7 +215,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=None, help="default: $EARS_CACHE/draft_data")
     ap.add_argument("--out", default=str(ROOT / "assets" / "embedded_draft"))
-    ap.add_argument("--minutes", type=float, default=12.0)
+    ap.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (default: "
+                    f"{DEFAULT_MINUTES:g} without --epochs; no time limit with --epochs)")
     ap.add_argument("--vocab", type=int, default=6144)
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--batch-tokens", type=int, default=3072)
@@ -272,7 +286,7 @@ def main() -> None:
 
     print(f"before training: val top-1 agreement step1 {evaluate()[0]:.3f}", flush=True)
     t0, step, epoch = time.perf_counter(), 0, 0
-    budget = args.minutes * 60
+    budget = time_budget_s(args.epochs, args.minutes)
     per_epoch = len(batches(train, args.batch_tokens, random.Random(0)))  # the same count every epoch
     total_steps = math.ceil(args.epochs * per_epoch) if args.epochs else None
 

@@ -111,3 +111,12 @@ def test_each_unroll_step_reads_its_own_predictions_one_position_further_back(fu
         assert not touched[last_true + 1 : j + 1].any(), (u, touched.tolist())
     with pytest.raises(ValueError, match="unroll must be >= 1"):
         td.step_losses(head, target.get_input_embeddings(), w_sub, feats, tokens, mask, 0.0, unroll=0)
+
+
+def test_epochs_alone_mean_every_pass_and_minutes_cap_only_when_asked():
+    assert td.time_budget_s(3.0, None) == float("inf")  # was a silent 12-minute cap
+    assert td.time_budget_s(3.0, 30.0) == 1800.0
+    assert td.time_budget_s(None, None) == td.DEFAULT_MINUTES * 60
+    assert td.time_budget_s(None, 5.0) == 300.0
+    with pytest.raises(SystemExit, match="--minutes must be > 0"):
+        td.time_budget_s(None, 0.0)
