@@ -22,6 +22,13 @@ confidence      the head's raw (T = 1) probability mass on its top token at a po
                 maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
                 before each draw and stops at the first False (a stopping rule: verification
                 stays exact; deciding after the draw would bias the output).
+temperature scale  tau: the head's drafts are drawn from softmax(logits / (T * tau)) instead of at T
+                (``probs_fn(logits / tau)``). A one-layer head is flatter than the target where it
+                is unsure, so a tau < 1 fitted on held-out features (train_draft.py, the tau that
+                maximises the expected first-draft acceptance sum_x min(P_target, q)) makes more
+                drafts stand at T > 0. Draft side only: every rule stays exactly as lossless (or as
+                distorted) as before, and greedy drafts (argmax) are unchanged. The confidence
+                stays the raw T = 1 value, which the calibration tables are keyed on.
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
 
@@ -79,6 +86,7 @@ class DraftHead(nn.Module):
         self.fc = nn.Linear((len(self.feature_layers) + 1) * d, d, bias=True)
         self.body = LlamaModel(config)
         self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=True)  # (N,)
+        self.temperature_scale = 1.0  # tau (see the module docstring); saved in head.json
 
     def inputs(self, feats: Tensor, tok_emb: Tensor) -> Tensor:
         """z = fc([features ; E(x)]): feats (..., n*d) true features of every feature layer, or
@@ -103,7 +111,8 @@ class DraftHead(nn.Module):
         state = {k: v.detach().to(torch.bfloat16 if v.is_floating_point() else v.dtype).contiguous()
                  for k, v in self.state_dict().items() if not k.startswith("body.embed_tokens")}
         save_file(state, str(folder / "head.safetensors"))
-        info = {"head_config": self.config.to_dict(), "feature_layers": list(self.feature_layers), "meta": meta or {}}
+        info = {"head_config": self.config.to_dict(), "feature_layers": list(self.feature_layers),
+                "temperature_scale": float(self.temperature_scale), "meta": meta or {}}
         (folder / "head.json").write_text(json.dumps(info, indent=1, default=str))
 
     @classmethod
@@ -117,6 +126,10 @@ class DraftHead(nn.Module):
         if bad or unexpected:
             raise ValueError(f"draft head files in {folder} do not match the head: missing {bad}, unexpected {unexpected}")
         head.meta = info.get("meta", {})  # the training record
+        tau = float(info.get("temperature_scale", 1.0))
+        if not tau > 0:
+            raise ValueError(f"draft head in {folder}: temperature_scale must be > 0, got {tau}; fix head.json")
+        head.temperature_scale = tau
         return head.to(dtype).eval()
 
 
@@ -151,6 +164,7 @@ class EagleDrafter:
         self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
+        self.tau = float(getattr(head, "temperature_scale", 1.0))  # drafts drawn at T * tau
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
@@ -170,6 +184,10 @@ class EagleDrafter:
 
     def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N): logits over the head's vocabulary
         return self.sub_head(feats)
+
+    def _scaled(self, sub: Tensor) -> Tensor:
+        """Logits for drawing drafts: divided by tau (no copy when tau = 1)."""
+        return sub if self.tau == 1.0 else sub / self.tau
 
     def _widen(self, sub: Tensor) -> Tensor:
         """(..., N) logits on the head's tokens -> (..., V) logits, -inf outside vocab_ids."""
@@ -216,10 +234,10 @@ class EagleDrafter:
                     break
                 self.confidence.append(conf)
             if self._n_space:
-                pr = probs_fn(sub)  # (B, N): the sampling distribution on the head's tokens
+                pr = probs_fn(self._scaled(sub))  # (B, N): the sampling distribution on the head's tokens
                 tokens.append(self.vocab_ids[sample_with_uniforms(pr, uniforms[:, i])])  # (B,)
             else:
-                pr = probs_fn(self._widen(sub))  # (B, V), zero outside vocab_ids
+                pr = probs_fn(self._widen(self._scaled(sub)))  # (B, V), zero outside vocab_ids
                 tokens.append(sample_with_uniforms(pr, uniforms[:, i]))  # (B,)
             probs.append(pr)
         if not tokens:
@@ -299,7 +317,8 @@ class EagleDrafter:
             feats.update(zip(ids, out))
             return self._sub_logits(out)
 
-        tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn,
+        draw_fn = probs_fn if self.tau == 1.0 else (lambda logits: probs_fn(logits / self.tau))  # ranks stay raw
+        tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, draw_fn, draws, greedy=greedy, rank_fn=rank_fn,
                           keep=keep, level=level)
         s.proposed = tree.tokens[None]  # (1, N)
         return tree

@@ -237,3 +237,83 @@ def test_drafting_on_the_heads_tokens_draws_what_drafting_over_the_vocabulary_do
         b, pb = slow.propose(4, probs_fn, u)
         assert torch.equal(a, b) and pa.shape == pb.shape == (1, 4, 96)
         assert torch.allclose(pa, pb, atol=1e-6) and bool((pa[..., 1::2] == 0).all())
+
+
+def scaled_copy(head, tau):
+    other = DraftHead(head.config, head.vocab_ids)
+    other.load_state_dict(head.state_dict())
+    other.temperature_scale = tau
+    return other.eval()
+
+
+def test_a_temperature_scale_draws_chain_drafts_at_t_times_tau_with_raw_confidence(target_and_head):
+    """tau = 0.5 at T = 0.9 must draw the tokens, and hand the rule the q, that tau = 1 draws at T = 0.45;
+    the confidence the policy reads stays the raw T = 1 value; greedy output stays the target's."""
+    from ears_core.sampling import SamplingConfig, logits_to_probs
+
+    target, head = target_and_head
+    ids = torch.tensor([PROMPTS[2] + PROMPTS[0]])  # 13 tokens: 9 drafting positions
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[-1]  # (1, T, d)
+    fns = {t: (lambda cfg: lambda logits: logits_to_probs(logits[..., :96], cfg))(SamplingConfig(temperature=t))
+           for t in (0.9, 0.45)}
+    sharp, plain = EagleDrafter(scaled_copy(head, 0.5), target), EagleDrafter(head, target)
+    assert sharp.tau == 0.5 and plain.tau == 1.0
+    gen, differs = torch.Generator().manual_seed(0), 0
+    for t in range(4, ids.shape[1]):
+        confs = {}
+        u = torch.rand(1, 3, generator=gen)
+        out = {}
+        for name, d, fn in (("sharp", sharp, fns[0.9]), ("plain", plain, fns[0.45]), ("at 0.9", plain, fns[0.9])):
+            d.prefill(ids[:, :t], h[:, : t - 1])
+            seen = []
+            out[name] = d.propose(3, fn, u, keep=lambda c: seen.append(c) or True)
+            confs[name] = seen
+        assert torch.equal(out["sharp"][0], out["plain"][0]) and torch.allclose(out["sharp"][1], out["plain"][1], atol=1e-6)
+        assert confs["sharp"] == confs["plain"] and confs["sharp"][0] == confs["at 0.9"][0]  # later: other tokens
+        differs += not torch.allclose(out["sharp"][1], out["at 0.9"][1], atol=1e-3)
+    assert differs == ids.shape[1] - 4 == 9  # tau is not ignored
+    prompt = PROMPTS[2]
+    out = generate(target, EagleDrafter(scaled_copy(head, 0.5), target), prompt, rule=GreedyRule(), gamma=3,
+                   temperature=0, max_new_tokens=20)
+    assert out.token_ids == hf_greedy(target, prompt, 20)
+
+
+def test_a_temperature_scale_draws_tree_drafts_at_t_times_tau_and_ranks_raw(target_and_head):
+    from ears_core.sampling import SamplingConfig, logits_to_probs
+    from ears_core.trees import TreeDraws, TreeSpec
+
+    target, head = target_and_head
+    ids = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[-1]
+    rank_fn = lambda logits: torch.softmax(logits[..., :96].float(), dim=-1)  # noqa: E731
+    spec = TreeSpec(8, 3)
+    trees = []
+    for tau, t in ((0.5, 0.9), (1.0, 0.45), (1.0, 0.9)):
+        d = EagleDrafter(scaled_copy(head, tau), target)
+        d.prefill(ids, h[:, :-1])
+        cfg = SamplingConfig(temperature=t)
+        trees.append(d.propose_tree(spec, lambda logits: logits_to_probs(logits[..., :96], cfg),
+                                    TreeDraws(7, ids.shape[1], spec.branching), rank_fn=rank_fn))
+    sharp, plain, hot = trees
+    assert torch.equal(sharp.tokens, plain.tokens) and sharp.parents == plain.parents
+    assert torch.allclose(sharp.draft_probs, plain.draft_probs, atol=1e-6)
+    assert not torch.allclose(sharp.draft_probs, hot.draft_probs, atol=1e-3)
+
+
+def test_the_temperature_scale_round_trips_and_a_bad_one_is_refused(tmp_path, target_and_head):
+    import json
+
+    _, head = target_and_head
+    scaled_copy(head, 0.8).save(tmp_path / "h")
+    assert DraftHead.load(tmp_path / "h").temperature_scale == 0.8
+    head.save(tmp_path / "old")
+    info = json.loads((tmp_path / "old" / "head.json").read_text())
+    del info["temperature_scale"]  # a head saved before the field existed
+    (tmp_path / "old" / "head.json").write_text(json.dumps(info))
+    assert DraftHead.load(tmp_path / "old").temperature_scale == 1.0
+    info["temperature_scale"] = 0
+    (tmp_path / "old" / "head.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match="temperature_scale must be > 0"):
+        DraftHead.load(tmp_path / "old")
