@@ -24,7 +24,7 @@ confidence      the head's raw (T = 1) probability mass on its top token at a po
                 stays exact; deciding after the draw would bias the output).
 temperature scale  tau: the head's drafts are drawn from softmax(logits / (T * tau)) instead of at T
                 (``probs_fn(logits / tau)``). A one-layer head is flatter than the target where it
-                is unsure, so a tau < 1 fitted on held-out features (train_draft.py, the tau that
+                is unsure, so a tau < 1 fitted on held-out features (scripts/fit_draft_scale.py, the tau that
                 maximises the expected first-draft acceptance sum_x min(P_target, q)) makes more
                 drafts stand at T > 0. Draft side only: every rule stays exactly as lossless (or as
                 distorted) as before, and greedy drafts (argmax) are unchanged. The confidence
@@ -164,7 +164,7 @@ class EagleDrafter:
         self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
-        self.tau = float(getattr(head, "temperature_scale", 1.0))  # drafts drawn at T * tau
+        self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
@@ -317,7 +317,7 @@ class EagleDrafter:
             feats.update(zip(ids, out))
             return self._sub_logits(out)
 
-        draw_fn = probs_fn if self.tau == 1.0 else (lambda logits: probs_fn(logits / self.tau))  # ranks stay raw
+        draw_fn = probs_fn if self.tau == 1.0 else (lambda logits: probs_fn(self._scaled(logits)))  # ranks stay raw
         tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, draw_fn, draws, greedy=greedy, rank_fn=rank_fn,
                           keep=keep, level=level)
         s.proposed = tree.tokens[None]  # (1, N)

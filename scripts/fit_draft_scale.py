@@ -90,7 +90,7 @@ def main() -> None:
     from ears_core.models import load_pair
 
     head = DraftHead.load(args.draft)
-    val, _, layers = td.split_feature_rows(Path(args.features).expanduser(), 20, args.val_rows, random.Random(0),
+    val, _, _ = td.split_feature_rows(Path(args.features).expanduser(), 20, args.val_rows, random.Random(0),
                                            fused=len(head.feature_layers) > 1)
     target = load_pair("embedded", device="cpu").target
     pred, tgt = first_draft_logits(head, target, val)

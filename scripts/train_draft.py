@@ -94,7 +94,12 @@ def pick_vocab(rows: list[dict], n: int, always: list[int]) -> tuple[torch.Tenso
     counts = answer_token_counts(rows)
     top = counts.argsort(descending=True)[:n]
     ids = torch.unique(torch.cat([top, torch.tensor(always)]))
-    return ids, float(counts[ids].sum() / counts.sum())
+    return ids, vocab_coverage(counts, ids)
+
+
+def vocab_coverage(counts: torch.Tensor, ids: torch.Tensor) -> float:
+    """The share of the counted answer tokens that are among ``ids``."""
+    return float(counts[ids].sum() / counts.sum())
 
 
 def run_vocab(rows: list[dict], n: int, always: list[int], init: str | None) -> tuple[torch.Tensor, float]:
@@ -103,8 +108,7 @@ def run_vocab(rows: list[dict], n: int, always: list[int], init: str | None) -> 
     if not init:
         return pick_vocab(rows, n, always)
     ids = DraftHead.load(init).vocab_ids.cpu().long()
-    counts = answer_token_counts(rows)
-    return ids, float(counts[ids].sum() / counts.sum())
+    return ids, vocab_coverage(answer_token_counts(rows), ids)
 
 
 def batches(rows: list[dict], max_tokens: int, rng: random.Random) -> list[list[dict]]:
