@@ -11,7 +11,8 @@ same temperature. Greedy speculative output is checked against target-only greed
 
 Reported per speculative method: acceptance (stood / drafted), first-draft acceptance (rounds
 whose first draft stood / rounds that drafted), mean tokens per round, and with speed on, tokens/s
-against target-only (run alone on the machine for that).
+against target-only (run alone on the machine for that); first-draft acceptance and tokens per round
+are also given per task type (`by_task`: creative, qa, math), to show which kind of text drafts worst.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ def main() -> None:
         for name in ("target T=0.9", "EARS 0.1 T=0.9"):
             methods.pop(name, None)
     tot = {m: defaultdict(float) for m in methods}
+    per_task = {m: defaultdict(lambda: defaultdict(float)) for m in methods if methods[m][0] is not None}
     autoregressive(pair.target, encode_prompt(pair.tokenizer, "Hello"), temperature=0, **kw)  # warm-up
     mismatches = 0
+    task_of = {p["prompt"]: p["task"] for p in prompts}
     for i, text in enumerate(chosen):
         ids = encode_prompt(pair.tokenizer, text)
         outs = {}
@@ -85,6 +88,12 @@ def main() -> None:
             t["steps"] += s.steps
             t["rounds_drafting"] += sum(1 for st in r.steps if st.drafted > 0)
             t["first_stood"] += sum(1 for st in r.steps if st.drafted > 0 and st.accepted > 0)
+            if name in per_task:  # the same counts per task type: which kind of text the head drafts worst
+                pt = per_task[name][task_of[text]]
+                pt["rounds_drafting"] += sum(1 for st in r.steps if st.drafted > 0)
+                pt["first_stood"] += sum(1 for st in r.steps if st.drafted > 0 and st.accepted > 0)
+                pt["tokens"] += s.new_tokens
+                pt["steps"] += s.steps
         mismatches += outs["greedy spec T=0"].token_ids != outs["target T=0"].token_ids
         print(f"[{i + 1}/{len(chosen)}] greedy acceptance so far "
               f"{tot['greedy spec T=0']['stood'] / max(1, tot['greedy spec T=0']['drafted']):.3f}", flush=True)
@@ -102,6 +111,10 @@ def main() -> None:
                        mean_accept_length=round(t["tokens"] / t["steps"], 3),
                        mean_distortion=round(t["distortion"] / t["tokens"], 4),
                        cost_ratio=round((t["draft_ms"] / t["drafted"]) / (t["target_ms"] / t["steps"]), 4))
+        if name in per_task:
+            row["by_task"] = {task: {"first_draft_acceptance": round(c["first_stood"] / max(1, c["rounds_drafting"]), 3),
+                                     "mean_accept_length": round(c["tokens"] / max(1, c["steps"]), 3)}
+                              for task, c in sorted(per_task[name].items())}
         report[name] = row
         print(f"{name:22s} {row}")
     report["greedy_mismatches"] = mismatches
