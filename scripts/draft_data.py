@@ -434,13 +434,16 @@ QUESTION_ASKS = [
     "Think of a practical question about {t} that a beginner would ask. Write only the question.",
 ]
 _BAD = re.compile(r"<\||\bquestion\b|\banswer\b|https?:|\n|[*#_`]", re.I)
+# a framing clause before the quoted question: 'A curious person might ask: "What ...?'
+_FRAME = re.compile(r"^[A-Z][^\"?]{0,60}?\b(ask|asks|asking|wonder|this)\b\s*[:,]?\s*[\"\u201c]", re.I)
 
 
 def clean_question(text: str) -> str | None:
-    """A usable question, or None: the first line, quotes and labels stripped, ending with '?',
-    4-30 words, plain text."""
+    """A usable question, or None: the first line, quotes, labels and a framing clause ('A student
+    might ask: "...') stripped, ending with '?', 4-30 words, plain text."""
     text = text.replace("<|im_end|>", "").strip()
-    line = text.split("\n", 1)[0].strip().strip('"').strip("'").strip()
+    line = text.split("\n", 1)[0].strip()
+    line = _FRAME.sub("", line).strip().strip('"\u201c\u201d').strip("'").strip()
     line = re.sub(r"^(q(uestion)?\s*\d*\s*[:.)-]\s*)", "", line, flags=re.I).strip()
     if not line.endswith("?") or line.count("?") != 1 or _BAD.search(line):
         return None

@@ -251,6 +251,10 @@ def test_target_questions_are_filtered():
     assert dd.clean_question('"What makes bread rise when it bakes?"') == "What makes bread rise when it bakes?"
     assert dd.clean_question("Question: How do ships float on water?\nThey float because...") == \
         "How do ships float on water?"  # the first line only
+    assert dd.clean_question('A curious person might ask: "Why do cats purr when they are happy?') == \
+        "Why do cats purr when they are happy?"  # the framing clause goes
+    assert dd.clean_question('A student could ask, \u201cHow are rainbows formed after a storm?\u201d') == \
+        "How are rainbows formed after a storm?"
     for bad in ["What?", "Tell me about ships.", "Here is a question: why?", "What is **bold** text?",
                 "How do ships float? And why do they sink?", "what is x<|im_end|>?"]:
         assert dd.clean_question(bad) is None, bad
