@@ -37,6 +37,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=12, help="how many held-out prompts (spread over the tasks)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed (T = 0.9 texts differ by seed: "
+                    "average two or more seeds to compare heads there)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--draft", default="auto", help="draft spec: 'auto' (the shipped head) or a folder holding a head")
     ap.add_argument("--quick", action="store_true", help="only greedy at T=0 and the ordinary rule at T=0.9 "
@@ -52,7 +54,7 @@ def main() -> None:
     for p in prompts:
         by_task[p["task"]].append(p["prompt"])
     chosen = [x for group in zip(*by_task.values()) for x in group][: args.prompts]
-    kw = dict(max_new_tokens=args.max_new_tokens, vocab_size=pair.vocab_size, seed=0)
+    kw = dict(max_new_tokens=args.max_new_tokens, vocab_size=pair.vocab_size, seed=args.seed)
     methods = {
         "target T=0": (None, 0.0), "greedy spec T=0": (GreedyRule(), 0.0),
         "target T=0.9": (None, 0.9), "ordinary spec T=0.9": (StandardRule(), 0.9), "EARS 0.1 T=0.9": (EARSRule(0.1), 0.9),
@@ -120,7 +122,7 @@ def main() -> None:
     report["greedy_mismatches"] = mismatches
     report["prompts"] = len(chosen)
     report["draft"] = args.draft
-    report["settings"] = {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens}
+    report["settings"] = {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
     print(f"greedy speculative == target greedy on {len(chosen) - mismatches}/{len(chosen)} prompts")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
