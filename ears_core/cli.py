@@ -3,6 +3,7 @@ and the target-only speed on the same prompt.
 
     python -m ears_core.generate --prompt "Write a haiku about rain" --rule ears --beta 0.1
     python -m ears_core.generate --tree --tree-budget 8 -K 4     # a tree of drafts per round
+    python -m ears_core.generate --chain                          # a chain (default: auto, see session)
 
 Colours (like llama.cpp's --color): accepted green, pardoned bold magenta, resampled yellow,
 bonus cyan, target-only plain. The rules and their parameter flags come from the registry in
@@ -19,7 +20,7 @@ from typing import Sequence
 import torch
 
 from .rules import RULES
-from .session import DRAFT_LENGTHS, RunConfig, Session, summary_rows, summary_text
+from .session import DRAFT_LENGTHS, DRAFT_SHAPES, RunConfig, Session, summary_rows, summary_text
 
 COLOURS = {"accepted": "\033[32m", "pardoned": "\033[1;35m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -52,9 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-length", choices=DRAFT_LENGTHS, default="policy",
                    help="policy: each round drafts what this machine's measured prices say pays (0..K); "
                    "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
-    p.add_argument("--tree", action="store_true",
-                   help="draft a tree each round (depth K, verified in one target pass) instead of a chain; with "
-                   "--draft-length policy the cost model sizes each tree, with fixed it has --tree-budget nodes")
+    p.add_argument("--shape", choices=DRAFT_SHAPES, default="auto",
+                   help="tree: draft a tree each round (depth K, verified in one target pass); with --draft-length "
+                   "policy the cost model sizes each tree, with fixed it has --tree-budget nodes; chain: K drafts in "
+                   "a row; auto (default): a tree when the draft length is policy and the draft and rule can "
+                   "branch, else a chain")
+    p.add_argument("--tree", action="store_true", help="the same as --shape tree")
+    p.add_argument("--chain", action="store_true", help="the same as --shape chain")
     p.add_argument("--tree-budget", type=int, default=8, help="a tree's nodes per round (at most: policy; exactly: "
                    "fixed), 1-16")
     p.add_argument("--tree-width", type=int, default=None, help="a tree node's children at most (default: no limit)")
@@ -77,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     params = {name: getattr(args, name) for name in rule_params() if getattr(args, name) is not None}
     return RunConfig(rule=args.rule, params=params, temperature=args.temperature, gamma=args.gamma,
                      max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, top_p=args.top_p,
-                     draft_length=args.draft_length, draft_shape="tree" if args.tree else "chain",
+                     draft_length=args.draft_length, draft_shape="tree" if args.tree else "chain" if args.chain else args.shape,
                      tree_budget=args.tree_budget, tree_width=args.tree_width).validate()
 
 
@@ -90,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
         cfg.rule_and_temperature()  # a bad parameter fails before the models load
         session = Session(load_pair(args.target, args.draft, device=args.device))
+        cfg = session.resolved(cfg)  # "auto" -> tree or chain, printed below
         ids = session.encode(args.prompt, chat=not args.no_chat)
         run = session.speculative(ids, cfg)
     except (ValueError, ModelLoadError) as exc:

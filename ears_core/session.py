@@ -15,6 +15,11 @@ policy      how many drafts each round sends (``costs.DraftPolicy``): from this 
             from every finished run) and a confidence calibration per rule and temperature (also
             learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
             K) or "threshold" (stop when the draft's confidence falls below 0.35).
+shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). ``Session.resolved()``
+            makes "auto" concrete: a tree when the draft length is "policy", the drafter can branch
+            (a head or a draft model; not n-gram lookup) and the rule is ``tree_native``; else a
+            chain. On the embedded pair the cost-model tree was the fastest setting in every bench
+            (docs/benchmarks.md), so it is what a request gets unless it asks otherwise.
 tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
             (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
@@ -33,7 +38,7 @@ import json
 import os
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -51,7 +56,7 @@ __all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "summ
            "summary_text", "export_run", "run_record", "DRAFT_LENGTHS", "DRAFT_SHAPES"]
 
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
-DRAFT_SHAPES = ("chain", "tree")
+DRAFT_SHAPES = ("auto", "chain", "tree")
 MAX_TREE_NODES = 16
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
 MAX_K = 8
@@ -73,7 +78,7 @@ class RunConfig:
     top_k: int | None = None
     top_p: float | None = None
     draft_length: str = "policy"  # "policy": the measured cost model; "fixed": always K; "threshold"
-    draft_shape: str = "chain"  # "chain": K drafts in a row; "tree": a tree of depth K (module terms)
+    draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto" (module terms)
     tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
     tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
 
@@ -83,7 +88,7 @@ class RunConfig:
             raise ValueError(f"draft length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
         if self.draft_shape not in DRAFT_SHAPES:
             raise ValueError(f"draft shape must be one of {', '.join(DRAFT_SHAPES)}, got {self.draft_shape!r}")
-        if self.draft_shape == "tree":
+        if self.draft_shape == "tree" or (self.draft_shape == "auto" and self.draft_length == "policy"):
             if isinstance(self.tree_budget, bool) or not isinstance(self.tree_budget, int) or \
                     not 1 <= self.tree_budget <= MAX_TREE_NODES:
                 raise ValueError(f"the tree budget (nodes per round) must be a whole number from 1 to {MAX_TREE_NODES}, "
@@ -91,7 +96,7 @@ class RunConfig:
             if self.tree_width is not None and (not isinstance(self.tree_width, int) or self.tree_width < 1):
                 raise ValueError(f"the tree width (children per node) must be a whole number >= 1 or None (no "
                                  f"limit), got {self.tree_width!r}")
-            if self.draft_length == "threshold":
+            if self.draft_length == "threshold" and self.draft_shape == "tree":
                 raise ValueError("the threshold draft length is for chains: with a tree choose policy (the cost "
                                  "model sizes each round's tree) or fixed (tree_budget nodes every round)")
         for name, value in self.params.items():
@@ -141,6 +146,7 @@ class Session:
         self._refresh = False  # the rounds disagree with the cached profile: measure again
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
+        self._can_branch: bool | None = None  # the drafter has propose_tree (asked once)
 
     def encode(self, prompt: Any, chat: bool = True) -> torch.Tensor:
         ids = self.pair.encode(prompt, chat=chat)  # (1, T)
@@ -260,10 +266,28 @@ class Session:
             if calibration is not None and calibration.prior_weight < 1e9:
                 self._calibrations[(rule.describe(), temperature, *(("tree",) if tree else ()))] = calibration
 
+    @property
+    def can_branch(self) -> bool:
+        """Whether this pair's drafter can draft a tree (it has a distribution to branch from)."""
+        if self._can_branch is None:
+            self._can_branch = self.pair.draft is not None and hasattr(self.pair.new_drafter(), "propose_tree")
+        return self._can_branch
+
+    def resolved(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` with a concrete draft shape: "auto" becomes a tree when the draft length is
+        "policy", the drafter can branch and the rule is tree-native, else a chain (module terms)."""
+        if cfg.validate().draft_shape != "auto":
+            return cfg
+        rule, _ = cfg.rule_and_temperature()
+        tree = cfg.draft_length == "policy" and rule.tree_native and self.can_branch
+        return replace(cfg, draft_shape="tree" if tree else "chain")
+
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """The speculative run of ``cfg`` on ``ids`` with a fresh drafter and the draft-length
-        policy of ``cfg.draft_length`` (iterate it, or run it in ``Background``)."""
-        rule, temperature = cfg.validate().rule_and_temperature()
+        policy of ``cfg.draft_length`` (iterate it, or run it in ``Background``). A draft shape of
+        "auto" is resolved first (``resolved``): front ends resolve it themselves to label the run."""
+        cfg = self.resolved(cfg)
+        rule, temperature = cfg.rule_and_temperature()
         if cfg.draft_shape == "tree":
             return self._tree_run(ids, cfg, rule, temperature, deadline_s)
         extra = self.policy_for(rule, temperature, cfg.gamma, cfg.draft_length)

@@ -297,7 +297,7 @@ def plot_json(value):
 
 def test_a_tree_run_draws_its_rounds_beside_the_tokens(client):
     import json
-    r = call(client, k=3, rule="ordinary", draft_length="fixed", tree=True, tree_budget=6, baseline=False)
+    r = call(client, k=3, rule="ordinary", draft_length="fixed", tree="tree", tree_budget=6, baseline=False)
     d = r["details"]
     assert r["message"] == "" and d["draft_shape"] == "tree" and d["stats"]["new_tokens"] == 24
     assert "tree(budget=6, depth=3" in d["stats"]["method"] and re.findall(r'data-kind="(\w+)"', r["tokens"]) == d["kinds"]
@@ -319,9 +319,9 @@ def test_a_tree_run_draws_its_rounds_beside_the_tokens(client):
     assert [len(t["tokens"]) for t in run["trees"]][:-3] == [6] * (rounds - 3)  # a fixed budget (the end is capped)
 
     # greedy on a tree sized by the cost model is the chain's greedy output, token for token
-    tree = call(client, rule="greedy", tree=True, tree_budget=10, baseline=False)["details"]
-    chain = call(client, rule="greedy", draft_length="fixed", tree=False, baseline=False)
+    tree = call(client, rule="greedy", tree="auto", tree_budget=10, baseline=False)["details"]
+    chain = call(client, rule="greedy", draft_length="fixed", tree="auto", baseline=False)
     assert tree["text"] == chain["details"]["text"] and tree["draft_shape"] == "tree"
     assert chain["tree"] is None and chain["details"]["draft_shape"] == "chain"
-    bad = call(client, rule="ordinary", draft_length="threshold", tree=True, baseline=False)
+    bad = call(client, rule="ordinary", draft_length="threshold", tree="tree", baseline=False)
     assert "threshold draft length is for chains" in bad["message"]

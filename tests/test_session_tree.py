@@ -34,7 +34,8 @@ def run(session, ids, cfg):
 
 
 @pytest.mark.parametrize("kw, needle", [
-    (dict(draft_shape="bush"), "draft shape must be one of chain, tree"),
+    (dict(draft_shape="bush"), "draft shape must be one of auto, chain, tree"),
+    (dict(tree_budget=0), "tree budget .* from 1 to 16"),  # "auto" with the policy may become a tree
     (dict(draft_shape="tree", tree_budget=0), "tree budget .* from 1 to 16"),
     (dict(draft_shape="tree", tree_budget=17), "tree budget .* from 1 to 16"),
     (dict(draft_shape="tree", tree_budget=True), "tree budget"),
@@ -100,10 +101,46 @@ def test_the_cli_takes_the_tree_flags(capsys):
 
     cfg = config_from_args(build_parser().parse_args(["--tree", "--tree-budget", "6", "--tree-width", "2", "-K", "3"]))
     assert (cfg.draft_shape, cfg.tree_budget, cfg.tree_width, cfg.gamma) == ("tree", 6, 2, 3)
-    assert config_from_args(build_parser().parse_args([])).draft_shape == "chain"
+    assert config_from_args(build_parser().parse_args([])).draft_shape == "auto"
+    assert config_from_args(build_parser().parse_args(["--chain"])).draft_shape == "chain"
+    assert config_from_args(build_parser().parse_args(["--shape", "tree"])).draft_shape == "tree"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     text = capsys.readouterr().out
-    assert "--tree" in text and "--tree-budget" in text and "--tree-width" in text
+    assert "--tree" in text and "--tree-budget" in text and "--tree-width" in text and "--shape" in text
     assert main(["--tree", "--tree-budget", "40", "--no-baseline"]) == 2  # refused before any model loads
     assert "tree budget (nodes per round) must be a whole number from 1 to 16" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw, shape", [
+    (dict(), "tree"),  # the default: the policy, a draft model that can branch, a tree-native rule
+    (dict(rule="greedy", params={}, temperature=0), "tree"),
+    (dict(draft_length="fixed"), "chain"),  # fixed K means K drafts in a row
+    (dict(draft_length="threshold"), "chain"),
+    (dict(rule="fly", params={}), "chain"),  # a tree would judge FLy as the ordinary rule
+    (dict(rule="ears-budget", params={}), "chain"),  # a tree never updates its beta
+    (dict(draft_shape="chain"), "chain"),
+    (dict(draft_shape="tree", draft_length="fixed"), "tree"),
+])
+def test_auto_resolves_to_a_tree_only_where_a_tree_runs_the_request_as_asked(session, kw, shape):
+    cfg = RunConfig(**kw)
+    assert cfg.draft_shape == kw.get("draft_shape", "auto")
+    resolved = session.resolved(cfg)
+    assert resolved.draft_shape == shape and resolved.rule == cfg.rule and resolved.gamma == cfg.gamma
+    assert session.resolved(resolved) == resolved
+
+
+def test_auto_runs_a_tree_and_greedy_auto_is_the_targets_greedy_output(session, tiny_pair):
+    target, _ = tiny_pair
+    gen = run(session, PROMPTS[1], RunConfig(rule="greedy", params={}, temperature=0, gamma=4, max_new_tokens=32))
+    assert "tree(" in gen.method and len(gen.trees) == len(gen.steps)
+    assert [e.token_id for e in gen.events] == hf_greedy(target, PROMPTS[1], 32)
+
+
+def test_auto_is_a_chain_for_a_draft_without_a_distribution(tiny_pair):
+    target, _ = tiny_pair
+    pair = ModelPair(target, NGramDrafter(96), None, torch.device("cpu"), torch.float32, "tiny", 96, "ngram")
+    session = Session(pair, prices=PRICES)
+    assert session.resolved(RunConfig()).draft_shape == "chain"
+    gen = run(session, PROMPTS[0], RunConfig(max_new_tokens=12))
+    assert "tree(" not in gen.method and not getattr(gen, "trees", None)

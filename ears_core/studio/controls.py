@@ -13,7 +13,8 @@ parameter slider one per parameter name any registered rule takes (``Param``), `
                  shows only while a selected rule (Generate's, or either racer) takes it.
 extra params     the sliders after beta: API inputs appended after the fixed ones, so a client that
                  sends only the fixed inputs gets their defaults; then the draft-length choice, then
-                 the draft shape (``elem_id="tree"``: a tree of depth K instead of a chain of K) and
+                 the draft shape (``elem_id="draft_shape"``: API callers send
+                 "auto", "chain" or "tree") and
                  the tree's nodes per round (``elem_id="tree_budget"``), in that order.
 """
 
@@ -25,7 +26,7 @@ from typing import Any, Sequence
 import gradio as gr
 
 from ears_core.rules import RULES, Param
-from ears_core.session import DRAFT_LENGTHS, MAX_TREE_NODES, RunConfig
+from ears_core.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_TREE_NODES, RunConfig
 from ears_core.settings import Settings
 
 from .errors import Request, check_params, resolve_rule
@@ -127,8 +128,10 @@ def build_controls(settings: Settings) -> Controls:
                                     label="draft length: policy = this machine's prices pick 0..K drafts each round; "
                                     "fixed = always K; threshold = stop below confidence 0.35")
             with gr.Row():
-                tree = gr.Checkbox(False, elem_id="tree", label="tree of drafts: K is its depth, checked in one "
-                                   "target pass (draft length policy: the cost model sizes it)")
+                tree = gr.Radio(list(DRAFT_SHAPES), value="auto", elem_id="draft_shape",
+                                label="draft shape: tree = a tree of depth K checked in one target pass (policy: "
+                                "the cost model sizes it); auto = a tree when the draft length is policy and the "
+                                "draft and rule allow it, else a chain")
                 tree_budget = gr.Slider(1, MAX_TREE_NODES, value=8, step=1, elem_id="tree_budget",
                                         label="tree nodes per round (at most; exactly when fixed)")
             with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
@@ -139,14 +142,24 @@ def build_controls(settings: Settings) -> Controls:
 def run_config(rule_name: Any, req: Request, names: Sequence[str], values: Sequence[Any],
                draft_length: str | None = "policy", tree: Any = False, tree_budget: Any = 8) -> RunConfig:
     """The RunConfig of one rule from the request and the slider values (in ``names`` order);
-    ``tree``: draft a tree of depth K with ``tree_budget`` nodes per round."""
+    ``tree``: the draft shape, "auto" (also None), "chain" or "tree" (True / False: tree / chain),
+    a tree of depth K with ``tree_budget`` nodes per round."""
     spec = resolve_rule(rule_name)
     params = check_params(spec, dict(zip(names, values)))
     if isinstance(tree_budget, float) and tree_budget.is_integer():
         tree_budget = int(tree_budget)  # a slider's value
     return RunConfig(rule=spec.name, params=params, temperature=req.temperature, gamma=req.k,
                      max_new_tokens=req.max_new, seed=req.seed, draft_length=draft_length or "policy",
-                     draft_shape="tree" if tree else "chain", tree_budget=tree_budget).validate()
+                     draft_shape=shape_of(tree), tree_budget=tree_budget).validate()
+
+
+def shape_of(tree: Any) -> str:
+    """The draft shape a request asks for: the radio's value, or a bool from older API callers."""
+    if tree is None:
+        return "auto"
+    if isinstance(tree, bool):
+        return "tree" if tree else "chain"
+    return str(tree)
 
 
 def run_name(cfg: RunConfig) -> str:

@@ -112,7 +112,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
         """Decode one request; any failure, even mid-run, becomes a short message. ``rest``: the
         other parameter sliders, then the draft length, the tree box and the tree's node budget."""
         runs = Runs()
-        extra, tail = rest[: len(names) - 1], (*rest[len(names) - 1 :], "policy", False, 8)[:3]
+        extra, tail = rest[: len(names) - 1], (*rest[len(names) - 1 :], "policy", "auto", 8)[:3]
         try:
             yield from _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, [beta, *extra],
                                  *tail)
@@ -129,6 +129,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
                                 max_prompt_chars=settings.max_prompt_chars)
             cfg = run_config(rule_name, req, names, values, draft_length, tree, tree_budget)
             session = slot.session()
+            cfg = session.resolved(cfg)  # "auto" -> tree or chain, so the page names what ran
             ids = session.encode(req.prompt)
         except Exception as exc:  # bad input, model load failure: show it, keep serving
             yield pack(message=fail(exc))
