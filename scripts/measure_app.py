@@ -43,6 +43,9 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--draft-length", default="fixed", help="fixed: the same rounds in both paths (deterministic)")
     ap.add_argument("--k", type=int, default=2)
+    ap.add_argument("--shape", default="auto", choices=("auto", "chain", "tree"),
+                    help="draft shape in both paths (auto: a tree with the policy, a chain with fixed K)")
+    ap.add_argument("--tree-budget", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=1, help="EARS_CONCURRENCY of the app (2: runs overlap)")
     ap.add_argument("--subprocess", action="store_true",
                     help="serve the app as `python app.py` in a process of its own (as a Space does), so that "
@@ -76,11 +79,11 @@ def main() -> None:
 
     def app_run(seed: int = 0, baseline: bool = False) -> dict:
         out = client.predict(PROMPT, 0.1, 0.9, a.k, a.tokens, seed, "ears", baseline, *extras, a.draft_length,
-                             api_name="/generate")
+                             a.shape, a.tree_budget, api_name="/generate")
         return {"details": out[7], "summary": out[2]}
 
     cfg = RunConfig(rule="ears", params={"beta": 0.1}, temperature=0.9, gamma=a.k, max_new_tokens=a.tokens,
-                    seed=0, draft_length=a.draft_length)
+                    seed=0, draft_length=a.draft_length, draft_shape=a.shape, tree_budget=a.tree_budget)
     ids = session.encode(PROMPT)
 
     def terminal_run() -> float:
@@ -111,7 +114,7 @@ def main() -> None:
     clean = sum(1 for r in results if r["details"] and not r["details"]["contended"])
     cached = len(session._baselines) if demo is not None else None  # the app's own cache is in its process
     print(json.dumps({
-        "machine": session.profile_text(), "draft_length": a.draft_length, "K": a.k, "tokens": a.tokens,
+        "machine": session.profile_text(), "draft_length": a.draft_length, "shape": a.shape, "K": a.k, "tokens": a.tokens,
         "terminal_tokens_per_s": [round(x, 2) for x in term_tps], "app_tokens_per_s": [round(x, 2) for x in app_tps],
         "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3),
         "burst": {"sent": a.burst, "concurrency": a.concurrency, "answered": answered,
