@@ -16,10 +16,12 @@ policy      how many drafts each round sends (``costs.DraftPolicy``): from this 
             learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
             K) or "threshold" (stop when the draft's confidence falls below 0.35).
 shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). ``Session.resolved()``
-            makes "auto" concrete: a tree when the draft length is "policy", the drafter can branch
-            (a head or a draft model; not n-gram lookup) and the rule is ``tree_native``; else a
-            chain. On the embedded pair the cost-model tree was the fastest setting in every bench
-            (docs/benchmarks.md), so it is what a request gets unless it asks otherwise.
+            makes "auto" concrete: a tree at T = 0 (greedy) when the draft length is "policy" and the
+            drafter can branch (a head or a draft model; not n-gram lookup); else a chain. On the
+            embedded pair the cost-model tree beat every chain at T = 0 in all five benches (1.39x
+            against the best fixed K's 1.30x on the latest machine), while at T = 0.9 it won on the
+            slower machines and lost by 2-7 % on the fastest (docs/benchmarks.md): sampled siblings
+            stand less often than the greedy ones, so there a chain is the safe default.
 tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
             (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
@@ -78,7 +80,7 @@ class RunConfig:
     top_k: int | None = None
     top_p: float | None = None
     draft_length: str = "policy"  # "policy": the measured cost model; "fixed": always K; "threshold"
-    draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto" (module terms)
+    draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto": tree at T = 0 (terms)
     tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
     tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
 
@@ -274,12 +276,12 @@ class Session:
         return self._can_branch
 
     def resolved(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` with a concrete draft shape: "auto" becomes a tree when the draft length is
-        "policy", the drafter can branch and the rule is tree-native, else a chain (module terms)."""
+        """``cfg`` with a concrete draft shape: "auto" becomes a tree at T = 0 when the draft length
+        is "policy", the drafter can branch and the rule is tree-native, else a chain (module terms)."""
         if cfg.validate().draft_shape != "auto":
             return cfg
-        rule, _ = cfg.rule_and_temperature()
-        tree = cfg.draft_length == "policy" and rule.tree_native and self.can_branch
+        rule, temperature = cfg.rule_and_temperature()
+        tree = temperature == 0 and cfg.draft_length == "policy" and rule.tree_native and self.can_branch
         return replace(cfg, draft_shape="tree" if tree else "chain")
 
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:

@@ -41,7 +41,8 @@ def main() -> None:
         order = modes[p % len(modes):] + modes[: p % len(modes)]
         for mode, k in order:
             run = session.speculative(ids, RunConfig(rule="standard", params={}, temperature=a.temperature, gamma=k,
-                                                     max_new_tokens=a.tokens, seed=p, draft_length=mode))
+                                                     max_new_tokens=a.tokens, seed=p, draft_length=mode,
+                                                     draft_shape="chain"))
             for _ in run:
                 pass
             name = f"{mode} K={k}"

@@ -325,7 +325,7 @@ def test_a_tree_run_draws_its_rounds_beside_the_tokens(client):
     assert chain["tree"] is None and chain["details"]["draft_shape"] == "chain"
     bad = call(client, rule="ordinary", draft_length="threshold", tree="tree", baseline=False)
     assert "threshold draft length is for chains" in bad["message"]
-    # the page's defaults (draft length policy, shape auto) draw a tree with this pair, and say so
-    default = call(client, baseline=False)
+    # the page's defaults (draft length policy, shape auto) draw a tree at T = 0 with this pair, and say so
+    default = call(client, temperature=0, baseline=False)
     assert default["details"]["draft_shape"] == "tree" and "a tree of depth 4, 8 nodes" in default["summary"]
-    assert call(client, rule="fly", baseline=False)["details"]["draft_shape"] == "chain"  # FLy reads the chain
+    assert call(client, baseline=False)["details"]["draft_shape"] == "chain"  # T = 1: a chain
