@@ -77,3 +77,31 @@ def test_only_the_studio_imports_gradio():
         if "studio" in path.relative_to(PKG).parts:
             continue
         assert not any(i.split(".")[0] == "gradio" for i in imports(path)), path
+
+
+HUGE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def _huge_kb_after_a_big_tensor(env_value: str | None) -> int:
+    """AnonHugePages (kB) of a fresh interpreter that imported ears_core and filled a 64 MB tensor."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os, ears_core, torch\n"
+            "t = torch.ones(16 * 1024 * 1024)\n"
+            "print(open(f'/proc/{os.getpid()}/smaps_rollup').read().split('AnonHugePages:')[1].split()[0])")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    if env_value is not None:
+        env["THP_MEM_ALLOC_ENABLE"] = env_value
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def test_importing_ears_core_puts_large_tensors_in_huge_pages_unless_the_user_says_no():
+    import pytest
+
+    if not HUGE.exists() or "[never]" in HUGE.read_text() or not Path("/proc/self/smaps_rollup").exists():
+        pytest.skip("this kernel offers no transparent huge pages")
+    assert _huge_kb_after_a_big_tensor(None) >= 32 * 1024  # most of the 64 MB tensor
+    assert _huge_kb_after_a_big_tensor("0") < 32 * 1024  # the user's choice wins
