@@ -1,8 +1,10 @@
 """Issue 14's app checks on the embedded pair, measured (not a test: timings need a quiet machine).
 
-1. The app's tokens/s through ``gradio_client`` (no browser) against the terminal path (a Session
-   in this process, as ``python -m ears_core.generate`` runs it) for the same prompt, seed and
-   settings, each run several times in turn; the ratio of the medians.
+1. The app's tokens/s through ``gradio_client`` (no browser) against the terminal path for the same
+   prompt, seed and settings, each run several times in turn; the ratio of the medians. Two terminal
+   paths: a warmed Session in this process, decoding run after run in its main thread (an upper
+   bound), and ``--cli``: the terminal demo itself, ``python -m ears_core.generate``, one process
+   per run (its summary's throughput), as a user runs it.
 2. 20 requests sent at once over loopback: all answered, and none of them cached a baseline measured
    under contention (each summary that measured one says "contended"; the cache stays empty).
 
@@ -46,6 +48,8 @@ def main() -> None:
     ap.add_argument("--shape", default="auto", choices=("auto", "chain", "tree"),
                     help="draft shape in both paths (auto: a tree with the policy, a chain with fixed K)")
     ap.add_argument("--tree-budget", type=int, default=8)
+    ap.add_argument("--cli", action="store_true", help="also run the terminal demo (python -m ears_core.generate) "
+                    "--repeats times, a process each, and compare the app with it")
     ap.add_argument("--concurrency", type=int, default=1, help="EARS_CONCURRENCY of the app (2: runs overlap)")
     ap.add_argument("--subprocess", action="store_true",
                     help="serve the app as `python app.py` in a process of its own (as a Space does), so that "
@@ -93,16 +97,30 @@ def main() -> None:
                 pass
         return run.gen.stats().tokens_per_s
 
+    def cli_run() -> float:
+        import re
+        import subprocess
+        import sys
+        out = subprocess.run([sys.executable, "-m", "ears_core.generate", "--prompt", PROMPT, "--rule", "ears", "--beta",
+                              "0.1", "--temperature", "0.9", "-K", str(a.k), "--max-new-tokens", str(a.tokens), "--seed",
+                              "0", "--draft-length", a.draft_length, "--shape", a.shape, "--tree-budget",
+                              str(a.tree_budget), "--no-baseline", "--no-color"], capture_output=True, text=True, check=True)
+        return float(re.search(r"throughput\s+([\d.]+) tokens/s", out.stdout).group(1))
+
     app_run()  # warm the HTTP path
-    app_tps, term_tps = [], []
+    app_tps, term_tps, cli_tps = [], [], []
     for _ in range(a.repeats):
         term_tps.append(terminal_run())
         app_tps.append(app_run()["details"]["stats"]["tokens_per_s"])
+        if a.cli:
+            cli_tps.append(cli_run())
     session.clear()
+    cli = {"cli_tokens_per_s": [round(x, 2) for x in cli_tps],
+           "app_over_cli": round(statistics.median(app_tps) / statistics.median(cli_tps), 3)} if cli_tps else {}
     if a.burst <= 0:
         print(json.dumps({"machine": session.profile_text(), "terminal_tokens_per_s": [round(x, 2) for x in term_tps],
                           "app_tokens_per_s": [round(x, 2) for x in app_tps],
-                          "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3)}))
+                          "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3), **cli}))
         demo.close() if demo is not None else server.terminate()
         return
     t0 = time.perf_counter()
@@ -116,7 +134,7 @@ def main() -> None:
     print(json.dumps({
         "machine": session.profile_text(), "draft_length": a.draft_length, "shape": a.shape, "K": a.k, "tokens": a.tokens,
         "terminal_tokens_per_s": [round(x, 2) for x in term_tps], "app_tokens_per_s": [round(x, 2) for x in app_tps],
-        "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3),
+        "app_over_terminal": round(statistics.median(app_tps) / statistics.median(term_tps), 3), **cli,
         "burst": {"sent": a.burst, "concurrency": a.concurrency, "answered": answered,
                   "labelled_contended": contended, "clean": clean,
                   "baselines_cached": cached, "seconds": round(burst_s, 1)},
