@@ -18,10 +18,11 @@ policy      how many drafts each round sends (``costs.DraftPolicy``): from this 
 shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). ``Session.resolved()``
             makes "auto" concrete: a tree at T = 0 (greedy) when the draft length is "policy" and the
             drafter can branch (a head or a draft model; not n-gram lookup); else a chain. On the
-            embedded pair the cost-model tree beat every chain at T = 0 in all five benches (1.39x
-            against the best fixed K's 1.30x on the latest machine), while at T = 0.9 it won on the
-            slower machines and lost by 2-7 % on the fastest (docs/benchmarks.md): sampled siblings
-            stand less often than the greedy ones, so there a chain is the safe default.
+            embedded pair at T = 0 the cost-model tree was ahead of the chain policy in every bench
+            (six runs) and of every fixed K in the three that had them (1.39x against 1.30x on the
+            latest machine), while at T = 0.9 it won on slower machines and lost by 2-8 % on the
+            fastest (docs/benchmarks.md): sampled siblings stand less often than greedy ones, so
+            there a chain is the safe default.
 tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
             (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
