@@ -53,13 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-length", choices=DRAFT_LENGTHS, default="policy",
                    help="policy: each round drafts what this machine's measured prices say pays (0..K); "
                    "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
-    p.add_argument("--shape", choices=DRAFT_SHAPES, default="auto",
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--shape", choices=DRAFT_SHAPES, default="auto",
                    help="tree: draft a tree each round (depth K, verified in one target pass); with --draft-length "
                    "policy the cost model sizes each tree, with fixed it has --tree-budget nodes; chain: K drafts in "
                    "a row; auto (default): a tree when the draft length is policy and the draft and rule can "
                    "branch, else a chain")
-    p.add_argument("--tree", action="store_true", help="the same as --shape tree")
-    p.add_argument("--chain", action="store_true", help="the same as --shape chain")
+    shape.add_argument("--tree", action="store_true", help="the same as --shape tree")
+    shape.add_argument("--chain", action="store_true", help="the same as --shape chain")
     p.add_argument("--tree-budget", type=int, default=8, help="a tree's nodes per round (at most: policy; exactly: "
                    "fixed), 1-16")
     p.add_argument("--tree-width", type=int, default=None, help="a tree node's children at most (default: no limit)")

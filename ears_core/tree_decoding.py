@@ -21,7 +21,8 @@ records      events and step records are the chain's (``TokenEvent``, ``StepReco
              tried after a rejection, an event's ``ratio`` is against the residual target, its
              ``p`` is still P_target.
 distortion   per emitted position, from verify_tree; exact where it can be enumerated, else an
-             upper bound (``TreeRecord.distortion_exact``).
+             upper bound (``TreeRecord.distortion_exact``). A lossless rule's is 0 and not computed
+             (as in a chain), and its records' ``distortion_exact`` stay empty.
 size policy  ``keep(priority, nodes so far, depth)`` (e.g. ``tree_policy.TreeBudget``) ends a round's
              tree before a draw; if it has ``observe_round(record)`` it is shown each finished round,
              and ``observe_cost(nodes, depth, ms)`` the round's measured time.

@@ -104,6 +104,9 @@ def test_the_cli_takes_the_tree_flags(capsys):
     assert config_from_args(build_parser().parse_args([])).draft_shape == "auto"
     assert config_from_args(build_parser().parse_args(["--chain"])).draft_shape == "chain"
     assert config_from_args(build_parser().parse_args(["--shape", "tree"])).draft_shape == "tree"
+    with pytest.raises(SystemExit):  # one shape at a time
+        build_parser().parse_args(["--tree", "--chain"])
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     text = capsys.readouterr().out

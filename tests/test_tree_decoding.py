@@ -242,3 +242,26 @@ def test_the_first_tokens_of_tree_decoding_follow_the_target(small_vocab_pair):
         first.append(out.token_ids[0])
         second.append(out.token_ids[1])
     assert_first_two_tokens_follow(target, prompt, first, second)
+
+
+@pytest.mark.parametrize("rule, computed", [(StandardRule(), False), (GreedyRule(), False), (EARSRule(0.0), False),
+                                            (EARSRule(0.3), True)])
+def test_the_exact_distortion_is_computed_for_lossy_rules_only(tiny_pair, monkeypatch, rule, computed):
+    """As in a chain: a lossless rule's distortion is 0 and its (costly) enumeration is skipped."""
+    target, draft = tiny_pair
+    asked = []
+    real = td.verify_tree
+
+    def spy(*a, **kw):
+        asked.append(kw["with_distortion"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(td, "verify_tree", spy)
+    temperature = 0 if isinstance(rule, GreedyRule) else 1.0
+    res = tree_stream(target, draft, PROMPTS[0], rule=rule, budget=6, depth=3, temperature=temperature,
+                      max_new_tokens=24, seed=2).result()
+    assert asked and set(asked) == {computed}
+    if not computed:
+        assert all(e.distortion == 0.0 for e in res.events)
+    else:
+        assert any(e.distortion > 0 for e in res.events)
