@@ -127,13 +127,11 @@ def build_controls(settings: Settings) -> Controls:
             draft_length = gr.Radio(list(DRAFT_LENGTHS), value="policy", elem_id="draft_length",
                                     label="draft length: policy = this machine's prices pick 0..K drafts each round; "
                                     "fixed = always K; threshold = stop below confidence 0.35")
-            with gr.Row():
-                tree = gr.Radio(list(DRAFT_SHAPES), value="auto", elem_id="draft_shape",
-                                label="draft shape: tree = a tree of depth K checked in one target pass (policy: "
-                                "the cost model sizes it); auto = a tree when the draft length is policy and the "
-                                "draft and rule allow it, else a chain")
-                tree_budget = gr.Slider(1, MAX_TREE_NODES, value=8, step=1, elem_id="tree_budget",
-                                        label="tree nodes per round (at most; exactly when fixed)")
+            tree = gr.Radio(list(DRAFT_SHAPES), value="auto", elem_id="draft_shape",
+                            label="draft shape: tree = a tree of depth K in one target pass; auto = a tree at "
+                            "T = 0 with the policy, else a chain")
+            tree_budget = gr.Slider(1, MAX_TREE_NODES, value=8, step=1, elem_id="tree_budget",
+                                    label="tree nodes per round (at most; exactly when fixed)")
             with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
     return Controls(prompt, rule, sliders, temperature, k, max_new, seed, with_base, draft_length, tree, tree_budget,
                     names=list(sliders))
