@@ -28,9 +28,6 @@ for every x in the vocabulary; metrics use it for the exact distortion of the ru
 defines ``observe_round(events)``: the decode loop calls it after every round with that round's
 TokenEvents (``BudgetEARSRule`` keeps a running distortion budget this way). Such a rule holds
 the state of ONE generation: build a new instance per generation (``make_rule``, or ``fresh()``).
-``tree_native`` says whether a draft tree (``verify_tree``) judges the rule as it is defined: False
-for a rule that reads the chain after a position (FLy) or learns between rounds (the budget), so
-the "auto" draft shape keeps such rules on chains.
 
 The registry
 ------------
@@ -159,7 +156,6 @@ class AcceptanceRule:
 
     name: str = "standard"
     lossless: bool = True
-    tree_native: bool = True  # a tree verifies it as defined (module docstring); else chains only by default
 
     def tolerance(self, target_probs: Tensor, max_p: Tensor) -> Tensor:
         """(B, K, V), (B, K) -> (B, K) tolerance subtracted from U."""
@@ -382,7 +378,6 @@ class FLyRule(AcceptanceRule):
     """
 
     name = "fly"
-    tree_native = False  # in a tree every test is one position: FLy is the ordinary rule there
 
     def __init__(self, gate: float = 0.3, window: float = 2, top_n: float = 3) -> None:
         if not isinstance(gate, (int, float)) or gate != gate or gate < 0:
@@ -469,7 +464,6 @@ class BudgetEARSRule(EARSRule):
     """
 
     name = "ears-budget"
-    tree_native = False  # tree decoding never calls observe_round: beta would stay at its start
     SLOP = 1e-6  # per position: float32 rounding of the exact TV, kept out of the budget
 
     def __init__(self, epsilon: float = 0.01, beta_max: float = 1.0) -> None:

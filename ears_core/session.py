@@ -278,11 +278,13 @@ class Session:
 
     def resolved(self, cfg: RunConfig) -> RunConfig:
         """``cfg`` with a concrete draft shape: "auto" becomes a tree at T = 0 when the draft length
-        is "policy", the drafter can branch and the rule is tree-native, else a chain (module terms)."""
+        is "policy" and the drafter can branch, else a chain (module terms). At T = 0 every rule is
+        GreedyRule (``rule_and_temperature``), so the tree never judges a rule another way than a chain
+        (FLy or the distortion budget at T > 0 would be)."""
         if cfg.validate().draft_shape != "auto":
             return cfg
-        rule, temperature = cfg.rule_and_temperature()
-        tree = temperature == 0 and cfg.draft_length == "policy" and rule.tree_native and self.can_branch
+        _, temperature = cfg.rule_and_temperature()
+        tree = temperature == 0 and cfg.draft_length == "policy" and self.can_branch
         return replace(cfg, draft_shape="tree" if tree else "chain")
 
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:

@@ -123,8 +123,9 @@ def test_the_cli_takes_the_tree_flags(capsys):
     (dict(temperature=0, draft_length="threshold"), "chain"),
     (dict(draft_shape="chain", temperature=0), "chain"),
     (dict(draft_shape="tree", draft_length="fixed"), "tree"),
-    (dict(rule="fly", params={}), "chain"),
-    (dict(rule="ears-budget", params={}), "chain"),
+    (dict(rule="fly", params={}), "chain"),  # a tree would judge FLy as the ordinary rule
+    (dict(rule="ears-budget", params={}), "chain"),  # a tree never updates its beta
+    (dict(rule="fly", params={}, temperature=0), "tree"),  # T = 0: the greedy rule, whatever was asked
 ])
 def test_auto_resolves_to_a_tree_only_where_a_tree_runs_the_request_as_asked(session, kw, shape):
     cfg = RunConfig(**kw)
@@ -148,10 +149,3 @@ def test_auto_is_a_chain_for_a_draft_without_a_distribution(tiny_pair):
     assert session.resolved(RunConfig()).draft_shape == "chain"
     gen = run(session, PROMPTS[0], RunConfig(max_new_tokens=12))
     assert "tree(" not in gen.method and not getattr(gen, "trees", None)
-
-
-def test_auto_keeps_rules_a_tree_would_judge_otherwise_on_chains(session, monkeypatch):
-    from ears_core.rules import FLyRule, GreedyRule
-    assert not FLyRule.tree_native and GreedyRule.tree_native
-    monkeypatch.setattr(GreedyRule, "tree_native", False)  # a greedy rule that could not run on a tree
-    assert session.resolved(RunConfig(temperature=0)).draft_shape == "chain"
