@@ -55,10 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
     shape = p.add_mutually_exclusive_group()
     shape.add_argument("--shape", choices=DRAFT_SHAPES, default="auto",
-                   help="tree: draft a tree each round (depth K, verified in one target pass); with --draft-length "
-                   "policy the cost model sizes each tree, with fixed it has --tree-budget nodes; chain: K drafts in "
-                   "a row; auto (default): a tree when the draft length is policy and the draft and rule can "
-                   "branch, else a chain")
+                       help="tree: draft a tree each round (depth K, verified in one target pass); with --draft-length "
+                       "policy the cost model sizes each tree, with fixed it has --tree-budget nodes; chain: K drafts "
+                       "in a row; auto (default): a tree at T = 0 when the draft length is policy and the draft can "
+                       "branch, else a chain")
     shape.add_argument("--tree", action="store_true", help="the same as --shape tree")
     shape.add_argument("--chain", action="store_true", help="the same as --shape chain")
     p.add_argument("--tree-budget", type=int, default=8, help="a tree's nodes per round (at most: policy; exactly: "

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import gradio_client
 import torch
 
-from ears_core.session import RunConfig
+from ears_core.session import DRAFT_SHAPES, RunConfig
 from ears_core.settings import Settings
 from ears_core.studio import LAUNCH_KW, build_app
 from ears_core.studio.controls import param_sliders_spec
@@ -45,8 +45,8 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=20)
     ap.add_argument("--draft-length", default="fixed", help="fixed: the same rounds in both paths (deterministic)")
     ap.add_argument("--k", type=int, default=2)
-    ap.add_argument("--shape", default="auto", choices=("auto", "chain", "tree"),
-                    help="draft shape in both paths (auto: a tree with the policy, a chain with fixed K)")
+    ap.add_argument("--shape", default="auto", choices=DRAFT_SHAPES,
+                    help="draft shape in both paths (auto: a tree at T = 0 with the policy, else a chain)")
     ap.add_argument("--tree-budget", type=int, default=8)
     ap.add_argument("--cli", action="store_true", help="also run the terminal demo (python -m ears_core.generate) "
                     "--repeats times, a process each, and compare the app with it")

@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_prompts import held_out_prompts  # noqa: E402
 
 from ears_core import EARSRule, GreedyRule, StandardRule, generate  # noqa: E402
+from ears_core.bench_plan import spread  # noqa: E402
 from ears_core.models import encode_prompt, load_pair  # noqa: E402
 from ears_core.tree_decoding import tree_stream  # noqa: E402
 
@@ -47,10 +48,7 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_grad_enabled(False)
     pair = load_pair("embedded", a.draft, device="cpu")
-    by_task = defaultdict(list)
-    for p in held_out_prompts():
-        by_task[p["task"]].append(p["prompt"])
-    chosen = [x for group in zip(*by_task.values()) for x in group][: a.prompts]
+    chosen = [p["prompt"] for p in spread(held_out_prompts(), a.prompts)]  # the tasks in turn, as the bench
     budgets = [int(x) for x in a.budgets.split(",")]
     counts: dict[tuple[str, int, str], list[int]] = defaultdict(lambda: [0, 0])  # (setting, N, shape) -> tokens, rounds
     for i, text in enumerate(chosen):

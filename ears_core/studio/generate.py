@@ -110,7 +110,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
 
     def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, *rest):
         """Decode one request; any failure, even mid-run, becomes a short message. ``rest``: the
-        other parameter sliders, then the draft length, the tree box and the tree's node budget."""
+        other parameter sliders, then the draft length, the draft shape and the tree's node budget."""
         runs = Runs()
         extra, tail = rest[: len(names) - 1], (*rest[len(names) - 1 :], "policy", "auto", 8)[:3]
         try:
