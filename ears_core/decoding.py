@@ -15,7 +15,8 @@ draws          derived from (seed, output position) per stream (see sampling.py)
                the same prompt and seed make the same decisions until the first position
                where their rules disagree.
 host syncs     one per round (the verdict, needed to cut the caches and build events) and one
-               per token for target-only decoding. No ``.item()`` per position. With a draft-length
+               per token for target-only decoding; on the CPU, where a read is free, verify() reads
+               n early to skip work (``emitted_only``). No ``.item()`` per position. With a draft-length
                policy, one more per drafted position (the drafter's confidence, read before the draw).
 policy         (``costs.DraftPolicy``) each round sends the drafts that pay on this machine. A round
                that asks the drafter is a probe; when a probe drafts nothing, the next rounds are
@@ -237,6 +238,8 @@ def _speculative_events(
 
     need_h = bool(getattr(drafter, "needs_target_hidden", False))  # an EAGLE-style head reads them
     check = check_enabled(dev)  # verify()'s drafter guard: a host read, skipped on CUDA
+    emitted_only = dev.type == "cpu"  # verify() reads n first and skips the work no emitted token needs
+    support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
     observe = getattr(rule, "observe_round", None)  # rule.observe_round(events): the round's TokenEvents
     with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed
     policy, calib = cfg.policy, cfg.calibration
@@ -300,7 +303,8 @@ def _speculative_events(
                     tprobs, dprobs, tokens, rule,
                     uniforms=draws[Stream.ACCEPT][span][None, :k],  # (1, k)
                     sample_uniforms=draws[Stream.TARGET][span][None],  # (1, k+1)
-                    with_distortion=with_distortion, check=check,
+                    with_distortion=with_distortion, check=check, emitted_only=emitted_only,
+                    draft_support=support,
                 )
                 next_token, host = v.next_token, _RoundHost.read(v, tokens)  # the round's one host sync
         n = host.num_accepted
@@ -372,17 +376,19 @@ class _RoundHost:
 
     @classmethod
     def read(cls, v: Any, tokens: Tensor) -> "_RoundHost":
-        dist = v.distortion if v.distortion is not None else torch.zeros_like(v.p)
-        fields = dict(num_accepted=v.num_accepted, next_token=v.next_token, next_p=v.next_p, next_q=v.next_q,
-                      tokens=tokens[0], kinds=v.kinds[0], p=v.p[0], q=v.q[0], ratio=v.ratio[0], u=v.u[0],
-                      tolerance=v.tolerance[0], distortion=dist[0], max_p=v.max_p[0])
-        flat = torch.cat([t.reshape(-1).double() for t in fields.values()]).cpu()  # the one sync
-        parts = dict(zip(fields, flat.split([t.numel() for t in fields.values()])))
-        lists = {name: part.tolist() for name, part in parts.items()}
-        return cls(num_accepted=int(lists["num_accepted"][0]), next_token=int(lists["next_token"][0]),
-                   next_p=lists["next_p"][0], next_q=lists["next_q"][0],
-                   tokens=[int(t) for t in lists["tokens"]], kinds=[int(c) for c in lists["kinds"]],
-                   **{name: lists[name] for name in ("p", "q", "ratio", "u", "tolerance", "distortion", "max_p")})
+        """Row 0 of a Verdict in one float64 vector (token ids are exact in float64): few ops, since
+        each costs more after a model pass, and one device-to-host copy."""
+        k = tokens.shape[1]
+        dist = v.distortion if v.distortion is not None else v.p.new_zeros(v.p.shape)
+        floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], dist[0], v.max_p[0],
+                            v.next_p, v.next_q])  # (7k + 3,)
+        ints = torch.cat([v.num_accepted, v.next_token, tokens[0], v.kinds[0].long()])  # (2 + 2k,)
+        f = torch.cat([floats.double(), ints.double()]).tolist()  # the one sync
+        i = [int(x) for x in f[7 * k + 3:]]
+        col = lambda j, n=k: f[j * k: j * k + n]  # noqa: E731
+        return cls(num_accepted=i[0], next_token=i[1], next_p=f[7 * k + 1], next_q=f[7 * k + 2],
+                   tokens=i[2: 2 + k], kinds=i[2 + k:], p=col(0), q=col(1), ratio=col(2), u=col(3),
+                   tolerance=col(4), distortion=col(5), max_p=col(6, k + 1))
 
     def records(self, k: int, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord]]:
         """Token events (n drafts that stood, then the resampled or bonus token) and draft records."""

@@ -18,6 +18,9 @@ free_positions      (optional, default False) True when a position after the fir
                     drafter no model step (n-gram lookup): the draft-length policy then does not
                     count a position it looked at and declined as a spent draft step.
 A draft whose head covers part of the vocabulary reports probability 0 elsewhere.
+support             (optional, default None) a (N,) long tensor of the token ids outside which the
+                    drafter's distributions are always 0 (an EAGLE head's ``vocab_ids``): verify()
+                    then computes the exact distortion over those N tokens instead of all V.
 """
 
 from __future__ import annotations

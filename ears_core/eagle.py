@@ -155,6 +155,7 @@ class EagleDrafter:
         w = target.get_output_embeddings().weight  # (V, d)
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
         self.vocab_ids = head.vocab_ids.to(w.device).sort().values  # (N,) ascending (the head's order is free)
+        self.support = self.vocab_ids  # the drafter's q is 0 outside these tokens (drafters.py)
         # A chain's draft step samples on the head's N tokens and widens to V once per round: the same
         # draws as over V (ascending ids: the same inverse CDF; the same argmax on ties), without V-sized
         # work per step. Only when every head token is a real token (else the V path, as trees use).

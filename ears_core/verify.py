@@ -20,7 +20,9 @@ All of it is tensor code on the probabilities' device: no loop over rows, positi
 vocabulary. The one host read is the input guard (``check``): a drafted token id outside [0, V)
 or a drafted token its drafter gave probability 0 means a broken drafter, and is a ValueError.
 It costs one synchronisation per call; the decode loop turns it off on CUDA unless
-``EARS_DEBUG=1``.
+``EARS_DEBUG=1``. On the CPU, where a host read costs nothing but every V-sized pass costs more
+right after a model pass (its data is out of cache), the decode loop sets ``emitted_only``: n is read
+first, and only the work the round's emitted tokens need is done (one row at a time).
 """
 
 from __future__ import annotations
@@ -112,10 +114,7 @@ def emitted_distribution(
     rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor
 ) -> Tensor:
     """(B, K, V) distribution of the token that one verified position emits under ``rule``."""
-    a = rule.acceptance_prob(target_probs, draft_probs, tolerance)  # (B, K, V)
-    kept = draft_probs * a  # (B, K, V)
-    reject_mass = (1.0 - kept.sum(dim=-1, keepdim=True)).clamp(min=0.0)  # (B, K, 1)
-    return kept + reject_mass * rule.residual(target_probs, draft_probs)
+    return rule.emitted(target_probs, draft_probs, tolerance)
 
 
 def verify(
@@ -129,6 +128,8 @@ def verify(
     sample_uniforms: Tensor | None = None,
     with_distortion: bool = False,
     check: bool = True,
+    emitted_only: bool = False,
+    draft_support: Tensor | None = None,
 ) -> Verdict:
     """Decide B rows of K drafts at once.
 
@@ -138,6 +139,12 @@ def verify(
     at position n is used). Either one left out is drawn from ``generator`` (torch's default).
     ``check``: refuse draft token ids outside [0, V) and drafted tokens with q = 0 (a ValueError
     naming the drafter's mistake); one host synchronisation.
+    ``emitted_only``: read each row's n to the host first (a synchronisation: free on the CPU, where
+    the decode loop sets it), then draw the next token from the one distribution it comes from
+    (bonus or residual, a view at n) and compute the distortion only at the positions that emit
+    (0 .. n, n < K; 0 after them). Same tokens and decisions as without it.
+    ``draft_support`` (N,): the token ids outside which draft_probs is 0 (a drafter's ``support``):
+    the distortion is then summed over those N tokens only.
     """
     b, k, v = _check(target_probs, draft_probs, draft_tokens)
     dev = target_probs.device
@@ -147,17 +154,25 @@ def verify(
         sample_uniforms = torch.rand((b,), generator=generator, device=dev)
 
     judged = target_probs[:, :k]  # (B, K, V)
-    max_p = target_probs.amax(dim=-1)  # (B, K+1): computed once, reused below
     in_range = (draft_tokens >= 0) & (draft_tokens < v)  # (B, K)
     idx = draft_tokens.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # (B, K, 1): gather never reads outside V
-    p = judged.gather(-1, idx).squeeze(-1)  # (B, K)
     q = draft_probs.gather(-1, idx).squeeze(-1)  # (B, K)
     if check and k > 0:
         _guard(draft_tokens, q, in_range, v)
+    if rule.argmax_only:  # greedy: one pass over V finds every position's argmax, and its value is max_p
+        top = target_probs.argmax(dim=-1)  # (B, K+1)
+        max_p = target_probs.gather(-1, top.unsqueeze(-1)).squeeze(-1)  # (B, K+1)
+    else:
+        top, max_p = None, target_probs.amax(dim=-1)  # (B, K+1): computed once, reused below
+    p = judged.gather(-1, idx).squeeze(-1)  # (B, K)
     ratio = p / q.clamp(min=Q_EPS)  # (B, K)
     tolerance = rule.tolerance(judged, max_p[:, :k])  # (B, K)
-    inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
-    accepted, pardoned = rule.decide(inputs, tolerance)  # (B, K) bool each
+    if top is not None:
+        accepted = (draft_tokens == top[:, :k]) & in_range  # (B, K): what GreedyRule.decide computes
+        pardoned = torch.zeros_like(accepted)
+    else:
+        inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
+        accepted, pardoned = rule.decide(inputs, tolerance)  # (B, K) bool each
 
     stands = (accepted | pardoned).to(torch.long)  # (B, K)
     num_accepted = stands.cumprod(dim=-1).sum(dim=-1)  # (B,)
@@ -170,25 +185,40 @@ def verify(
     ).to(torch.int8)
 
     # The next token: residual at position n (n < K) or the bonus distribution at K.
-    rows = torch.arange(b, device=dev)  # (B,): row selection by index, not a gather over V
-    at_n = target_probs[rows, num_accepted]  # (B, V)
     bonus = num_accepted == k  # (B,)
-    if k > 0:
-        draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)] * (~bonus).unsqueeze(-1)  # (B, V), 0 for a bonus
-        dist = torch.where(bonus.unsqueeze(-1), rule.bonus(at_n), rule.residual(at_n, draft_at_n))
-    else:
-        draft_at_n = torch.zeros_like(at_n)
-        dist = rule.bonus(at_n)
     if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
-        sample_uniforms = sample_uniforms.gather(1, n).squeeze(1)
-    next_token = sample_with_uniforms(dist, sample_uniforms)  # (B,)
-    next_p = at_n.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
-    next_q = draft_at_n.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+        sample_uniforms = sample_uniforms.gather(1, n).squeeze(1)  # (B,)
+    ns = num_accepted.tolist() if emitted_only and top is None else None  # a host read that saves work
+    if top is not None:  # the target's argmax at position n: no V-sized work
+        next_token = top.gather(1, n).squeeze(1)  # (B,)
+    elif ns is not None:  # only the distribution each row draws from: a view at its n, bonus or residual
+        next_token = torch.stack([sample_with_uniforms(
+            rule.bonus(target_probs[r, nr]) if nr == k else rule.residual(target_probs[r, nr], draft_probs[r, nr]),
+            sample_uniforms[r]) for r, nr in enumerate(ns)])  # (B,): one row in the decode loop
+    else:
+        rows = torch.arange(b, device=dev)  # (B,): row selection by index, not a gather over V
+        at_n = target_probs[rows, num_accepted]  # (B, V)
+        if k > 0:
+            draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)]  # (B, V): unused for a bonus row
+            dist = torch.where(bonus.unsqueeze(-1), rule.bonus(at_n), rule.residual(at_n, draft_at_n))
+        else:
+            dist = rule.bonus(at_n)
+        next_token = sample_with_uniforms(dist, sample_uniforms)  # (B,)
+    tok = next_token.unsqueeze(-1)  # (B, 1)
+    next_p = target_probs.reshape(b, -1).gather(1, n * v + tok).squeeze(-1)  # (B,) P_target(next) at n
+    if k > 0:  # P_draft(next token) at position n: 0 for a bonus
+        next_q = torch.where(bonus, 0.0, draft_probs.reshape(b, -1).gather(1, n.clamp(max=k - 1) * v + tok).squeeze(-1))
+    else:
+        next_q = torch.zeros_like(next_p)
 
     distortion = None
-    if with_distortion:
-        emit = emitted_distribution(rule, judged, draft_probs, tolerance)  # (B, K, V)
-        distortion = 0.5 * (emit - judged).abs().sum(dim=-1)  # (B, K)
+    if with_distortion:  # (B, K); with ``emitted_only`` at positions 0 .. n (< K) only, 0 after them
+        m = min(max(ns) + 1, k) if ns is not None else k
+        distortion = rule.exact_distortion(judged[:, :m], draft_probs[:, :m], tolerance[:, :m], draft_support)
+        if m < k:
+            distortion = torch.cat([distortion, distortion.new_zeros(b, k - m)], dim=1)
+        if ns is not None and b > 1:  # rows that stopped earlier than the longest: 0 after their n
+            distortion = distortion.masked_fill(pos > n, 0.0)
 
     return Verdict(
         num_accepted=num_accepted,

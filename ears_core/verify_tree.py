@@ -44,7 +44,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .rules import Q_EPS, AcceptanceRule, RuleInputs
+from .rules import Q_EPS, AcceptanceRule, RuleInputs, is_ratio_rule
 from .sampling import sample_with_uniforms
 from .verify import DraftKind
 
@@ -260,11 +260,6 @@ def verify_tree(
 # ----------------------------------------------------------------------------- exact emission
 
 
-def _is_ratio_rule(rule: AcceptanceRule) -> bool:
-    t = type(rule)
-    return all(getattr(t, m) is getattr(AcceptanceRule, m) for m in ("decide", "acceptance_prob", "residual"))
-
-
 def _accept(rule: AcceptanceRule, r: Tensor, q: Tensor, tol: Tensor) -> Tensor:
     """(H, V) acceptance probability of every token under residual r (H, V) and draft q (H, V)."""
     return rule.acceptance_prob(r[:, None], q[:, None], tol.expand(r.shape[0])[:, None])[:, 0]
@@ -317,12 +312,14 @@ def node_emitted_distribution(
 
 def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: Tensor, tol: Tensor,
                      siblings: str) -> tuple[float, bool]:
-    if _is_ratio_rule(rule) and float(tol) == 0.0:
+    if is_ratio_rule(rule) and float(tol) == 0.0:
         return 0.0, True  # the ordinary rule: lossless by construction
+    if is_ratio_rule(rule) and toks.shape[0] == 1:  # one child: the chain's position, in closed form
+        return float(rule.exact_distortion(target.double()[None, None], probs[:1].double()[None], tol.double().reshape(1, 1))), True
     emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings, MAX_STATES)
     if emit is not None:
         return float(0.5 * (emit - target.double()).abs().sum()), True
-    if not _is_ratio_rule(rule):
+    if not is_ratio_rule(rule):
         return 1.0, False
     p, q, m = target.double(), probs[0].double(), toks.shape[0]
     ratio = p / q.clamp(min=Q_EPS)

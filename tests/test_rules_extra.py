@@ -8,7 +8,7 @@ import torch
 from scipy import stats
 
 from conftest import PROMPTS
-from ears_core import DraftKind, EntropyEARSRule, TypicalRule, generate, verify
+from ears_core import DraftKind, EARSRule, EntropyEARSRule, StandardRule, TypicalRule, generate, verify
 from test_verify_distribution import P, Q, counts, emitted_tokens
 
 A, PAR, R = int(DraftKind.ACCEPTED), int(DraftKind.PARDONED), int(DraftKind.REJECTED)
@@ -79,3 +79,22 @@ def test_new_rules_run_in_the_decoder(tiny_pair, rule):
     out = generate(target, draft, PROMPTS[0], rule=rule, gamma=4, temperature=0.9, max_new_tokens=40, seed=0)
     assert len(out.token_ids) == 40 and out.stats.method == rule.describe()
     assert out.stats.mean_distortion > 0
+
+
+@pytest.mark.parametrize("rule", [EARSRule(0.05), EARSRule(0.3), EARSRule(2.5), EntropyEARSRule(0.2), StandardRule()],
+                         ids=repr)
+def test_closed_form_distortion_equals_the_enumerated_one(rule):
+    """A ratio rule's exact_distortion (closed form) against TV(rule.emitted, P_target), on supports
+    cut by top-k on either side (p = 0 where the draft has mass and the other way round)."""
+    g = torch.Generator().manual_seed(11)
+    tp = torch.softmax(3 * torch.randn(64, 4, 50, generator=g), dim=-1)
+    dp = torch.softmax(3 * torch.randn(64, 4, 50, generator=g), dim=-1)
+    tp[:32] = tp[:32] * (tp[:32] >= tp[:32].topk(10, dim=-1).values[..., -1:])  # target cut by top-k
+    dp[16:48] = dp[16:48] * (dp[16:48] >= dp[16:48].topk(7, dim=-1).values[..., -1:])  # draft cut
+    tp, dp = tp / tp.sum(-1, keepdim=True), dp / dp.sum(-1, keepdim=True)
+    tol = rule.tolerance(tp, tp.amax(dim=-1))  # (64, 4)
+    closed = rule.exact_distortion(tp, dp, tol)
+    enumerated = 0.5 * (rule.emitted(tp, dp, tol) - tp).abs().sum(dim=-1)
+    assert torch.allclose(closed, enumerated, atol=2e-6)
+    assert bool((closed <= tol + 1e-6).all())
+    assert float(closed.max()) > (0.01 if tol.any() else -1) and (tol.any() or not closed.any())

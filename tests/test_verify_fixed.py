@@ -164,3 +164,35 @@ def test_bad_shapes_raise_clear_errors():
 def test_bad_beta_raises(beta):
     with pytest.raises(ValueError, match="beta"):
         EARSRule(beta)
+
+
+@pytest.mark.parametrize("rule", [StandardRule(), EARSRule(0.3), GreedyRule()], ids=repr)
+def test_emitted_only_and_draft_support_change_no_decision(rule):
+    """The CPU decode loop's verify(emitted_only=True, draft_support=...) against the plain call:
+    the same decisions and tokens, and the same distortion at every position that emits (0 .. n)."""
+    g = torch.Generator().manual_seed(5)
+    b, k, v = 300, 4, 40
+    support = torch.arange(0, v, 3)  # the draft has mass on every third token only
+    logits = 2 * torch.randn(b, k + 1, v, generator=g)
+    logits[..., support] += 2.0  # most of the target's mass where the draft can propose
+    tp = torch.softmax(logits, dim=-1)
+    dp = torch.zeros(b, k, v)  # a draft near the target on its support
+    dp[..., support] = torch.softmax(logits[:, :k, support] + 0.7 * torch.randn(b, k, len(support), generator=g), dim=-1)
+    if isinstance(rule, GreedyRule):
+        tp = torch.zeros_like(tp).scatter_(-1, tp.argmax(-1, keepdim=True), 1.0)
+    tokens = torch.multinomial(dp.reshape(-1, v), 1, generator=g).reshape(b, k)
+    if isinstance(rule, GreedyRule):  # most drafts the target's argmax, where the draft can propose it
+        top = tp[:, :k].argmax(-1)
+        tokens = torch.where((torch.rand(b, k, generator=g) < 0.8) & (dp.gather(-1, top[..., None])[..., 0] > 0), top, tokens)
+    kw = dict(uniforms=torch.rand(b, k, generator=g), sample_uniforms=torch.rand(b, k + 1, generator=g),
+              with_distortion=True)
+    full = verify(tp, dp, tokens, rule, **kw)
+    lean = verify(tp, dp, tokens, rule, emitted_only=True, draft_support=support, **kw)
+    for field in ("num_accepted", "next_token", "kinds", "p", "q", "ratio", "tolerance", "max_p", "next_p", "next_q"):
+        assert torch.equal(getattr(full, field), getattr(lean, field)), field
+    emits = torch.arange(k)[None] <= full.num_accepted[:, None]  # (B, K) positions 0 .. n
+    assert torch.allclose(lean.distortion[emits], full.distortion[emits], atol=1e-6)
+    assert not lean.distortion[~emits].any()
+    assert len(set(full.num_accepted.tolist())) == k + 1  # every n occurs: bonus rows and each rejection point
+    if isinstance(rule, EARSRule):
+        assert float(full.distortion[emits].max()) > 0.01
