@@ -154,6 +154,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
 
     need_h = bool(getattr(drafter, "needs_target_hidden", False))
     with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed (as a chain)
+    support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         hidden = None
@@ -194,7 +195,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
                 uniforms=counter_uniforms(cfg.seed, accept_keys(tree.depths, tree.ranks, produced, dev), Stream.ACCEPT)[None],
                 sample_uniforms=counter_uniforms(cfg.seed, torch.arange(produced, produced + depth + 1, device=dev),
                                                  Stream.TARGET)[None],  # (1, D+1)
-                with_distortion=with_distortion, siblings=tree.siblings,
+                with_distortion=with_distortion, siblings=tree.siblings, draft_support=support,
             )
             n = int(v.num_accepted[0])  # the round's host sync
             path = v.path[0, :n].tolist()

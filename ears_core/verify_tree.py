@@ -140,6 +140,7 @@ def verify_tree(
     sample_uniforms: Tensor | None = None,
     with_distortion: bool = False,
     siblings: str = "sampled",
+    draft_support: Tensor | None = None,
 ) -> TreeVerdict:
     """Decide B rows of one tree shape at once; see the module docstring.
 
@@ -148,6 +149,8 @@ def verify_tree(
     in rank order). ``uniforms`` (B, N): each node's acceptance draw; ``sample_uniforms`` (B,), or
     (B, D+1) with one draw per depth the walk may stop at. Missing draws come from ``generator``.
     ``siblings``: "sampled" or "fixed", as the tree was built (used only for the distortion).
+    ``draft_support`` (N,) ascending: the token ids outside which draft_probs is 0 (a drafter's
+    ``support``): a ratio rule's distortion is then enumerated over N + 1 values instead of V.
     """
     parents = parents.tolist() if isinstance(parents, Tensor) else list(parents)
     b, n, v = _check(target_probs, draft_probs, tokens, parents)
@@ -161,7 +164,8 @@ def verify_tree(
     ch = children_table(parents, dev, kids)  # (N+1, W)
     rows = torch.arange(b, device=dev)
 
-    max_p = target_probs.amax(dim=-1)  # (B, N+1)
+    top = target_probs.argmax(dim=-1) if rule.argmax_only else None  # (B, N+1) greedy: one pass over V
+    max_p = target_probs.gather(-1, top.unsqueeze(-1)).squeeze(-1) if top is not None else target_probs.amax(dim=-1)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
     flat_tp = target_probs.reshape(b, (n + 1) * v)  # (B, (N+1) V): entry e's row starts at e V
@@ -174,8 +178,10 @@ def verify_tree(
     #    only on its entry and its earlier siblings, so the tests of one rank run at once.
     stands = torch.zeros((b, n), dtype=torch.bool, device=dev)
     pardoned = torch.zeros((b, n), dtype=torch.bool, device=dev)
-    res_at = target_probs.new_empty((b, n, v))  # (B, N, V) the residual a rank >= 1 node faces (filled below)
-    for j, (ents, nodes) in enumerate(_rank_lists(kids)):
+    if top is not None:  # greedy: a node stands iff it is its entry's argmax; no residuals
+        stands = tokens == top[:, parent_entry]  # (B, N)
+    res_at = target_probs.new_empty((b, n, v)) if top is None else None  # (B, N, V) the residual a rank >= 1 node faces
+    for j, (ents, nodes) in enumerate(_rank_lists(kids) if top is None else []):
         e_t, c_t = torch.tensor(ents, device=dev), torch.tensor(nodes, device=dev)
         m = len(nodes)
         res = (res_at if j else target_probs).index_select(1, c_t if j else e_t)  # (B, m, V) the residual faced
@@ -227,29 +233,33 @@ def verify_tree(
     # 4. The next token: from the residual after the stop entry's last child, or a bonus at a leaf.
     leaf = n_kids[cur] == 0  # (B,)
     last_rej = torch.where(leaf, -1, ch[cur, (n_kids[cur] - 1).clamp(min=0)])  # (B,)
-    at = _pick(target_probs, cur)  # (B, V)
-    if n > 0:
-        lr = last_rej.clamp(min=0)
-        faced = torch.where((rank[lr] == 0)[:, None], at, _pick(res_at, lr))  # (B, V) residual the last one faced
-        after = rule.residual(faced, _pick(draft_probs, lr))  # (B, V)
-        stop_dist = torch.where(leaf[:, None], rule.bonus(at), after)
-    else:
-        stop_dist = rule.bonus(at)
     is_bonus = leaf
-    if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
-        sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
-    next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
-    next_p = at.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
-    if n > 0:
-        q0 = _pick(draft_probs, ch[cur, 0].clamp(min=0))  # (B, V) rank-0 draft distribution at the stop
-        next_q = torch.where(is_bonus, 0.0, q0.gather(-1, next_token.unsqueeze(-1)).squeeze(-1))
+    if top is not None:  # greedy: the argmax where the walk stopped
+        next_token = top.gather(1, cur.unsqueeze(-1)).squeeze(-1)  # (B,)
+        next_p = flat_tp.gather(1, (cur * v + next_token).unsqueeze(-1)).squeeze(-1)
+    else:
+        at = _pick(target_probs, cur)  # (B, V)
+        if n > 0:
+            lr = last_rej.clamp(min=0)
+            faced = torch.where((rank[lr] == 0)[:, None], at, _pick(res_at, lr))  # (B, V) residual the last one faced
+            after = rule.residual(faced, _pick(draft_probs, lr))  # (B, V)
+            stop_dist = torch.where(leaf[:, None], rule.bonus(at), after)
+        else:
+            stop_dist = rule.bonus(at)
+        if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
+            sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
+        next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
+        next_p = at.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
+    if n > 0:  # the rank-0 draft distribution at the stop, at the next token
+        q0 = draft_probs.reshape(b, n * v).gather(1, (ch[cur, 0].clamp(min=0) * v + next_token).unsqueeze(-1)).squeeze(-1)
+        next_q = torch.where(is_bonus, 0.0, q0)
     else:
         next_q = torch.zeros_like(next_p)
 
     distortion = exact = None
     if with_distortion:
         distortion, exact = _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path,
-                                         num_accepted, is_bonus, siblings)
+                                         num_accepted, is_bonus, siblings, draft_support)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus, last_rejected=last_rej,
         kinds=kinds.to(torch.int8), p=p_all, q=q_all, ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry],
@@ -310,12 +320,25 @@ def node_emitted_distribution(
     return emit
 
 
+def _compressed(target: Tensor, toks: Tensor, probs: Tensor, support: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A ratio rule's view of one entry on the draft's support: the N supported tokens and one
+    bucket (last) for every other token. Outside the support q = 0, so every residual is P_target
+    there times one factor, and acceptance never applies: the bucket carries their mass exactly,
+    and |emitted - P_target| summed over them is the bucket's. -> target (N+1,), tokens (m,) as
+    indices into the support, probs (m, N+1)."""
+    t = torch.cat([target[support], (1.0 - target[support].sum()).clamp(min=0.0)[None]])  # (N+1,)
+    q = torch.cat([probs[:, support], probs.new_zeros(probs.shape[0], 1)], dim=1)  # (m, N+1)
+    return t, torch.searchsorted(support, toks), q
+
+
 def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: Tensor, tol: Tensor,
-                     siblings: str) -> tuple[float, bool]:
+                     siblings: str, support: Tensor | None = None) -> tuple[float, bool]:
     if is_ratio_rule(rule) and float(tol) == 0.0:
         return 0.0, True  # the ordinary rule: lossless by construction
     if is_ratio_rule(rule) and toks.shape[0] == 1:  # one child: the chain's position, in closed form
-        return float(rule.exact_distortion(target.double()[None, None], probs[:1].double()[None], tol.double().reshape(1, 1))), True
+        return float(rule.exact_distortion(target[None, None], probs[:1][None], tol.reshape(1, 1).to(target.dtype), support)), True
+    if is_ratio_rule(rule) and support is not None:  # enumerate over the draft's N tokens and one bucket
+        target, toks, probs = _compressed(target.double(), toks, probs.double(), support)
     emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings, MAX_STATES)
     if emit is not None:
         return float(0.5 * (emit - target.double()).abs().sum()), True
@@ -330,7 +353,7 @@ def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: 
     return min(1.0, pardon_1 + (m - 1) * reject_1 * float(tol)), False
 
 
-def _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path, num_accepted, is_bonus, siblings):
+def _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path, num_accepted, is_bonus, siblings, support=None):
     b, depth = path.shape
     dist = torch.zeros((b, depth + 1), dtype=torch.float64)
     exact = torch.ones((b, depth + 1), dtype=torch.bool)
@@ -342,5 +365,5 @@ def _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path, num_a
             entry = 0 if e == 0 else paths[row][e - 1] + 1
             kids = ch[entry][ch[entry] >= 0]
             dist[row, e], exact[row, e] = _node_distortion(
-                rule, target_probs[row, entry], tokens[row, kids], draft_probs[row, kids], tol_e[row, entry], siblings)
+                rule, target_probs[row, entry], tokens[row, kids], draft_probs[row, kids], tol_e[row, entry], siblings, support)
     return dist.to(target_probs.device), exact.to(target_probs.device)

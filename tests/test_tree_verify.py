@@ -366,3 +366,24 @@ def test_distortion_is_zero_for_the_ordinary_rule_and_bounded_when_too_many_orde
     finally:
         vt.MAX_STATES = old
     assert not bool(bound.distortion_exact[0, 0]) and tv - 1e-9 <= float(bound.distortion[0, 0]) <= 1.0
+
+
+@pytest.mark.parametrize("siblings", ["sampled", "fixed"])
+def test_distortion_over_the_drafts_support_equals_the_full_enumeration(siblings):
+    """verify_tree(draft_support=...) enumerates a ratio rule's emission over the draft's N tokens and
+    one bucket for the rest: the same distortion as over all V, to float rounding."""
+    v_ = 60
+    support = torch.arange(0, v_, 4)  # the draft proposes every fourth token only
+    T = markov(v_, 41, 1.0)
+    Q = torch.zeros(v_, v_)
+    Q[:, support] = torch.softmax(torch.randn(v_, len(support), generator=torch.Generator().manual_seed(42)), dim=-1)
+    parents = [-1, -1, -1, 0, 0, 3]
+    tokens, target, draft, g = sample_trees(T, Q, parents, 40, seed=9, fixed=siblings == "fixed")
+    kw = dict(uniforms=torch.rand(40, len(parents), generator=g), sample_uniforms=torch.rand(40, generator=g),
+              with_distortion=True, siblings=siblings)
+    full = verify_tree(target, draft, tokens, parents, EARSRule(0.4), **kw)
+    lean = verify_tree(target, draft, tokens, parents, EARSRule(0.4), draft_support=support, **kw)
+    assert bool(full.distortion_exact.all()) and bool(lean.distortion_exact.all())
+    assert torch.allclose(full.distortion, lean.distortion, atol=1e-6)
+    assert float(full.distortion[:, 0].max()) > 0.01  # position 0 has three children: enumerated
+    assert torch.equal(full.next_token, lean.next_token) and torch.equal(full.kinds, lean.kinds)
