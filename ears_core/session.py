@@ -179,15 +179,23 @@ class Session:
 
     def warm_up(self, tokens: int = 24) -> None:
         """Measure the prices (if not cached) and run one short speculative generation with K = 2:
-        the first kernels run, and the draft step and per-round overhead are measured."""
+        the first kernels run, and the draft step and per-round overhead are measured. Where the
+        drafter can branch, one short tree of fixed size follows, learnt from by nothing (its first
+        passes with a tree mask are slow, and would teach the tree budget a node price that stops it
+        drafting)."""
         self.prices  # noqa: B018  (measured on first use)
         if self.pair.draft is None:
             return
         ids = self.encode("Say hello in one short sentence.")
         run = self.speculative(ids, RunConfig(rule="standard", params={}, gamma=2, max_new_tokens=tokens,
-                                              draft_length="fixed"))
+                                              draft_length="fixed", draft_shape="chain"))
         for _ in run:
             pass
+        if self.can_branch:
+            cfg = RunConfig(rule="greedy", params={}, temperature=0.0, max_new_tokens=tokens, draft_length="fixed",
+                            draft_shape="tree")
+            for _ in self._tree_run(ids, cfg, *cfg.rule_and_temperature(), None).gen:  # .gen: not absorbed
+                pass
 
     def profile_text(self) -> str:
         return describe(self.prices)

@@ -61,6 +61,9 @@ from .costs import Calibration, DepthCalibration, PriceCurve
 __all__ = ["TreeBudget", "TreeCalibration", "node_estimate", "tree_round_ms", "tree_value"]
 
 
+OUTLIER_FLOOR = 0.02  # observe_cost: a node's price is never learnt above 3x max(its price, this many steps)
+
+
 class TreeCalibration:
     """Slot probability -> P(the node stands | its parent stood), per depth, with a first child
     (rank 0) and later siblings (rank >= 1) in tables of their own (module terms: estimate)."""
@@ -190,10 +193,14 @@ class TreeBudget:
     def observe_cost(self, nodes: int, depth: int, round_ms: float) -> None:
         """A finished round's measured time (drafting, the target pass and the round's work, ms)
         for a tree of ``nodes`` nodes and ``depth`` levels: node_ms moves toward (round_ms - T(N, D)
-        at n = 0) / N, a running mean over the first 1 / alpha rounds, then an exponential one."""
+        at n = 0) / N, a running mean over the first 1 / alpha rounds, then an exponential one; one
+        observation counts as at most 3x the current price (or 3x OUTLIER_FLOOR of a step)."""
         if nodes <= 0 or not round_ms > 0:
             return
         extra = max((round_ms - tree_round_ms(self.prices, nodes, depth)) / nodes, 0.0)
+        # one slow round (a tree shape's first kernels, another job on the cores) moves it at most
+        # to 3x its value: else a fresh process's first tree could price every later one out of drafting
+        extra = min(extra, 3.0 * max(self.node_ms, OUTLIER_FLOOR * self.prices.step_ms))
         w = max(self.alpha, 1.0 / (self.costed + 1))
         self.node_ms = (1 - w) * self.node_ms + w * extra
         self.costed += 1

@@ -284,3 +284,16 @@ def test_a_budget_with_tree_calibration_drafts_fewer_weak_siblings(tiny_pair, he
     out = tree_generate(target, draft, torch.tensor([PROMPTS[1]]), rule=GreedyRule(), budget=8, depth=3,
                         temperature=0, max_new_tokens=30, keep=greedy_budget)
     assert out.token_ids == hf_greedy(target, PROMPTS[1], 30)
+
+
+def test_node_price_is_learnt_from_the_rounds_and_one_slow_round_cannot_price_trees_out():
+    prices = PriceCurve([10.0, 11.0, 12.0, 13.0, 14.0], draft_ms=1.0, overhead_ms=0.5)
+    budget = TreeBudget(prices, 4, node_ms=0.2)
+    for _ in range(40):  # rounds that cost the chain's prices plus 0.6 ms a node
+        budget.observe_cost(4, 2, tree_round_ms(prices, 4, 2) + 4 * 0.6)
+    assert budget.node_ms == pytest.approx(0.6, rel=1e-3) and budget.costed == 40
+    budget.observe_cost(4, 2, 5000.0)  # a tree shape's first kernels: 5 s for one round
+    assert 0.6 < budget.node_ms <= 0.6 + 0.1 * (3 * 0.6 - 0.6) + 1e-9  # one tenth of the way to 3x, not to 1,250 ms
+    fresh = TreeBudget(prices, 4, node_ms=0.0)
+    fresh.observe_cost(4, 2, 5000.0)  # from 0: capped at 3x the floor of 0.02 steps (10 ms a step)
+    assert fresh.node_ms == pytest.approx(3 * 0.02 * 10.0)
