@@ -222,7 +222,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
         steps.append(StepRecord(step, tree.size, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts,
                                 clock.ms(t2, t3), estimates, expected))
         if cost is not None and not plain:  # a size policy that learns a node's price from the rounds
-            cost(tree.size, depth, clock.ms(t0, t3))
+            cost(tree.size, depth, clock.ms(t0, t3), clock.ms(t1, t2))
         trees.append(record)
         for ev in events:
             ev.text = detok.add(ev.token_id)

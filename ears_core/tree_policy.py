@@ -190,14 +190,21 @@ class TreeBudget:
             n += 1
         return n
 
-    def observe_cost(self, nodes: int, depth: int, round_ms: float) -> None:
+    def observe_cost(self, nodes: int, depth: int, round_ms: float, verify_ms: float | None = None) -> None:
         """A finished round's measured time (drafting, the target pass and the round's work, ms)
         for a tree of ``nodes`` nodes and ``depth`` levels: node_ms moves toward (round_ms - T(N, D)
         at n = 0) / N, a running mean over the first 1 / alpha rounds, then an exponential one; one
-        observation counts as at most 3x the current price (or 3x OUTLIER_FLOOR of a step)."""
+        observation counts as at most 3x the current price (or 3x OUTLIER_FLOOR of a step).
+        ``verify_ms``: the round's own target pass, measured; it then stands in for V(N + 1), so that
+        a machine running slower than its profile (another job on the cores) is not read as a dear
+        node: the prices are a snapshot, the pass is not."""
         if nodes <= 0 or not round_ms > 0:
             return
-        extra = max((round_ms - tree_round_ms(self.prices, nodes, depth)) / nodes, 0.0)
+        if verify_ms is not None and verify_ms > 0:
+            model = depth * self.prices.draft_ms + verify_ms + self.prices.overhead_ms
+        else:
+            model = tree_round_ms(self.prices, nodes, depth)
+        extra = max((round_ms - model) / nodes, 0.0)
         # one slow round (a tree shape's first kernels, another job on the cores) moves it at most
         # to 3x its value: else a fresh process's first tree could price every later one out of drafting
         extra = min(extra, 3.0 * max(self.node_ms, OUTLIER_FLOOR * self.prices.step_ms))

@@ -297,3 +297,16 @@ def test_node_price_is_learnt_from_the_rounds_and_one_slow_round_cannot_price_tr
     fresh = TreeBudget(prices, 4, node_ms=0.0)
     fresh.observe_cost(4, 2, 5000.0)  # from 0: capped at 3x the floor of 0.02 steps (10 ms a step)
     assert fresh.node_ms == pytest.approx(3 * 0.02 * 10.0)
+
+
+def test_a_machine_slower_than_its_profile_is_not_read_as_a_dear_node():
+    prices = PriceCurve([10.0, 11.0, 12.0, 13.0, 14.0], draft_ms=1.0, overhead_ms=0.5)
+    budget = TreeBudget(prices, 4, node_ms=0.2)
+    for _ in range(30):  # every pass 40 % slower than the profile (another job), nodes 0.3 ms each beyond it
+        verify = 1.4 * prices.verify(5)
+        budget.observe_cost(4, 2, 2 * 1.0 + verify + 0.5 + 4 * 0.3, verify_ms=verify)
+    assert budget.node_ms == pytest.approx(0.3, rel=1e-3)
+    blind = TreeBudget(prices, 4, node_ms=0.2)  # without the measured pass the slowdown lands on the nodes
+    for _ in range(30):
+        blind.observe_cost(4, 2, 2 * 1.0 + 1.4 * prices.verify(5) + 0.5 + 4 * 0.3)
+    assert blind.node_ms > 1.5
