@@ -6,7 +6,9 @@ round        the drafter builds a tree (``propose_tree``: best-first up to the s
              and width); the target scores [last committed token, nodes] in ONE forward with the
              tree mask and position ids; verify_tree walks it and keeps n nodes (the accepted
              path) plus one more token; both caches are rearranged to the path. A round emits
-             n + 1 tokens, like a chain round.
+             n + 1 tokens, like a chain round. On the CPU, rules other than greedy are walked on
+             the host instead (``tree_walk.walk_tree``: the same verdict, only the tests the route
+             reaches; greedy's vectorised path is already one pass over V).
 cache        the target's cache holds the committed sequence minus its last token, as in the chain
              decoder; after a tree pass it keeps the prefix, the root and the path (in that order)
              and drops every other node. The prompt is encoded once.
@@ -52,6 +54,7 @@ from .trees import (
     DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, keep_tail_positions, tree_attention_mask, tree_position_ids,
 )
 from .verify import DraftKind
+from .tree_walk import walk_tree
 from .verify_tree import verify_tree
 
 __all__ = ["TreeRecord", "TreeGeneration", "tree_stream", "tree_generate", "score_tree", "keep_path"]
@@ -155,6 +158,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
     need_h = bool(getattr(drafter, "needs_target_hidden", False))
     with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed (as a chain)
     support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
+    walk = dev.type == "cpu" and not rule.argmax_only  # the walk on the host: only the tests the route reaches (tree_walk.py)
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         hidden = None
@@ -190,7 +194,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
             tprobs = probs_fn(logits)  # (1, N+1, V)
             t2 = clock.mark()
             depth = tree.max_depth
-            v = verify_tree(
+            v = (walk_tree if walk else verify_tree)(
                 tprobs, tree.draft_probs[None], tree.tokens[None], tree.parents, rule,
                 uniforms=counter_uniforms(cfg.seed, accept_keys(tree.depths, tree.ranks, produced, dev), Stream.ACCEPT)[None],
                 sample_uniforms=counter_uniforms(cfg.seed, torch.arange(produced, produced + depth + 1, device=dev),

@@ -250,13 +250,15 @@ def test_the_exact_distortion_is_computed_for_lossy_rules_only(tiny_pair, monkey
     """As in a chain: a lossless rule's distortion is 0 and its (costly) enumeration is skipped."""
     target, draft = tiny_pair
     asked = []
-    real = td.verify_tree
 
-    def spy(*a, **kw):
-        asked.append(kw["with_distortion"])
-        return real(*a, **kw)
+    def spy(real):
+        def call(*a, **kw):
+            asked.append(kw["with_distortion"])
+            return real(*a, **kw)
+        return call
 
-    monkeypatch.setattr(td, "verify_tree", spy)
+    monkeypatch.setattr(td, "verify_tree", spy(td.verify_tree))  # greedy (and off the CPU)
+    monkeypatch.setattr(td, "walk_tree", spy(td.walk_tree))  # the other rules on the CPU
     temperature = 0 if isinstance(rule, GreedyRule) else 1.0
     res = tree_stream(target, draft, PROMPTS[0], rule=rule, budget=6, depth=3, temperature=temperature,
                       max_new_tokens=24, seed=2).result()

@@ -1,0 +1,102 @@
+"""verify_tree's walk on the host: the same verdict, with only the tests the route reaches.
+
+Terms (route, test, residual, next token: verify_tree.py)
+-----
+why          ``verify_tree`` tests every node as if the walk reached it, all ranks at once, and pays
+             for residuals and tests of nodes the route never reaches: a few hundred small tensor
+             operations a round. Right after a target pass each of them costs two to three times its
+             usual time on a CPU (its data is out of cache), while a host read costs nothing there. So
+             on the CPU the tree decode loop walks the route itself: from the root, each child in
+             rank order gets its test (one rule call, K = 1, on views of the entry's residual), the
+             walk reads the verdict and goes down or on, and a residual is computed only after a
+             rejection, for the next sibling or the next token.
+equality     the tests, residuals and draws are the ones ``verify_tree`` makes for the nodes on the
+             route (``tests/test_tree_walk.py`` checks them field by field); nodes off the route are
+             NOT_EVALUATED in both and carry the plain ratio p / q.
+rows         one row at a time (B = 1 in the decode loop); the tree shape is shared.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .rules import Q_EPS, AcceptanceRule, RuleInputs
+from .sampling import sample_with_uniforms
+from .verify import DraftKind
+from .verify_tree import TreeVerdict, _children, _depths, _distortions, children_table
+
+__all__ = ["walk_tree"]
+
+
+def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int], rule: AcceptanceRule,
+              *, uniforms: Tensor, sample_uniforms: Tensor, with_distortion: bool = False, siblings: str = "sampled",
+              draft_support: Tensor | None = None) -> TreeVerdict:
+    """``verify_tree`` with the same arguments (draws given), walked on the host (module terms)."""
+    parents = list(parents)
+    b, n, v = tokens.shape[0], tokens.shape[1], target_probs.shape[2]
+    dev = target_probs.device
+    depth = max(_depths(parents), default=0)
+    kids = _children(parents)
+    max_p = target_probs.amax(dim=-1)  # (B, N+1)
+    tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
+    parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
+    p_all = target_probs.reshape(b, -1).gather(1, parent_entry * v + tokens)  # (B, N) P_target(x) at the parent
+    q_all = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
+    ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N): the plain ratio, replaced below for nodes tested
+    if sample_uniforms.dim() == 1:
+        sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1): one draw, whatever the stop depth
+    kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.int8)
+    path = torch.full((b, depth), -1, dtype=torch.long)
+    num, nxt, bonus, last_rej = [], [], [], []
+    next_p, next_q = [], []
+    for r in range(b):
+        cur, stops = 0, 0  # current entry; nodes accepted so far
+        while True:
+            ch = kids[cur]
+            at = target_probs[r, cur]  # (V,) P_target at the entry
+            if not ch:  # a leaf: the bonus token
+                tok = sample_with_uniforms(rule.bonus(at), sample_uniforms[r, stops])
+                num.append(stops), nxt.append(tok), bonus.append(True), last_rej.append(-1)
+                next_p.append(at[tok]), next_q.append(at.new_zeros(()))
+                break
+            res, went = at, None
+            for j, c in enumerate(ch):
+                q_c = draft_probs[r, c]  # (V,)
+                p = p_all[r, c] if j == 0 else res[tokens[r, c]]  # r_j(x)
+                rat = p / q_all[r, c].clamp(min=Q_EPS)
+                one = lambda t: t.reshape(1, 1, *t.shape)  # noqa: E731  a node is one rule call with K = 1
+                acc, par = rule.decide(RuleInputs(one(res), one(q_c), one(tokens[r, c]), one(p), one(q_all[r, c]), one(rat),
+                                                  one(max_p[r, cur]), one(uniforms[r, c])), one(tol_e[r, cur]))
+                ratio[r, c] = rat
+                a, pa = bool(acc), bool(par)  # the walk's host read (free on the CPU)
+                if a or pa:
+                    kinds[r, c] = int(DraftKind.ACCEPTED if a else DraftKind.PARDONED)
+                    went = c
+                    break
+                kinds[r, c] = int(DraftKind.REJECTED)
+                res = rule.residual(res, q_c)  # (V,) what the next sibling, or the next token, faces
+            if went is None:  # every child rejected: the next token from the last residual
+                tok = sample_with_uniforms(res, sample_uniforms[r, stops])
+                num.append(stops), nxt.append(tok), bonus.append(False), last_rej.append(ch[-1])
+                next_p.append(at[tok]), next_q.append(draft_probs[r, ch[0], tok])
+                break
+            path[r, stops] = went
+            stops += 1
+            cur = went + 1
+    num_accepted = torch.tensor(num, dtype=torch.long, device=dev)
+    next_token = torch.stack(nxt).to(torch.long)
+    is_bonus = torch.tensor(bonus, device=dev)
+    path = path.to(dev)
+    distortion = exact = None
+    if with_distortion:
+        distortion, exact = _distortions(rule, target_probs, draft_probs, tokens, children_table(parents, dev, kids), tol_e,
+                                         path, num_accepted, is_bonus, siblings, draft_support)
+    return TreeVerdict(
+        num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus,
+        last_rejected=torch.tensor(last_rej, dtype=torch.long, device=dev), kinds=kinds.to(dev), p=p_all, q=q_all,
+        ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry], max_p=max_p, next_p=torch.stack(next_p),
+        next_q=torch.stack(next_q), distortion=distortion, distortion_exact=exact,
+    )
