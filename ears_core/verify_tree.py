@@ -299,6 +299,10 @@ def node_emitted_distribution(
             w, r = w * (1 - a), rule.residual(r, q)
         return emit + w * r
     w, r, q = p.new_ones(1), p[None], child_probs[0].double()[None]  # (H,), (H, V), (H, V)
+    if m > 1:  # the histories after the first draw, counted before any of the work: too many -> None at once
+        first = q * (1 - _accept(rule, r, q, tol))  # (1, V) as ``rej`` below, with w = 1
+        if int(((first > 0) & (1.0 - q > 1e-12)).sum()) * p.shape[0] > max_states:
+            return None
     for i in range(m):
         a = _accept(rule, r, q, tol)  # (H, V)
         emit += (w[:, None] * q * a).sum(0)
@@ -333,24 +337,37 @@ def _compressed(target: Tensor, toks: Tensor, probs: Tensor, support: Tensor) ->
 
 def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: Tensor, tol: Tensor,
                      siblings: str, support: Tensor | None = None) -> tuple[float, bool]:
-    if is_ratio_rule(rule) and float(tol) == 0.0:
+    ratio_rule, m = is_ratio_rule(rule), toks.shape[0]
+    if ratio_rule and float(tol) == 0.0:
         return 0.0, True  # the ordinary rule: lossless by construction
-    if is_ratio_rule(rule) and toks.shape[0] == 1:  # one child: the chain's position, in closed form
+    if ratio_rule and m == 1:  # one child: the chain's position, in closed form
         return float(rule.exact_distortion(target[None, None], probs[:1][None], tol.reshape(1, 1).to(target.dtype), support)), True
-    if is_ratio_rule(rule) and support is not None:  # enumerate over the draft's N tokens and one bucket
-        target, toks, probs = _compressed(target.double(), toks, probs.double(), support)
+    if ratio_rule and support is not None:  # enumerate over the draft's N tokens and one bucket
+        if siblings == "sampled":  # first: could the orders be enumerated at all? (node_emitted_distribution's count)
+            ps, qs = target[support].double(), probs[0][support].double()  # (N,) the bucket has q = 0: no history
+            first = qs * (1 - _accept(rule, ps[None], qs[None], tol.double())[0])
+            if int(((first > 0) & (1.0 - qs > 1e-12)).sum()) * (len(support) + 1) > MAX_STATES:
+                return _bound(rule, ps, qs, tol, m), False
+        rows = probs if siblings == "fixed" else probs[:1]  # sampled siblings: only the parent's distribution counts
+        target, toks, probs = _compressed(target.double(), toks, rows.double(), support)
     emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings, MAX_STATES)
     if emit is not None:
         return float(0.5 * (emit - target.double()).abs().sum()), True
-    if not is_ratio_rule(rule):
+    if not ratio_rule:
         return 1.0, False
-    p, q, m = target.double(), probs[0].double(), toks.shape[0]
-    ratio = p / q.clamp(min=Q_EPS)
-    a0 = torch.where(p > 0, ratio.clamp(max=1.0), torch.zeros_like(p))
+    return _bound(rule, target, probs[0], tol, m), False
+
+
+def _bound(rule: AcceptanceRule, p: Tensor, q: Tensor, tol: Tensor, m: int) -> float:
+    """The coupling bound for m sampled siblings under a ratio rule (module terms): pardon_1 +
+    (m - 1) * reject_1 * tol, from P_target p and the parent's draft q (the same tokens; tokens
+    where q = 0 add nothing, so the draft's support is enough)."""
+    p, q = p.double(), q.double()
+    a0 = torch.where(p > 0, (p / q.clamp(min=Q_EPS)).clamp(max=1.0), torch.zeros_like(p))
     a = _accept(rule, p[None], q[None], tol.double())[0]
     pardon_1 = float((q * (a - a0)).sum())
     reject_1 = 1.0 - float((q * a0).sum())
-    return min(1.0, pardon_1 + (m - 1) * reject_1 * float(tol)), False
+    return min(1.0, pardon_1 + (m - 1) * reject_1 * float(tol))
 
 
 def _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path, num_accepted, is_bonus, siblings, support=None):

@@ -387,3 +387,24 @@ def test_distortion_over_the_drafts_support_equals_the_full_enumeration(siblings
     assert torch.allclose(full.distortion, lean.distortion, atol=1e-6)
     assert float(full.distortion[:, 0].max()) > 0.01  # position 0 has three children: enumerated
     assert torch.equal(full.next_token, lean.next_token) and torch.equal(full.kinds, lean.kinds)
+
+
+def test_the_bound_over_the_drafts_support_equals_the_bound_over_the_vocabulary(monkeypatch):
+    """Past the enumeration limit a ratio rule's distortion is the coupling bound; with the draft's
+    support given it is counted and computed over those tokens only, to the same value."""
+    import ears_core.verify_tree as vt
+
+    monkeypatch.setattr(vt, "MAX_STATES", 200)  # 3 sampled siblings over 60 tokens: past it either way
+    v_ = 60
+    support = torch.arange(0, v_, 4)
+    Q = torch.zeros(v_, v_)
+    Q[:, support] = torch.softmax(torch.randn(v_, len(support), generator=torch.Generator().manual_seed(6)), dim=-1)
+    parents = [-1, -1, -1]
+    tokens, target, draft, g = sample_trees(markov(v_, 5, 1.0), Q, parents, 30, seed=2)
+    kw = dict(uniforms=torch.rand(30, 3, generator=g), sample_uniforms=torch.rand(30, generator=g), with_distortion=True)
+    full = verify_tree(target, draft, tokens, parents, EARSRule(0.4), **kw)
+    lean = verify_tree(target, draft, tokens, parents, EARSRule(0.4), draft_support=support, **kw)
+    emitted = ~full.is_bonus  # position 0 emits a resampled token or an accepted child's
+    assert not bool(full.distortion_exact[:, 0].any()) and not bool(lean.distortion_exact[:, 0].any())
+    assert torch.allclose(full.distortion[:, 0], lean.distortion[:, 0], atol=1e-6)
+    assert float(full.distortion[:, 0].max()) > 0.05 and bool(emitted.any())
