@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--shape", choices=DRAFT_SHAPES, default="auto",
                        help="tree: draft a tree each round (depth K, verified in one target pass); with --draft-length "
                        "policy the cost model sizes each tree, with fixed it has --tree-budget nodes; chain: K drafts "
-                       "in a row; auto (default): a tree at T = 0 when the draft length is policy and the draft can "
-                       "branch, else a chain")
+                       "in a row; auto (default): a tree when the draft length is policy, the draft can branch and the "
+                       "rule is lossless (greedy at T = 0, the ordinary rule at T > 0), else a chain")
     shape.add_argument("--tree", action="store_true", help="the same as --shape tree")
     shape.add_argument("--chain", action="store_true", help="the same as --shape chain")
     p.add_argument("--tree-budget", type=int, default=8, help="a tree's nodes per round (at most: policy; exactly: "

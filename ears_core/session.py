@@ -16,13 +16,14 @@ policy      how many drafts each round sends (``costs.DraftPolicy``): from this 
             learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
             K) or "threshold" (stop when the draft's confidence falls below 0.35).
 shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). ``Session.resolved()``
-            makes "auto" concrete: a tree at T = 0 (greedy) when the draft length is "policy" and the
-            drafter can branch (a head or a draft model; not n-gram lookup); else a chain. On the
-            embedded pair at T = 0 the cost-model tree was ahead of the chain policy in every bench
-            (six runs) and of every fixed K in the three that had them (1.39x against 1.30x on the
-            latest machine), while at T = 0.9 it won on slower machines and lost by 2-8 % on the
-            fastest (docs/benchmarks.md): sampled siblings stand less often than greedy ones, so
-            there a chain is the safe default.
+            makes "auto" concrete: a tree when the draft length is "policy", the drafter can branch (a
+            head or a draft model; not n-gram lookup) and the rule is lossless and a ratio rule: greedy
+            at T = 0, the ordinary rule (or EARS at beta 0) at T > 0; else a chain. On the embedded
+            pair at T = 0 the cost-model tree was ahead of the chain policy in every bench (eight
+            runs; 1.48x against 1.32-1.35x on the latest machine). At T = 0.9, since tree rounds walk
+            their route on the host, it was ahead with the ordinary rule in three runs of four (1.29-
+            1.35x against 1.25-1.30x, a tie in the fourth) but 2-3 % behind with EARS 0.1 in three of
+            four (docs/benchmarks.md), so a lossy rule keeps a chain.
 tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
             (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
@@ -52,7 +53,7 @@ from .tree_policy import TreeBudget, TreeCalibration
 from .decoding import Generation, autoregressive_stream, stream
 from .metrics import GenerationStats
 from .models import ModelPair, describe_device
-from .rules import AcceptanceRule, GreedyRule, make_rule, rule_spec
+from .rules import AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
 from .runs import ACTIVITY, ActivityLog, Background, Tracked
 
 __all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "summary_rows", "summary_markdown",
@@ -81,7 +82,7 @@ class RunConfig:
     top_k: int | None = None
     top_p: float | None = None
     draft_length: str = "policy"  # "policy": the measured cost model; "fixed": always K; "threshold"
-    draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto": tree at T = 0 (terms)
+    draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto": see the terms
     tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
     tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
 
@@ -285,14 +286,15 @@ class Session:
         return self._can_branch
 
     def resolved(self, cfg: RunConfig) -> RunConfig:
-        """``cfg`` with a concrete draft shape: "auto" becomes a tree at T = 0 when the draft length
-        is "policy" and the drafter can branch, else a chain (module terms). At T = 0 every rule is
-        GreedyRule (``rule_and_temperature``), so the tree never judges a rule another way than a chain
-        (FLy or the distortion budget at T > 0 would be)."""
+        """``cfg`` with a concrete draft shape: "auto" becomes a tree when the draft length is
+        "policy", the drafter can branch and the rule is a lossless ratio rule (greedy at T = 0, the
+        ordinary rule at T > 0), else a chain (module terms). So the tree never judges a rule
+        another way than a chain would (FLy or the distortion budget at T > 0 would be)."""
         if cfg.validate().draft_shape != "auto":
             return cfg
-        _, temperature = cfg.rule_and_temperature()
-        tree = temperature == 0 and cfg.draft_length == "policy" and self.can_branch
+        rule, temperature = cfg.rule_and_temperature()
+        lossless_ratio = rule.lossless and is_ratio_rule(rule)  # the ordinary rule (or EARS at beta = 0)
+        tree = (temperature == 0 or lossless_ratio) and cfg.draft_length == "policy" and self.can_branch
         return replace(cfg, draft_shape="tree" if tree else "chain")
 
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:

@@ -118,7 +118,10 @@ def test_the_cli_takes_the_tree_flags(capsys):
 @pytest.mark.parametrize("kw, shape", [
     (dict(temperature=0), "tree"),  # greedy with the policy and a draft model that can branch
     (dict(rule="greedy", params={}), "tree"),  # the greedy rule is T = 0 at any temperature asked
-    (dict(), "chain"),  # T = 0.9: sampled siblings do not pay on every machine
+    (dict(), "chain"),  # EARS at T = 0.9: its tree was 2-3 % behind its chain
+    (dict(rule="standard", params={}), "tree"),  # the ordinary rule at T = 0.9: the tree was ahead
+    (dict(rule="ears", params={"beta": 0.0}), "tree"),  # EARS at beta 0 is the ordinary rule
+    (dict(rule="standard", params={}, draft_length="fixed"), "chain"),
     (dict(temperature=0, draft_length="fixed"), "chain"),  # fixed K means K drafts in a row
     (dict(temperature=0, draft_length="threshold"), "chain"),
     (dict(draft_shape="chain", temperature=0), "chain"),
