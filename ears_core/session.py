@@ -53,6 +53,7 @@ from .tree_policy import TreeBudget, TreeCalibration
 from .decoding import Generation, autoregressive_stream, stream
 from .metrics import GenerationStats
 from .models import ModelPair, describe_device
+from .passing import in_passing_thread
 from .rules import AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
 from .runs import ACTIVITY, ActivityLog, Background, Tracked
 
@@ -184,6 +185,9 @@ class Session:
         drafter can branch, one short tree of fixed size follows, learnt from by nothing (its first
         passes with a tree mask are slow, and would teach the tree budget a node price that stops it
         drafting)."""
+        in_passing_thread(self._warm_up, tokens)  # leaves no OpenMP pool in the caller (passing.py)
+
+    def _warm_up(self, tokens: int) -> None:
         self.prices  # noqa: B018  (measured on first use)
         if self.pair.draft is None:
             return

@@ -1,0 +1,47 @@
+"""passing.in_passing_thread: torch work in a thread that exits, so the caller keeps no OpenMP pool
+(two pools on 2 cores throttle every parallel region: decoding ran at 0.6x, passing.py)."""
+
+import threading
+
+import pytest
+import torch
+
+import ears_core.models as models
+from ears_core.passing import in_passing_thread
+
+
+def test_it_runs_elsewhere_returns_and_raises_as_the_call_would():
+    here = threading.get_ident()
+    assert in_passing_thread(lambda a, b=0: (threading.get_ident(), a + b), 2, b=3)[1] == 5
+    assert in_passing_thread(threading.get_ident) != here
+    with pytest.raises(ValueError, match="bad prompt"):
+        in_passing_thread(lambda: (_ for _ in ()).throw(ValueError("bad prompt")))
+
+
+def test_the_callers_torch_thread_count_is_carried_over():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert in_passing_thread(torch.get_num_threads) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypatch, tiny_pair):
+    seen = []
+
+    def fake_load(*a, **kw):
+        seen.append(threading.get_ident())
+        raise models.ModelLoadError("stop here")
+
+    monkeypatch.setattr(models, "_load_pair", fake_load)
+    with pytest.raises(models.ModelLoadError, match="stop here"):
+        models.load_pair("embedded", None, device="cpu")
+    assert seen and seen[0] != threading.get_ident()
+
+    from ears_core.session import Session
+
+    session = Session(models.ModelPair(*tiny_pair, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
+    monkeypatch.setattr(Session, "_warm_up", lambda self, tokens: seen.append((threading.get_ident(), tokens)))
+    session.warm_up(7)
+    assert seen[1][1] == 7 and seen[1][0] != threading.get_ident()
