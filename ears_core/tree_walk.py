@@ -31,6 +31,11 @@ from .verify_tree import TreeVerdict, _children, _depths, _distortions, children
 __all__ = ["walk_tree"]
 
 
+def _one(t: Tensor) -> Tensor:
+    """A node's value as one row of one position: a rule call with B = K = 1."""
+    return t.reshape(1, 1, *t.shape)
+
+
 def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int], rule: AcceptanceRule,
               *, uniforms: Tensor, sample_uniforms: Tensor, with_distortion: bool = False, siblings: str = "sampled",
               draft_support: Tensor | None = None) -> TreeVerdict:
@@ -67,9 +72,8 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
                 q_c = draft_probs[r, c]  # (V,)
                 p = p_all[r, c] if j == 0 else res[tokens[r, c]]  # r_j(x)
                 rat = p / q_all[r, c].clamp(min=Q_EPS)
-                one = lambda t: t.reshape(1, 1, *t.shape)  # noqa: E731  a node is one rule call with K = 1
-                acc, par = rule.decide(RuleInputs(one(res), one(q_c), one(tokens[r, c]), one(p), one(q_all[r, c]), one(rat),
-                                                  one(max_p[r, cur]), one(uniforms[r, c])), one(tol_e[r, cur]))
+                acc, par = rule.decide(RuleInputs(_one(res), _one(q_c), _one(tokens[r, c]), _one(p), _one(q_all[r, c]),
+                                                  _one(rat), _one(max_p[r, cur]), _one(uniforms[r, c])), _one(tol_e[r, cur]))
                 ratio[r, c] = rat
                 a, pa = bool(acc), bool(par)  # the walk's host read (free on the CPU)
                 if a or pa:
