@@ -26,7 +26,7 @@ from torch import Tensor
 from .rules import Q_EPS, AcceptanceRule, RuleInputs
 from .sampling import sample_with_uniforms
 from .verify import DraftKind
-from .verify_tree import TreeVerdict, _children, _depths, _distortions, children_table
+from .verify_tree import TreeVerdict, _children, _depths, _distortions, children_table, node_values
 
 __all__ = ["walk_tree"]
 
@@ -41,16 +41,13 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
               draft_support: Tensor | None = None) -> TreeVerdict:
     """``verify_tree`` with the same arguments (draws given), walked on the host (module terms)."""
     parents = list(parents)
-    b, n, v = tokens.shape[0], tokens.shape[1], target_probs.shape[2]
+    b, n = tokens.shape
     dev = target_probs.device
     depth = max(_depths(parents), default=0)
     kids = _children(parents)
     max_p = target_probs.amax(dim=-1)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
-    parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
-    p_all = target_probs.reshape(b, -1).gather(1, parent_entry * v + tokens)  # (B, N) P_target(x) at the parent
-    q_all = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
-    ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N): the plain ratio, replaced below for nodes tested
+    parent_entry, p_all, q_all, ratio = node_values(target_probs, draft_probs, tokens, parents)  # ratio: replaced when tested
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1): one draw, whatever the stop depth
     kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.int8)

@@ -115,6 +115,25 @@ def _check(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: S
     return b, n, v
 
 
+def node_values(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int]
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each node's parent entry (N,), and (B, N) each: P_target(x) at the parent's entry, the node's
+    draft probability q(x), and p / q (the ratio reported for a node never tested)."""
+    b, v = tokens.shape[0], target_probs.shape[2]
+    parent_entry = torch.tensor(parents, dtype=torch.long, device=target_probs.device) + 1  # (N,)
+    p = target_probs.reshape(b, -1).gather(1, parent_entry * v + tokens)  # (B, N): entry e's row starts at e V
+    q = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
+    return parent_entry, p, q, p / q.clamp(min=Q_EPS)
+
+
+def _too_many_orders(rule: AcceptanceRule, p: Tensor, q: Tensor, tol: Tensor, width: int, max_states: int) -> bool:
+    """Would enumerating sampled siblings' orders pass ``max_states``? The histories after the first
+    draw (tokens drawn with q > 0 and rejected with mass left to redraw) times ``width`` values each:
+    p, q (1, V') and tol as ``node_emitted_distribution`` reads them."""
+    first = q * (1 - _accept(rule, p, q, tol))  # (1, V') the first draw's rejection mass, token by token
+    return int(((first > 0) & (1.0 - q > 1e-12)).sum()) * width > max_states
+
+
 def _pick(t: Tensor, idx: Tensor) -> Tensor:
     """t (B, E, V), idx (B,) -> (B, V): row b's entry idx[b] (a copy by index_select, not advanced indexing)."""
     b, e, v = t.shape
@@ -167,11 +186,8 @@ def verify_tree(
     top = target_probs.argmax(dim=-1) if rule.argmax_only else None  # (B, N+1) greedy: one pass over V
     max_p = target_probs.gather(-1, top.unsqueeze(-1)).squeeze(-1) if top is not None else target_probs.amax(dim=-1)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
-    parent_entry = torch.tensor(parents, dtype=torch.long, device=dev) + 1  # (N,)
     flat_tp = target_probs.reshape(b, (n + 1) * v)  # (B, (N+1) V): entry e's row starts at e V
-    p_all = flat_tp.gather(1, parent_entry * v + tokens)  # (B, N) P_target(x) at the parent's entry
-    q_all = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
-    plain_ratio = p_all / q_all.clamp(min=Q_EPS)  # (B, N) p / q, reported for nodes never tested
+    parent_entry, p_all, q_all, plain_ratio = node_values(target_probs, draft_probs, tokens, parents)
     ratio = plain_ratio.clone()  # (B, N) r_j(x) / q as each node would be tested
 
     # 1. Every node's test, as if the walk reached it: the residual a rank-j child faces depends
@@ -299,10 +315,8 @@ def node_emitted_distribution(
             w, r = w * (1 - a), rule.residual(r, q)
         return emit + w * r
     w, r, q = p.new_ones(1), p[None], child_probs[0].double()[None]  # (H,), (H, V), (H, V)
-    if m > 1:  # the histories after the first draw, counted before any of the work: too many -> None at once
-        first = q * (1 - _accept(rule, r, q, tol))  # (1, V) as ``rej`` below, with w = 1
-        if int(((first > 0) & (1.0 - q > 1e-12)).sum()) * p.shape[0] > max_states:
-            return None
+    if m > 1 and _too_many_orders(rule, r, q, tol, p.shape[0], max_states):  # counted before any of the work
+        return None
     for i in range(m):
         a = _accept(rule, r, q, tol)  # (H, V)
         emit += (w[:, None] * q * a).sum(0)
@@ -345,8 +359,7 @@ def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: 
     if ratio_rule and support is not None:  # enumerate over the draft's N tokens and one bucket
         if siblings == "sampled":  # first: could the orders be enumerated at all? (node_emitted_distribution's count)
             ps, qs = target[support].double(), probs[0][support].double()  # (N,) the bucket has q = 0: no history
-            first = qs * (1 - _accept(rule, ps[None], qs[None], tol.double())[0])
-            if int(((first > 0) & (1.0 - qs > 1e-12)).sum()) * (len(support) + 1) > MAX_STATES:
+            if _too_many_orders(rule, ps[None], qs[None], tol.double(), len(support) + 1, MAX_STATES):
                 return _bound(rule, ps, qs, tol, m), False
         rows = probs if siblings == "fixed" else probs[:1]  # sampled siblings: only the parent's distribution counts
         target, toks, probs = _compressed(target.double(), toks, rows.double(), support)

@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--draft-length", default="fixed", help="fixed: the same rounds in both paths (deterministic)")
     ap.add_argument("--k", type=int, default=2)
     ap.add_argument("--shape", default="auto", choices=DRAFT_SHAPES,
-                    help="draft shape in both paths (auto: a tree at T = 0 with the policy, else a chain)")
+                    help="draft shape in both paths (auto: resolved as the session does, Session.resolved)")
     ap.add_argument("--tree-budget", type=int, default=8)
     ap.add_argument("--cli", action="store_true", help="also run the terminal demo (python -m ears_core.generate) "
                     "--repeats times, a process each, and compare the app with it")
