@@ -108,3 +108,16 @@ def test_the_callback_limits():
     with pytest.raises(InputError, match="max new tokens must be between 1 and 32"):
         check_request("hi", 0.9, 4, 33, 0, max_new_tokens=32)
     assert check_request("x" * 10, 0.9, 4, 32, 0, max_prompt_chars=10, max_new_tokens=32).max_new == 32
+
+
+def test_the_queue_polls_slowly_while_a_decode_runs():
+    """Gradio's queue loop polls every 1 ms on Linux: ~1,000 wake-ups a second that take the
+    interpreter and a core from the decode thread. The app slows it to QUEUE_POLL_S."""
+    import types
+
+    from ears_core.studio import PROGRESS_POLL_S, QUEUE_POLL_S, build_app, calm_queue
+    demo = build_app(pair_loader=lambda: None, settings=Settings())
+    assert demo._queue.sleep_when_free == QUEUE_POLL_S == 0.05
+    assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S == 0.1
+    with pytest.raises(AttributeError, match="update ears_core.studio.calm_queue"):
+        calm_queue(types.SimpleNamespace(_queue=types.SimpleNamespace(sleep_when_free=0.001)))

@@ -33,11 +33,29 @@ from ears_core.settings import Settings
 from . import generate, pairs, race, theory, tpp
 from .controls import build_controls
 
-__all__ = ["build_app", "LAUNCH_KW", "CSS"]
+__all__ = ["build_app", "LAUNCH_KW", "CSS", "calm_queue", "QUEUE_POLL_S", "PROGRESS_POLL_S"]
 
 CSS = ".ears-tokens {font-family: ui-sans-serif, system-ui;} #message {color: #b91c1c; font-weight: 600;}"
 LAUNCH_KW: dict[str, Any] = dict(theme=gr.themes.Soft(primary_hue="pink"), css=CSS)
 DECODE_GROUP = "decode"
+# Gradio's queue polls its event list every 1 ms (its progress list every 10 ms) on Linux: about
+# 1,000 wake-ups a second of the event loop, each taking the interpreter and a core from the decode
+# (measured here: 9 % of a core and ~1,200 context switches a second while a run decoded). 50 ms is
+# Gradio's own Windows value; it delays only the pick-up of a new request.
+QUEUE_POLL_S = 0.05
+PROGRESS_POLL_S = 0.1
+
+
+def calm_queue(demo: gr.Blocks, poll_s: float = QUEUE_POLL_S, progress_s: float = PROGRESS_POLL_S) -> None:
+    """Make the queue's idle polling slow (see QUEUE_POLL_S). Fails loudly if Gradio renames the
+    attributes, rather than silently polling at 1 kHz again."""
+    queue = demo._queue
+    for name, value in (("sleep_when_free", poll_s), ("progress_update_sleep_when_free", progress_s)):
+        if not hasattr(queue, name):
+            raise AttributeError(f"gradio's Queue has no {name!r}: update ears_core.studio.calm_queue for this version")
+        setattr(queue, name, value)
+
+
 INTRO = ("# EARS Studio\nSpeculative decoding with **EARS**: a draft proposes K tokens, the target checks them "
          "in one pass. EARS *pardons* a draft whose ratio r = p/q falls just short of the uniform U, by at most "
          "β·(1 − max P_target).")
@@ -84,5 +102,6 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
         theory.wire(theory_tab, state, lambda: slot.loaded)
         controls.follow([controls.rule, race_tab.rule_a, race_tab.rule_b])
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
+    calm_queue(demo)
     demo.ears_slot = slot
     return demo
