@@ -149,6 +149,7 @@ class Session:
         self._prices = RunningPrices(prices) if prices is not None else None
         self._measured_step: float | None = prices.step_ms if prices is not None else None
         self._refresh = False  # the rounds disagree with the cached profile: measure again
+        self._given = prices is not None  # the caller's curve: warm_up keeps it
         self._cache_dir = cache_dir
         self._lock = threading.Lock()
         self._can_branch: bool | None = None  # the drafter has propose_tree (asked once)
@@ -180,7 +181,8 @@ class Session:
             return self._prices.curve
 
     def warm_up(self, tokens: int = 24) -> None:
-        """Measure the prices (if not cached) and run one short speculative generation with K = 2:
+        """Measure the prices afresh (about a second; the cached profile is only the starting point
+        of a session that never warms up) and run one short speculative generation with K = 2:
         the first kernels run, and the draft step and per-round overhead are measured. Where the
         drafter can branch, one short tree of fixed size follows, learnt from by nothing (its first
         passes with a tree mask are slow, and would teach the tree budget a node price that stops it
@@ -188,7 +190,13 @@ class Session:
         in_passing_thread(self._warm_up, tokens)  # leaves no OpenMP pool in the caller (passing.py)
 
     def _warm_up(self, tokens: int) -> None:
-        self.prices  # noqa: B018  (measured on first use)
+        # A cached curve can be hours old, and this machine's curve moves: one profile cached here
+        # read 1.05 steps for a pass over 4 tokens when a fresh one read 1.21 (the policy then
+        # drafted 3 where 2 paid). Measured again, in force for this session (load_or_measure keeps
+        # the file only if the new step is much slower). A curve the caller gave is kept.
+        with self._lock:
+            self._refresh = not self._given
+        self.prices  # noqa: B018
         if self.pair.draft is None:
             return
         ids = self.encode("Say hello in one short sentence.")

@@ -254,6 +254,17 @@ def test_a_slower_refresh_is_used_but_not_cached(tmp_path, monkeypatch):
     assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [8.0, 9.0]
 
 
+def test_a_refresh_a_little_slower_replaces_the_cached_shape(tmp_path, monkeypatch):
+    # The machine drifts (a step 10 % slower) and the curve's shape with it: that is not contention.
+    from conftest import tiny_llama
+    model = tiny_llama(0)
+    curves = iter([PriceCurve([10.0, 10.5], 1.0, measured_at="a"), PriceCurve([11.0, 13.2], 1.0, measured_at="b")])
+    monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: next(curves))
+    costs.load_or_measure(model, max_m=2, cache_dir=tmp_path)
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [11.0, 13.2]
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [11.0, 13.2]
+
+
 # --------------------------------------------------------------------- losslessness with the policy
 
 

@@ -152,3 +152,23 @@ def test_auto_is_a_chain_for_a_draft_without_a_distribution(tiny_pair):
     assert session.resolved(RunConfig()).draft_shape == "chain"
     gen = run(session, PROMPTS[0], RunConfig(max_new_tokens=12))
     assert "tree(" not in gen.method and not getattr(gen, "trees", None)
+
+
+def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair, tmp_path, monkeypatch):
+    """A cached profile is only a start: warm_up measures this machine now (its curve moves in a
+    day), and that fresh curve is the one the session's policy reads. A curve given is kept."""
+    import ears_core.costs as costs
+    target, draft = tiny_pair
+    pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
+    curves = iter([PriceCurve([10.0] * 9, 0.4, measured_at="cached"), PriceCurve([11.0 + m for m in range(9)], 0.4,
+                                                                                   measured_at="fresh")])
+    monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: next(curves))
+    Session(pair, cache_dir=tmp_path).prices  # noqa: B018  (writes the "cached" profile)
+    fresh = Session(pair, cache_dir=tmp_path)
+    assert fresh.prices.measured_at == "cached"
+    monkeypatch.setattr(Session, "encode", lambda self, prompt, chat=True: torch.tensor([PROMPTS[0]]))
+    fresh.warm_up(4)
+    assert fresh.prices.verify_ms[4:] == [15.0 + m for m in range(5)]  # m >= 5: as measured (the run moves m <= 3)
+    given = Session(pair, prices=PRICES, cache_dir=tmp_path)
+    given.warm_up(4)
+    assert given.prices.verify_ms[3:] == PRICES.verify_ms[3:]
