@@ -175,8 +175,10 @@ class Session:
         """The price curve in force (measured on first use: a few seconds, then cached on disk)."""
         with self._lock:
             if self._prices is None or self._refresh:
-                curve = load_or_measure(self.pair.target, max_m=MAX_K + 1, cache_dir=self._cache_dir,
-                                        refresh=self._refresh)
+                # in a thread that exits: a measurement asked for from a long-lived thread (an app's
+                # request worker) would leave it an OpenMP pool that throttles every later decode
+                curve = in_passing_thread(load_or_measure, self.pair.target, max_m=MAX_K + 1,
+                                          cache_dir=self._cache_dir, refresh=self._refresh)
                 self._prices, self._measured_step, self._refresh = RunningPrices(curve), curve.step_ms, False
             return self._prices.curve
 

@@ -45,3 +45,24 @@ def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypa
     monkeypatch.setattr(Session, "_warm_up", lambda self, tokens: seen.append((threading.get_ident(), tokens)))
     session.warm_up(7)
     assert seen[1][1] == 7 and seen[1][0] != threading.get_ident()
+
+
+def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_thread(monkeypatch, tiny_pair):
+    # Session.prices measures again when the rounds say the profile is stale: from an app's request
+    # worker (a long-lived thread) that would leave the worker a pool that throttles later decodes.
+    import ears_core.session as session_mod
+    from ears_core.costs import PriceCurve
+    from ears_core.models import ModelPair
+    from ears_core.session import Session
+
+    seen = []
+
+    def fake_measure(*a, **kw):
+        seen.append(threading.get_ident())
+        return PriceCurve([10.0] * 9, 0.4, measured_at="now")
+
+    monkeypatch.setattr(session_mod, "load_or_measure", fake_measure)
+    target, draft = tiny_pair
+    session = Session(ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
+    assert session.prices.measured_at == "now"
+    assert seen and seen[0] != threading.get_ident()
