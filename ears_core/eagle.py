@@ -31,6 +31,13 @@ temperature scale  tau: the head's drafts are drawn from softmax(logits / (T * t
                 stays the raw T = 1 value, which the calibration tables are keyed on.
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
+head dtype      the drafter computes in its head's dtype: its layers, its cache and its rows of the
+                target's output head (``w_sub``); the target's features and embeddings are cast to
+                it, and the logits come back as float32 before any softmax. On a CPU a draft step
+                reads all of the head's weights from memory (the target's pass has evicted them from
+                the cache): bfloat16 halves that (``models.draft_dtype``). Draft side only: q is
+                still exactly the distribution each draft was drawn from, so every rule stays as
+                exact as before.
 
 feature layers  (EAGLE-3's fusion) a head may read several of the target's hidden states at t, not
                 just the last: ``feature_layers`` are indices into the target's ``hidden_states``
@@ -160,7 +167,8 @@ class EagleDrafter:
         # draws as over V (ascending ids: the same inverse CDF; the same argmax on ties), without V-sized
         # work per step. Only when every head token is a real token (else the V path, as trees use).
         self._n_space = bool(len(self.vocab_ids)) and int(self.vocab_ids[-1]) < self.vocab_size
-        self.w_sub = w.detach()[self.vocab_ids]  # (N, d): the target's head on the draft's tokens
+        self.dtype = next(head.parameters()).dtype  # the head dtype (module terms)
+        self.w_sub = w.detach()[self.vocab_ids].to(self.dtype)  # (N, d): the target's head on the draft's tokens
         self.sub_head = nn.Linear(self.w_sub.shape[1], self.w_sub.shape[0], bias=False, device="meta")  # feats -> (N,)
         self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
@@ -183,8 +191,8 @@ class EagleDrafter:
         self.sub_head = pack_layer(rows)
         return pack_linears(self.head) + int(self.sub_head is not rows)
 
-    def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N): logits over the head's vocabulary
-        return self.sub_head(feats)
+    def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N) float32 logits over the head's vocabulary
+        return self.sub_head(feats).float()
 
     def _scaled(self, sub: Tensor) -> Tensor:
         """Logits for drawing drafts: divided by tau (no copy when tau = 1)."""
@@ -197,7 +205,7 @@ class EagleDrafter:
         return logits
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
-        return self.head(feats.to(self.w_sub.dtype), self.embed(tokens), self._s.cache)  # (B, T, d)
+        return self.head(feats.to(self.dtype), self.embed(tokens).to(self.dtype), self._s.cache)  # (B, T, d)
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
@@ -228,7 +236,7 @@ class EagleDrafter:
                 if keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
                     break
                 feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
-            sub = self._sub(feat).float()  # (B, N)
+            sub = self._sub(feat)  # (B, N)
             if keep is not None:
                 conf = float(torch.softmax(sub, dim=-1).max(dim=-1).values.mean())  # one host read, pre-draw
                 if not keep(conf):
@@ -305,8 +313,8 @@ class EagleDrafter:
         slots: list[int] = []  # tree nodes in the head's cache, in cache order
 
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
-            parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.w_sub.dtype)  # (m, d)
-            z = self.head.inputs(parent_f, self.embed(tree.tokens[ids]))[None]  # (1, m, d)
+            parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.dtype)  # (m, d)
+            z = self.head.inputs(parent_f, self.embed(tree.tokens[ids]).to(self.dtype))[None]  # (1, m, d)
             mask = pos = None
             if not (ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))):
                 rows = [i + 1 for i in ids]

@@ -20,6 +20,13 @@ embedded    the offline default target, SmolLM2-135M-Instruct, shipped as a Q4_1
 vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
             are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
             to ``[..., :vocab_size]``.
+draft dtype the dtype an EAGLE-style head computes in (``draft_dtype``): bfloat16 on a CPU with
+            native bfloat16 dot products (AVX512-BF16 or AMX) when the target is float32, else the
+            target's dtype; ``EARS_DRAFT_DTYPE=float32|bfloat16`` chooses. The head's weights are
+            stored in bfloat16, so only its rows of the target's output head are rounded. Measured
+            on the embedded pair (2 vCPU, EARS 0.1, T = 0.9, K = 2): a draft step 1.70-1.74 ms in
+            float32, 1.34-1.40 ms in bfloat16 (a step reads all of the head's weights from memory),
+            tokens per round unchanged (1.747 and 1.766).
 offline     nothing is downloaded unless ``allow_download=True`` is passed and ``HF_HUB_OFFLINE``
             is unset; a model missing from the local cache is a ``ModelLoadError`` naming the
             fix, never a hang.
@@ -289,11 +296,34 @@ def is_head_dir(spec: Any) -> bool:
     return spec is not None and (Path(str(spec)).expanduser() / "head.json").is_file()
 
 
+DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def draft_dtype(device: torch.device, target_dtype: torch.dtype, env: dict[str, str] | None = None) -> torch.dtype:
+    """The dtype an EAGLE-style head computes in (module terms: draft dtype)."""
+    choice = (os.environ if env is None else env).get("EARS_DRAFT_DTYPE", "").strip().lower()
+    if choice:
+        if choice not in DRAFT_DTYPES:
+            raise ModelLoadError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
+                                 f"{', '.join(DRAFT_DTYPES)} (or leave it unset to choose by the CPU)")
+        return DRAFT_DTYPES[choice]
+    if device.type == "cpu" and target_dtype == torch.float32 and _native_bf16():
+        return torch.bfloat16
+    return target_dtype
+
+
+def _native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (else oneDNN emulates it, slower than float32)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(bool(check()) for check in checks if check is not None)
+
+
 def _load_head_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int, folder: Path) -> Any:
     from .eagle import DraftHead, EagleDrafter
 
     device = target_model.get_input_embeddings().weight.device
-    head = DraftHead.load(folder, dtype=dtype).to(device)
+    head = DraftHead.load(folder, dtype=draft_dtype(device, dtype)).to(device)
     width = target_model.get_input_embeddings().weight.shape[1]
     if head.config.hidden_size != width:
         raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "

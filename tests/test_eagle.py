@@ -317,3 +317,47 @@ def test_the_temperature_scale_round_trips_and_a_bad_one_is_refused(tmp_path, ta
     (tmp_path / "old" / "head.json").write_text(json.dumps(info))
     with pytest.raises(ValueError, match="temperature_scale must be > 0"):
         DraftHead.load(tmp_path / "old")
+
+
+def bf16_copy(head):
+    other = DraftHead(head.config, head.vocab_ids)
+    other.load_state_dict(head.state_dict())
+    return other.to(torch.bfloat16).eval()
+
+
+@pytest.mark.parametrize("shape", ["chain", "tree"])
+def test_a_bfloat16_head_drafts_for_a_float32_target_and_greedy_stays_the_targets(target_and_head, shape):
+    from ears_core.tree_decoding import tree_generate
+
+    target, head = target_and_head
+    d = EagleDrafter(bf16_copy(head), target)
+    assert d.dtype == torch.bfloat16 and d.w_sub.dtype == torch.bfloat16
+    for prompt in PROMPTS[:3]:
+        if shape == "chain":
+            out = generate(target, d, prompt, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=20)
+        else:
+            out = tree_generate(target, d, prompt, rule=GreedyRule(), depth=3, budget=6, temperature=0,
+                                max_new_tokens=20)
+        assert out.token_ids == hf_greedy(target, prompt, 20)
+        assert sum(s.drafted for s in out.steps) > 0
+
+
+def test_a_bfloat16_heads_drafts_are_drawn_from_the_float32_q_it_returns(target_and_head):
+    # What keeps every rule exact: q is the distribution each draft was drawn from. The head computes
+    # in bfloat16, its logits come back as float32, and the draws use them.
+    from ears_core.sampling import SamplingConfig, logits_to_probs, sample_with_uniforms
+
+    target, head = target_and_head
+    probs_fn = lambda logits: logits_to_probs(logits[..., :96], SamplingConfig(temperature=0.9))  # noqa: E731
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[-1]  # (1, T, d) float32
+    d = EagleDrafter(bf16_copy(head), target)
+    gen = torch.Generator().manual_seed(1)
+    for t in range(3, ids.shape[1]):
+        d.prefill(ids[:, :t], h[:, : t - 1])
+        u = torch.rand(1, 4, generator=gen)
+        tokens, q = d.propose(4, probs_fn, u)
+        assert q.dtype == torch.float32 and torch.allclose(q.sum(-1), torch.ones(1, 4), atol=1e-5)
+        assert bool((q[..., 1::2] == 0).all())  # only the head's (even) tokens
+        assert torch.equal(sample_with_uniforms(q[0], u[0]), tokens[0])

@@ -251,3 +251,18 @@ def test_a_folder_with_auto_draft_gets_ngram_lookup_and_fresh_drafters(tiny) -> 
     out = generate(*pair, ids, temperature=0, max_new_tokens=12, eos_token_id=[])  # target, drafter = pair
     ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=12, eos_token_id=[])
     assert out.token_ids == ref.token_ids and len(out.token_ids) == 12
+
+
+def test_the_draft_dtype_follows_the_cpu_unless_chosen(monkeypatch):
+    import ears_core.models as m
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    monkeypatch.setattr(m, "_native_bf16", lambda: True)
+    assert m.draft_dtype(cpu, torch.float32, env={}) == torch.bfloat16
+    assert m.draft_dtype(cuda, torch.float32, env={}) == torch.float32  # a GPU: the target's dtype
+    assert m.draft_dtype(cpu, torch.bfloat16, env={}) == torch.bfloat16
+    assert m.draft_dtype(cpu, torch.float32, env={"EARS_DRAFT_DTYPE": "float32"}) == torch.float32
+    monkeypatch.setattr(m, "_native_bf16", lambda: False)  # oneDNN would emulate bfloat16: slower
+    assert m.draft_dtype(cpu, torch.float32, env={}) == torch.float32
+    assert m.draft_dtype(cpu, torch.float32, env={"EARS_DRAFT_DTYPE": " BFloat16 "}) == torch.bfloat16
+    with pytest.raises(m.ModelLoadError, match="EARS_DRAFT_DTYPE='half' is not a draft dtype: use one of float32, bfloat16"):
+        m.draft_dtype(cpu, torch.float32, env={"EARS_DRAFT_DTYPE": "half"})
