@@ -65,14 +65,15 @@ def main() -> None:
         from ears_core.session import Session
         env = dict(os.environ, PORT=str(port), EARS_CONCURRENCY=str(a.concurrency), EARS_QUEUE_SIZE=str(max(64, 2 * a.burst)))
         server = subprocess.Popen([sys.executable, "app.py"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        session = Session(load_pair())
-        session.warm_up()
         for _ in range(600):
             try:
                 client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
                 break
             except Exception:
                 time.sleep(0.5)
+        time.sleep(30)  # the app loads and warms its pair in a thread: let it finish before this process measures
+        session = Session(load_pair())
+        session.warm_up()  # alone on the cores: its price curve is the one printed
         demo = None
     else:
         demo = build_app(settings=Settings(queue_size=max(64, 2 * a.burst), concurrency=a.concurrency))
