@@ -121,3 +121,16 @@ def test_the_queue_polls_slowly_while_a_decode_runs():
     assert demo._queue.progress_update_sleep_when_free == PROGRESS_POLL_S == 0.1
     with pytest.raises(AttributeError, match="update ears_core.studio.calm_queue"):
         calm_queue(types.SimpleNamespace(_queue=types.SimpleNamespace(sleep_when_free=0.001)))
+
+
+def test_the_machine_panel_follows_a_run_instead_of_the_state_changing():
+    """A listener on the State's change makes Gradio deep-hash the State (the last run's every
+    token and round) twice per frame of every run; the panel redraws after /generate instead."""
+    from ears_core.studio import build_app
+    demo = build_app(pair_loader=lambda: None, settings=Settings())
+    fns = list(demo.fns.values())
+    states = {b._id for b in demo.blocks.values() if type(b).__name__ == "State"}
+    assert states and not [f for f in fns if any(t[0] in states and t[1] == "change" for t in f.targets)]
+    generate = next(f for f in fns if f.api_name == "generate")
+    after = [f for f in fns if f.trigger_after == generate._id]
+    assert any("rounds_plot" in [getattr(o, "elem_id", None) for o in f.outputs] for f in after)

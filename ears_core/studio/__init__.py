@@ -99,7 +99,7 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
                                    queue=False)
         gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],
                              api_name="export")
-        theory.wire(theory_tab, state, lambda: slot.loaded)
+        theory.wire(theory_tab, state, lambda: slot.loaded, after=[gen_event])
         controls.follow([controls.rule, race_tab.rule_a, race_tab.rule_b])
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
     calm_queue(demo)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import gradio as gr
 
@@ -66,7 +66,10 @@ def machine(session_of: Callable[[], Any], state: dict | None) -> tuple[Any, Any
     return viz.price_figure(curve), f"*this machine: {session.profile_text()}*", viz.rounds_figure(steps)
 
 
-def wire(tab: TheoryTab, state: gr.State, session_of: Callable[[], Any]) -> None:
+def wire(tab: TheoryTab, state: gr.State, session_of: Callable[[], Any], after: Sequence[Any]) -> None:
+    """``after``: the events that set ``state`` (the Generate run); the machine panel redraws when
+    one ends. Not ``state.change``: Gradio would then deep-hash the state (the last run's every
+    token and round) twice per frame of every run, on the event loop the decode shares its cores with."""
     gr.on([tab.k.change, tab.c.change], redraw, [tab.k, tab.c, state], tab.plot, api_name=False)
-    gr.on([state.change], lambda st: machine(session_of, st), [state], [tab.prices, tab.profile, tab.rounds],
-          api_name=False)
+    for event in after:
+        event.then(lambda st: machine(session_of, st), [state], [tab.prices, tab.profile, tab.rounds], api_name=False)
