@@ -245,13 +245,27 @@ def test_a_slower_refresh_is_used_but_not_cached(tmp_path, monkeypatch):
     from conftest import tiny_llama
     model = tiny_llama(0)
     curves = iter([PriceCurve([10.0, 11.0], 1.0, measured_at="a"), PriceCurve([30.0, 20.0], 1.0, measured_at="b"),
-                   PriceCurve([8.0, 9.0], 1.0, measured_at="c")])
+                   PriceCurve([25.0, 26.0], 1.0, measured_at="b2"), PriceCurve([8.0, 9.0], 1.0, measured_at="c")])
     monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: next(curves))
     assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.0, 11.0]
-    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [30.0, 20.0]
+    # much slower: measured once more, the faster of the two per m serves this process only
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [25.0, 20.0]
     assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.0, 11.0]
     assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [8.0, 9.0]
     assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [8.0, 9.0]
+
+
+def test_a_refresh_caught_in_a_slow_moment_is_measured_again(tmp_path, monkeypatch):
+    # The machine jitters for seconds at a time: a second measurement that reads like the cached one
+    # wins, per m, and is cached.
+    from conftest import tiny_llama
+    model = tiny_llama(0)
+    curves = iter([PriceCurve([10.0, 11.0], 1.0, measured_at="a"), PriceCurve([16.0, 18.0], 1.0, measured_at="b"),
+                   PriceCurve([10.5, 12.5], 1.0, measured_at="c")])
+    monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: next(curves))
+    costs.load_or_measure(model, max_m=2, cache_dir=tmp_path)
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [10.5, 12.5]
+    assert costs.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.5, 12.5]
 
 
 def test_a_refresh_a_little_slower_replaces_the_cached_shape(tmp_path, monkeypatch):
