@@ -406,14 +406,13 @@ def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
                     refresh: bool = False, key_extra: str = "") -> PriceCurve:
     """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
-    seconds) written to the cache. ``refresh`` measures again; the new curve is returned, but it
-    replaces a cached one only if its step is not slower: another job on the cores only ever adds
-    time, and a profile measured under it (e.g. a refresh asked for while a training job ran) would
-    otherwise mislead every later process on this machine (a refresh that reads much slower is
-    measured once more and the faster of the two kept, per m: the machine jitters for seconds at a
-    time). A step within ``REFRESH_SLOWER`` of the
-    cached one replaces it: the machine drifts by that much in a day (19.5 to 24 ms a step here),
-    and the curve's shape with it."""
+    seconds) written to the cache. ``refresh`` measures again and returns the new curve; it replaces
+    the cached one when its step is at most ``REFRESH_SLOWER`` times the cached step (the machine
+    drifts by that much in a day, 19.5 to 24 ms a step here, and the curve's shape with it). A
+    refresh that reads slower than that is measured once more and the faster of the two kept, per m
+    (the machine jitters for seconds at a time); if that still reads much slower it serves this
+    process only: another job on the cores only ever adds time, and a profile measured under it
+    (e.g. a refresh asked for while a training job ran) would mislead every later process here."""
     key = profile_key(target, key_extra)
     path = _cache_file(key, cache_dir)
     cached = None
