@@ -197,7 +197,7 @@ class Session:
         # drafted 3 where 2 paid). Measured again, in force for this session (load_or_measure keeps
         # the file only if the new step is much slower). A curve the caller gave is kept.
         with self._lock:
-            self._refresh = not self._given
+            self._refresh = self._refresh or not self._given  # a stale-profile refresh already asked for stands
         self.prices  # noqa: B018
         if self.pair.draft is None:
             return

@@ -172,3 +172,7 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
     given = Session(pair, prices=PRICES, cache_dir=tmp_path)
     given.warm_up(4)
     assert given.prices.verify_ms[3:] == PRICES.verify_ms[3:]
+    given._refresh = True  # the rounds found the given curve stale: warm_up must not cancel that
+    curves = iter([PriceCurve([20.0 + m for m in range(9)], 0.4, measured_at="stale-refresh")] * 3)
+    given.warm_up(4)
+    assert given.prices.verify_ms[4:] == [24.0 + m for m in range(5)]
