@@ -57,6 +57,13 @@ def main() -> None:
     a = ap.parse_args()
     port = free_port()
     server = None
+    extras = [p.default for p in param_sliders_spec()[1:]]
+
+    def app_run(seed: int = 0, baseline: bool = False) -> dict:
+        out = client.predict(PROMPT, 0.1, 0.9, a.k, a.tokens, seed, "ears", baseline, *extras, a.draft_length,
+                             a.shape, a.tree_budget, api_name="/generate")
+        return {"details": out[7], "summary": out[2]}
+
     if a.subprocess:
         import os
         import subprocess
@@ -71,7 +78,7 @@ def main() -> None:
                 break
             except Exception:
                 time.sleep(0.5)
-        time.sleep(30)  # the app loads and warms its pair in a thread: let it finish before this process measures
+        app_run()  # returns once the app has loaded and warmed its pair (and warms the HTTP path)
         session = Session(load_pair())
         session.warm_up()  # alone on the cores: its price curve is the one printed
         demo = None
@@ -80,13 +87,6 @@ def main() -> None:
         session = demo.ears_slot.session()  # loads and warms up the embedded pair
         demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
         client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
-    extras = [p.default for p in param_sliders_spec()[1:]]
-
-    def app_run(seed: int = 0, baseline: bool = False) -> dict:
-        out = client.predict(PROMPT, 0.1, 0.9, a.k, a.tokens, seed, "ears", baseline, *extras, a.draft_length,
-                             a.shape, a.tree_budget, api_name="/generate")
-        return {"details": out[7], "summary": out[2]}
-
     cfg = RunConfig(rule="ears", params={"beta": 0.1}, temperature=0.9, gamma=a.k, max_new_tokens=a.tokens,
                     seed=0, draft_length=a.draft_length, draft_shape=a.shape, tree_budget=a.tree_budget)
     ids = session.encode(PROMPT)
@@ -108,7 +108,8 @@ def main() -> None:
                               str(a.tree_budget), "--no-baseline", "--no-color"], capture_output=True, text=True, check=True)
         return float(re.search(r"throughput\s+([\d.]+) tokens/s", out.stdout).group(1))
 
-    app_run()  # warm the HTTP path
+    if demo is not None:
+        app_run()  # warm the HTTP path (the subprocess's was warmed before this process loaded)
     app_tps, term_tps, cli_tps = [], [], []
     for _ in range(a.repeats):
         term_tps.append(terminal_run())
