@@ -35,7 +35,7 @@ head dtype      the drafter computes in its head's dtype: its layers, its cache 
                 target's output head (``w_sub``); the target's features and embeddings are cast to
                 it, and the logits come back as float32 before any softmax. On a CPU a draft step
                 reads all of the head's weights from memory (the target's pass has evicted them from
-                the cache): bfloat16 halves that (``models.draft_dtype``). Draft side only: q is
+                the cache): bfloat16 halves that (``head_kernels.py`` measures which is faster). Draft side only: q is
                 still exactly the distribution each draft was drawn from, so every rule stays as
                 exact as before.
 

@@ -20,13 +20,11 @@ embedded    the offline default target, SmolLM2-135M-Instruct, shipped as a Q4_1
 vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
             are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
             to ``[..., :vocab_size]``.
-draft dtype the dtype an EAGLE-style head computes in (``draft_dtype``): bfloat16 on a CPU with
-            native bfloat16 dot products (AVX512-BF16 or AMX) when the target is float32, else the
-            target's dtype; ``EARS_DRAFT_DTYPE=float32|bfloat16`` chooses. The head's weights are
-            stored in bfloat16, so only its rows of the target's output head are rounded. Measured
-            on the embedded pair (2 vCPU, EARS 0.1, T = 0.9, K = 2): a draft step 1.70-1.74 ms in
-            float32, 1.34-1.40 ms in bfloat16 (a step reads all of the head's weights from memory),
-            tokens per round unchanged (1.747 and 1.766).
+draft dtype the dtype and kernels an EAGLE-style head computes with (``head_kernels.py``): on a CPU
+            with native bfloat16 (AVX512-BF16 or AMX) and a float32 target, float32 and bfloat16, each
+            packed and as loaded, are timed once per machine when the pair loads and the fastest is kept
+            (cached); ``EARS_DRAFT_DTYPE=float32|bfloat16`` fixes the dtype. The head's weights are
+            stored in bfloat16, so only its rows of the target's output head are rounded.
 offline     nothing is downloaded unless ``allow_download=True`` is passed and ``HF_HUB_OFFLINE``
             is unset; a model missing from the local cache is a ``ModelLoadError`` naming the
             fix, never a hang.
@@ -48,6 +46,7 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from .head_kernels import Variant, candidates, choose_head_variant
 from .passing import in_passing_thread
 
 EMBEDDED = "embedded"
@@ -296,39 +295,32 @@ def is_head_dir(spec: Any) -> bool:
     return spec is not None and (Path(str(spec)).expanduser() / "head.json").is_file()
 
 
-DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def draft_dtype(device: torch.device, target_dtype: torch.dtype, env: dict[str, str] | None = None) -> torch.dtype:
-    """The dtype an EAGLE-style head computes in (module terms: draft dtype)."""
-    choice = (os.environ if env is None else env).get("EARS_DRAFT_DTYPE", "").strip().lower()
-    if choice:
-        if choice not in DRAFT_DTYPES:
-            raise ModelLoadError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
-                                 f"{', '.join(DRAFT_DTYPES)} (or leave it unset to choose by the CPU)")
-        return DRAFT_DTYPES[choice]
-    if device.type == "cpu" and target_dtype == torch.float32 and _native_bf16():
-        return torch.bfloat16
-    return target_dtype
-
-
-def _native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (else oneDNN emulates it, slower than float32)."""
-    cpu = getattr(torch, "cpu", None)
-    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(bool(check()) for check in checks if check is not None)
-
-
 def _load_head_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int, folder: Path) -> Any:
+    """The head in ``folder`` as a drafter, in the dtype and kernels that draft fastest here (head_kernels.py)."""
+    device = target_model.get_input_embeddings().weight.device
+    try:
+        variants = candidates(device, dtype)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    drafter, choice = choose_head_variant(target_model, lambda v: _head_drafter(target_model, v, vocab_size, folder),
+                                          variants, vocab_size)
+    drafter.kernel_choice = choice  # None when there was nothing to choose between
+    return drafter
+
+
+def _head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: int, folder: Path) -> Any:
+    """The head in ``folder`` as a drafter in one variant: its dtype, its layers packed or as loaded."""
     from .eagle import DraftHead, EagleDrafter
 
     device = target_model.get_input_embeddings().weight.device
-    head = DraftHead.load(folder, dtype=draft_dtype(device, dtype)).to(device)
+    head = DraftHead.load(folder, dtype=variant.torch_dtype).to(device)
     width = target_model.get_input_embeddings().weight.shape[1]
     if head.config.hidden_size != width:
         raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "
                              f"states are {width}: a head only drafts for the target it was trained on")
     drafter = EagleDrafter(head, target_model, vocab_size)
+    if variant.packed:
+        drafter.pack_kernels()
     calibration = folder / "calibration.json"  # scripts/calibrate_draft.py
     if calibration.is_file():
         drafter.calibration_table = json.loads(calibration.read_text())
@@ -525,10 +517,9 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         draft_model = _load_embedded_draft(target_model, dt, vocab_size)
     elif is_head_dir(draft):
         draft_model = _load_head_draft(target_model, dt, vocab_size, Path(str(draft)).expanduser())
-    elif draft is not None:
-        draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
-    if draft_model is not None:
+    elif draft is not None:  # a draft model runs the kernels the target chose (a head chooses its own)
         from .packed_linear import pack_like
+        draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
         pack_like(target_model, draft_model)
     from .drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):

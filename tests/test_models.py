@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ears_core import models as em
+from ears_core.head_kernels import candidates
 from ears_core.models import ModelLoadError, encode_prompt, load_pair
 
 WORDS = [f"w{i}" for i in range(3, 100)]  # ids 3..99; 0-2 are <unk> <s> </s>
@@ -163,7 +164,7 @@ def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> 
     assert pair.draft.w_sub.shape == (4096, config.hidden_size)
 
 
-def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path) -> None:
+def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypatch) -> None:
     # A head trained for a target (head.json) loads as its drafter from any folder; greedy output
     # stays the target's; a head of another width is refused naming the reason.
     from ears_core import GreedyRule, autoregressive, generate
@@ -173,11 +174,22 @@ def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path) -> None:
     DraftHead(head_config_from_target(model.config), torch.arange(3, 100), feature_layers=(1, -1)).save(tmp_path / "h")
     assert em.is_head_dir(tmp_path / "h") and not em.is_head_dir(folder) and not em.is_head_dir(None)
     assert em.check_pair(str(folder), str(tmp_path / "h")) == 100
+    monkeypatch.setenv("EARS_CACHE", str(tmp_path / "cache"))
+    # as on a CPU with native bfloat16 and no oneDNN packing, whatever this one has
+    monkeypatch.setattr(em, "candidates", lambda device, dtype: candidates(device, dtype, bf16=True, packing=False))
     pair = load_pair(str(folder), str(tmp_path / "h"), device="cpu")
     assert isinstance(pair.draft, EagleDrafter) and pair.draft.feature_layers == (1, -1)
+    choice = pair.draft.kernel_choice  # the two dtypes were timed; the drafter is the one chosen
+    assert set(choice.ms) == {"float32", "bfloat16"} and all(ms > 0 for ms in choice.ms.values())
+    assert pair.draft.dtype == getattr(torch, choice.dtype)
+    assert list((tmp_path / "cache" / "kernels").glob("draft-*.json"))
     ids = encode_prompt(pair.tokenizer, "w5 w6 w7 w8")
     out = generate(*pair, ids, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
     assert out.token_ids == autoregressive(pair.target, ids, temperature=0, max_new_tokens=12).token_ids
+    monkeypatch.setenv("EARS_DRAFT_DTYPE", "half")
+    with pytest.raises(ModelLoadError, match="EARS_DRAFT_DTYPE='half' is not a draft dtype"):
+        load_pair(str(folder), str(tmp_path / "h"), device="cpu")
+    monkeypatch.delenv("EARS_DRAFT_DTYPE")
     wide = LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                        num_key_value_heads=2)
     DraftHead(head_config_from_target(wide), torch.arange(3, 100)).save(tmp_path / "w")
@@ -251,18 +263,3 @@ def test_a_folder_with_auto_draft_gets_ngram_lookup_and_fresh_drafters(tiny) -> 
     out = generate(*pair, ids, temperature=0, max_new_tokens=12, eos_token_id=[])  # target, drafter = pair
     ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=12, eos_token_id=[])
     assert out.token_ids == ref.token_ids and len(out.token_ids) == 12
-
-
-def test_the_draft_dtype_follows_the_cpu_unless_chosen(monkeypatch):
-    import ears_core.models as m
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    monkeypatch.setattr(m, "_native_bf16", lambda: True)
-    assert m.draft_dtype(cpu, torch.float32, env={}) == torch.bfloat16
-    assert m.draft_dtype(cuda, torch.float32, env={}) == torch.float32  # a GPU: the target's dtype
-    assert m.draft_dtype(cpu, torch.bfloat16, env={}) == torch.bfloat16
-    assert m.draft_dtype(cpu, torch.float32, env={"EARS_DRAFT_DTYPE": "float32"}) == torch.float32
-    monkeypatch.setattr(m, "_native_bf16", lambda: False)  # oneDNN would emulate bfloat16: slower
-    assert m.draft_dtype(cpu, torch.float32, env={}) == torch.float32
-    assert m.draft_dtype(cpu, torch.float32, env={"EARS_DRAFT_DTYPE": " BFloat16 "}) == torch.bfloat16
-    with pytest.raises(m.ModelLoadError, match="EARS_DRAFT_DTYPE='half' is not a draft dtype: use one of float32, bfloat16"):
-        m.draft_dtype(cpu, torch.float32, env={"EARS_DRAFT_DTYPE": "half"})
