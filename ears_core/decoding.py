@@ -41,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 from .costs import expected_tokens
 from .drafters import Drafter, ModelDrafter, model_vocab_size, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
+from .kv_cache import drop_last_positions
 from .metrics import GenerationStats, summarize
 from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
@@ -308,8 +309,7 @@ def _speculative_events(
                 )
                 next_token, host = v.next_token, _RoundHost.read(v, tokens)  # the round's one host sync
         n = host.num_accepted
-        if k > n:
-            cache.crop(n - k)  # drop the target's positions for drafts that did not stand
+        drop_last_positions(cache, k - n)  # the target's positions for drafts that did not stand
         drafter.commit(n, next_token, target_features(out, drafter))  # (1, k+1, n*d) or None
         last = next_token.view(1, 1)
         if probe:  # a probe that drafted nothing backs off (2, 4, then 8 rounds) unless drafting pays on average

@@ -192,7 +192,7 @@ class ModelDrafter:
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
         entries in order (the draft ran every path node except perhaps the last), drop the rest."""
-        from .trees import keep_tail_positions
+        from .kv_cache import keep_tail_positions
 
         nxt = next_token.reshape(1, 1)
         if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round

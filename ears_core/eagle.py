@@ -63,6 +63,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
+from .kv_cache import drop_last_positions
 from .sampling import sample_with_uniforms
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
@@ -279,8 +280,7 @@ class EagleDrafter:
         s = self._s
         assert s is not None, "prefill() first"
         built = s.cache.get_seq_length()
-        if built > s.cache_len:  # entries made from predicted features
-            s.cache.crop(s.cache_len - built)
+        drop_last_positions(s.cache, built - s.cache_len)  # entries made from predicted features
         if target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states (needs_target_hidden = True)")
         proposed = s.proposed if s.proposed is not None else next_token.reshape(-1, 1)[:, :0]

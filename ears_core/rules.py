@@ -47,6 +47,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
+from .sampling import sample_with_uniforms, search_cdf
+
 __all__ = [
     "Q_EPS",
     "RuleInputs",
@@ -191,6 +193,18 @@ class AcceptanceRule:
     def bonus(self, target_probs: Tensor) -> Tensor:
         """(..., V) distribution of the bonus token drawn after K accepted drafts."""
         return target_probs
+
+    def draw_residual(self, target_probs: Tensor, draft_probs: Tensor, u: Tensor) -> Tensor:
+        """One token from ``residual(target_probs, draft_probs)`` (V,), (V,) with the draw u (): the same
+        inverse-CDF draw as ``sample_with_uniforms(residual(...), u)``. For the ratio rule's residual it
+        searches max(0, p - q) unnormalised: three passes over V instead of eight, and one host read of
+        its mass (is it empty?), so it is for the CPU path that reads the verdict anyway."""
+        if type(self).residual is not AcceptanceRule.residual:
+            return sample_with_uniforms(self.residual(target_probs, draft_probs), u)
+        cdf = (target_probs - draft_probs).clamp_(min=0.0).cumsum(dim=-1)  # (V,) residual mass so far
+        if float(cdf[-1]) <= RESIDUAL_EPS:  # no residual mass: P_target itself, as ``residual`` gives
+            return sample_with_uniforms(target_probs, u)
+        return search_cdf(cdf, u)
 
     def emitted(self, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor) -> Tensor:
         """(B, K, V) distribution of the token one verified position emits:

@@ -33,6 +33,7 @@ __all__ = [
     "logits_to_probs",
     "counter_uniforms",
     "sample_with_uniforms",
+    "search_cdf",
 ]
 
 
@@ -136,9 +137,14 @@ def sample_with_uniforms(probs: Tensor, u: Tensor) -> Tensor:
     The distribution need not be normalised. A token with probability 0 is never drawn: the
     search returns the first index whose cumulative mass is strictly above u * total.
     """
-    cdf = probs.float().cumsum(dim=-1)  # (..., V)
-    target = (u.float() * cdf[..., -1]).unsqueeze(-1)  # (..., 1)
+    return search_cdf(probs.float().cumsum(dim=-1), u)  # (..., V) cumulative mass
+
+
+def search_cdf(cdf: Tensor, u: Tensor) -> Tensor:
+    """The inverse-CDF draw of ``sample_with_uniforms`` given the (..., V) cumulative mass of an
+    unnormalised distribution and (...,) draws ``u``."""
     cdf = cdf.contiguous()
+    target = (u.float() * cdf[..., -1]).unsqueeze(-1)  # (..., 1)
     idx = torch.searchsorted(cdf, target.contiguous(), right=True)  # (..., 1)
     # u * total can round up to total: fall back to the last token that has mass.
     last = torch.searchsorted(cdf, cdf[..., -1:].contiguous(), right=False)  # (..., 1)

@@ -46,12 +46,13 @@ from transformers import DynamicCache, PreTrainedModel
 from .decoding import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
 from .drafters import Drafter, ModelDrafter, layers_side_by_side, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
+from .kv_cache import drop_last_positions, keep_tail_positions
 from .rules import AcceptanceRule, StandardRule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
 from .trees import (
-    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, keep_tail_positions, tree_attention_mask, tree_position_ids,
+    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, tree_attention_mask, tree_position_ids,
 )
 from .verify import DraftKind
 from .tree_walk import walk_tree
@@ -119,8 +120,7 @@ def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequen
     """After a tree pass: keep the first ``prefix_len`` positions (the committed prefix and the
     root) and the path's nodes, in order; drop the other nodes."""
     if list(path) == list(range(len(path))):  # the path is the first nodes: a plain crop
-        if tree_size > len(path):
-            cache.crop(len(path) - tree_size)
+        drop_last_positions(cache, tree_size - len(path))
         return
     dev = cache.layers[0].keys.device
     nodes = torch.tensor(list(path), dtype=torch.long, device=dev)

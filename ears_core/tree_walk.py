@@ -78,9 +78,10 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
                     went = c
                     break
                 kinds[r, c] = int(DraftKind.REJECTED)
-                res = rule.residual(res, q_c)  # (V,) what the next sibling, or the next token, faces
-            if went is None:  # every child rejected: the next token from the last residual
-                tok = sample_with_uniforms(res, sample_uniforms[r, stops])
+                if j + 1 < len(ch):
+                    res = rule.residual(res, q_c)  # (V,) what the next sibling faces
+            if went is None:  # every child rejected: the next token from the residual after the last one
+                tok = rule.draw_residual(res, q_c, sample_uniforms[r, stops])
                 num.append(stops), nxt.append(tok), bonus.append(False), last_rej.append(ch[-1])
                 next_p.append(at[tok]), next_q.append(draft_probs[r, ch[0], tok])
                 break

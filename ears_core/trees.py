@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -65,7 +65,7 @@ from .sampling import Stream, counter_uniforms, sample_with_uniforms
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "ancestor_matrix",
-    "tree_attention_mask", "tree_position_ids", "keep_cache_positions", "keep_tail_positions",
+    "tree_attention_mask", "tree_position_ids",
 ]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
@@ -365,32 +365,3 @@ def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequen
     """(1, len(entries)) long: root_position + depth of each entry (the root has depth 0)."""
     full = [0] + list(depths)
     return torch.tensor([[root_position + full[e] for e in entries]], dtype=torch.long, device=device)
-
-
-def _filled_layers(cache: DynamicCache) -> Iterator[Any]:
-    """The cache's layers that hold positions; only full-attention (dynamic) layers can be rearranged."""
-    for layer in cache.layers:
-        if type(layer).__name__ != "DynamicLayer":
-            raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
-        if layer.is_initialized:
-            yield layer
-
-
-def keep_cache_positions(cache: DynamicCache, keep: Tensor) -> None:
-    """Keep only the cache positions ``keep`` (in that order), in every layer, in place."""
-    for layer in _filled_layers(cache):
-        idx = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)  # (B, H, len(keep), D)
-        layer.values = layer.values.index_select(-2, idx)
-
-
-def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
-    """Keep positions [0, start) as they are, then the positions ``keep`` (ascending, each >= start)
-    in that order, in every layer: only the kept tail is copied, in place; the layers end as views."""
-    n = int(keep.numel())
-    for layer in _filled_layers(cache):
-        idx = keep.to(layer.keys.device)
-        for name in ("keys", "values"):
-            t = getattr(layer, name)  # (B, H, L, D)
-            t[..., start:start + n, :] = t.index_select(-2, idx)  # gathered first, so overlaps are safe
-            setattr(layer, name, t[..., : start + n, :])

@@ -192,9 +192,10 @@ def verify(
     if top is not None:  # the target's argmax at position n: no V-sized work
         next_token = top.gather(1, n).squeeze(1)  # (B,)
     elif ns is not None:  # only the distribution each row draws from: a view at its n, bonus or residual
-        next_token = torch.stack([sample_with_uniforms(
-            rule.bonus(target_probs[r, nr]) if nr == k else rule.residual(target_probs[r, nr], draft_probs[r, nr]),
-            sample_uniforms[r]) for r, nr in enumerate(ns)])  # (B,): one row in the decode loop
+        next_token = torch.stack([
+            sample_with_uniforms(rule.bonus(target_probs[r, nr]), sample_uniforms[r]) if nr == k
+            else rule.draw_residual(target_probs[r, nr], draft_probs[r, nr], sample_uniforms[r])
+            for r, nr in enumerate(ns)])  # (B,): one row in the decode loop
     else:
         rows = torch.arange(b, device=dev)  # (B,): row selection by index, not a gather over V
         at_n = target_probs[rows, num_accepted]  # (B, V)

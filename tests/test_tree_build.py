@@ -13,9 +13,10 @@ from conftest import PROMPTS, perturbed_copy, tiny_llama
 from ears_core.drafters import ModelDrafter
 from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
+from ears_core.kv_cache import drop_last_positions, keep_cache_positions, keep_tail_positions
 from ears_core.tree_decoding import keep_path, score_tree
 from ears_core.trees import (
-    DraftTree, TreeDraws, TreeSpec, accept_keys, ancestor_matrix, build_tree, keep_cache_positions, keep_tail_positions,
+    DraftTree, TreeDraws, TreeSpec, accept_keys, ancestor_matrix, build_tree,
     tree_attention_mask, tree_position_ids,
 )
 
@@ -284,6 +285,22 @@ def test_keeping_the_tail_in_place_equals_gathering_every_position(target, start
     assert b.get_seq_length() == start + len(keep) == a.get_seq_length()
     for la, lb in zip(a.layers, b.layers):
         assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4])
+def test_dropping_the_last_positions_equals_transformers_crop(target, n):
+    prompt = PROMPTS[2] + PROMPTS[0]
+    a, b = prefilled(target, prompt), prefilled(target, prompt)
+    a.crop(-n) if n else None
+    drop_last_positions(b, n)
+    kept = len(prompt) - 1 - n  # prefilled() caches all but the last token
+    assert b.get_seq_length() == kept == a.get_seq_length()
+    for la, lb in zip(a.layers, b.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+    with torch.no_grad():  # the cropped cache decodes the next token as a fresh pass over the kept prefix does
+        cached = target(torch.tensor([[prompt[kept]]]), past_key_values=b, use_cache=True).logits[0, -1]
+        fresh = target(torch.tensor([prompt[: kept + 1]])).logits[0, -1]
+    assert torch.allclose(cached, fresh, atol=1e-4) and b.get_seq_length() == kept + 1
 
 
 # ----------------------------------------------------------------------------- drafters

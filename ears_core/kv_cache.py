@@ -1,0 +1,64 @@
+"""Edits of a transformers ``DynamicCache`` after a verify pass: drop the positions that did not stand.
+
+Terms
+-----
+layer      one ``DynamicLayer``: ``keys`` and ``values`` (B, H, L, D), L the cached positions.
+crop       drop the last n positions of every layer (a chain round whose drafts did not all stand).
+           ``DynamicCache.crop`` does it with an Ellipsis slice per tensor, about 2.5 us each: 0.15 ms
+           a round for a 30-layer target, 0.4 % of a 40 ms step. ``narrow`` makes the same views.
+keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
+Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
+is cropped by its own ``crop``, and cannot be rearranged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch import Tensor
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+__all__ = ["drop_last_positions", "keep_cache_positions", "keep_tail_positions"]
+
+
+def drop_last_positions(cache: DynamicCache, n: int) -> None:
+    """Drop the last ``n`` >= 0 positions of every layer, in place (views: nothing is copied)."""
+    if n <= 0:
+        return
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            layer.crop(-n)
+        elif layer.is_initialized:
+            keep = layer.keys.shape[-2] - n
+            layer.keys = layer.keys.narrow(-2, 0, keep)  # (B, H, L - n, D)
+            layer.values = layer.values.narrow(-2, 0, keep)
+
+
+def _filled_layers(cache: DynamicCache) -> Iterator[Any]:
+    """The cache's layers that hold positions; only full-attention (dynamic) layers can be rearranged."""
+    for layer in cache.layers:
+        if type(layer).__name__ != "DynamicLayer":
+            raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
+        if layer.is_initialized:
+            yield layer
+
+
+def keep_cache_positions(cache: DynamicCache, keep: Tensor) -> None:
+    """Keep only the cache positions ``keep`` (in that order), in every layer, in place."""
+    for layer in _filled_layers(cache):
+        idx = keep.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, idx)  # (B, H, len(keep), D)
+        layer.values = layer.values.index_select(-2, idx)
+
+
+def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
+    """Keep positions [0, start) as they are, then the positions ``keep`` (ascending, each >= start)
+    in that order, in every layer: only the kept tail is copied, in place; the layers end as views."""
+    n = int(keep.numel())
+    for layer in _filled_layers(cache):
+        idx = keep.to(layer.keys.device)
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # (B, H, L, D)
+            t.narrow(-2, start, n).copy_(t.index_select(-2, idx))  # gathered first, so overlaps are safe
+            setattr(layer, name, t.narrow(-2, 0, start + n))
