@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -34,6 +35,8 @@ __all__ = [
     "counter_uniforms",
     "sample_with_uniforms",
     "search_cdf",
+    "host_uniforms",
+    "splitmix64",
 ]
 
 
@@ -129,6 +132,22 @@ def counter_uniforms(seed: int | Tensor, positions: Tensor, stream: Stream) -> T
     x = _splitmix(seed_t * _GOLDEN + _i64(int(stream) * _STREAM))
     x = _splitmix(x ^ (positions * _POS))
     return _shr(x, 40).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def splitmix64(x: int) -> int:
+    """``_splitmix`` on one unsigned 64-bit Python integer."""
+    x = (x + _GOLDEN) & _MASK64
+    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
+    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def host_uniforms(seed: int, positions: Sequence[int], stream: Stream) -> list[float]:
+    """``counter_uniforms(seed, positions, stream)`` for a few positions, with Python integers: the same
+    values bit for bit (each a float32 exactly). A tree round's dozen draws cost ~35 tensor ops a call
+    on the device (0.1 ms on the CPU), against ~2 us a draw here."""
+    base = splitmix64((seed * _GOLDEN + int(stream) * _STREAM) & _MASK64)
+    return [(splitmix64(base ^ ((p * _POS) & _MASK64)) >> 40) * (1.0 / (1 << 24)) for p in positions]
 
 
 def sample_with_uniforms(probs: Tensor, u: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ cache        the target's cache holds the committed sequence minus its last toke
              and drops every other node. The prompt is encoded once.
 depth cap    a round's tree is no deeper than the tokens still allowed minus one, so that
              ``max_new_tokens`` is exact.
-draws        counter based, as in the chain decoder (trees.py: draft draws; accept_keys): a spec
+draws        counter based, as in the chain decoder (trees.py: draft draws; accept_keys, computed on the host): a spec
              with width 1 is the chain, draw for draw, and gives the chain decoder's tokens and events.
 records      events and step records are the chain's (``TokenEvent``, ``StepRecord``; a step's
              ``drafted`` counts the tree's nodes, its ``drafts`` the nodes that were tested, and
@@ -52,7 +52,7 @@ from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
 from .trees import (
-    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_keys, tree_attention_mask, tree_position_ids,
+    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, tree_attention_mask, tree_position_ids,
 )
 from .verify import DraftKind
 from .tree_walk import walk_tree
@@ -158,7 +158,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
     need_h = bool(getattr(drafter, "needs_target_hidden", False))
     with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed (as a chain)
     support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
-    walk = dev.type == "cpu" and not rule.argmax_only  # the walk on the host: only the tests the route reaches (tree_walk.py)
+    walk = dev.type == "cpu"  # the walk on the host: only the tests the route reaches (tree_walk.py)
     with torch.inference_mode():
         cache = DynamicCache(config=target.config)
         hidden = None
@@ -171,6 +171,8 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
     observe = getattr(cfg.keep, "observe_round", None)  # a size policy that learns from the rounds
     cost = getattr(cfg.keep, "observe_cost", None)
     backoff, skip = 1, 0  # the size policy's probe schedule (module terms)
+    target_draws = counter_uniforms(cfg.seed, torch.arange(cfg.max_new_tokens + cfg.spec.depth + 1, device=dev),
+                                    Stream.TARGET)  # (positions,): the next token's draw at every output position
     while produced < cfg.max_new_tokens:
         spec = cfg.spec.capped(cfg.max_new_tokens - produced - 1)
         probe = cfg.backoff and skip == 0 and spec.depth > 0
@@ -196,9 +198,8 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
             depth = tree.max_depth
             v = (walk_tree if walk else verify_tree)(
                 tprobs, tree.draft_probs[None], tree.tokens[None], tree.parents, rule,
-                uniforms=counter_uniforms(cfg.seed, accept_keys(tree.depths, tree.ranks, produced, dev), Stream.ACCEPT)[None],
-                sample_uniforms=counter_uniforms(cfg.seed, torch.arange(produced, produced + depth + 1, device=dev),
-                                                 Stream.TARGET)[None],  # (1, D+1)
+                uniforms=accept_uniforms(cfg.seed, tree.depths, tree.ranks, produced, dev)[None],  # (1, N)
+                sample_uniforms=target_draws[None, produced: produced + depth + 1],  # (1, D+1)
                 with_distortion=with_distortion, siblings=tree.siblings, draft_support=support,
             )
             n = int(v.num_accepted[0])  # the round's host sync

@@ -13,6 +13,9 @@ why          ``verify_tree`` tests every node as if the walk reached it, all ran
 equality     the tests, residuals and draws are the ones ``verify_tree`` makes for the nodes on the
              route (``tests/test_tree_walk.py`` checks them field by field); nodes off the route are
              NOT_EVALUATED in both and carry the plain ratio p / q.
+greedy       (a rule with ``argmax_only``) one argmax over V per entry, read to the host at once; a child
+             stands iff its token is its entry's argmax, and the next token is the argmax where the walk
+             stops: no rule call and no residual.
 rows         one row at a time (B = 1 in the decode loop); the tree shape is shared.
 """
 
@@ -45,13 +48,15 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
     dev = target_probs.device
     depth = max(_depths(parents), default=0)
     kids = _children(parents)
-    max_p = target_probs.amax(dim=-1)  # (B, N+1)
+    top = target_probs.argmax(dim=-1) if rule.argmax_only else None  # (B, N+1) greedy: a child stands iff it is this
+    max_p = target_probs.amax(dim=-1) if top is None else target_probs.gather(-1, top[..., None]).squeeze(-1)  # (B, N+1)
+    tops, toks = (top.tolist(), tokens.tolist()) if top is not None else (None, None)  # greedy: the walk reads ids
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry, p_all, q_all, ratio = node_values(target_probs, draft_probs, tokens, parents)  # ratio: replaced when tested
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1): one draw, whatever the stop depth
-    kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.int8)
-    path = torch.full((b, depth), -1, dtype=torch.long)
+    kinds = [[int(DraftKind.NOT_EVALUATED)] * n for _ in range(b)]  # (B, N) on the host: one tensor at the end
+    path = [[-1] * depth for _ in range(b)]  # (B, D)
     num, nxt, bonus, last_rej = [], [], [], []
     next_p, next_q = [], []
     for r in range(b):
@@ -60,13 +65,19 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
             ch = kids[cur]
             at = target_probs[r, cur]  # (V,) P_target at the entry
             if not ch:  # a leaf: the bonus token
-                tok = sample_with_uniforms(rule.bonus(at), sample_uniforms[r, stops])
+                tok = top[r, cur] if tops is not None else sample_with_uniforms(rule.bonus(at), sample_uniforms[r, stops])
                 num.append(stops), nxt.append(tok), bonus.append(True), last_rej.append(-1)
                 next_p.append(at[tok]), next_q.append(at.new_zeros(()))
                 break
             res, went = at, None
             for j, c in enumerate(ch):
                 q_c = draft_probs[r, c]  # (V,)
+                if tops is not None:  # greedy: no residuals; the plain ratio stays
+                    if toks[r][c] == tops[r][cur]:
+                        kinds[r][c], went = int(DraftKind.ACCEPTED), c
+                        break
+                    kinds[r][c] = int(DraftKind.REJECTED)
+                    continue
                 p = p_all[r, c] if j == 0 else res[tokens[r, c]]  # r_j(x)
                 rat = p / q_all[r, c].clamp(min=Q_EPS)
                 acc, par = rule.decide(RuleInputs(_one(res), _one(q_c), _one(tokens[r, c]), _one(p), _one(q_all[r, c]),
@@ -74,31 +85,31 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
                 ratio[r, c] = rat
                 a, pa = bool(acc), bool(par)  # the walk's host read (free on the CPU)
                 if a or pa:
-                    kinds[r, c] = int(DraftKind.ACCEPTED if a else DraftKind.PARDONED)
+                    kinds[r][c] = int(DraftKind.ACCEPTED if a else DraftKind.PARDONED)
                     went = c
                     break
-                kinds[r, c] = int(DraftKind.REJECTED)
+                kinds[r][c] = int(DraftKind.REJECTED)
                 if j + 1 < len(ch):
                     res = rule.residual(res, q_c)  # (V,) what the next sibling faces
             if went is None:  # every child rejected: the next token from the residual after the last one
-                tok = rule.draw_residual(res, q_c, sample_uniforms[r, stops])
+                tok = top[r, cur] if tops is not None else rule.draw_residual(res, q_c, sample_uniforms[r, stops])
                 num.append(stops), nxt.append(tok), bonus.append(False), last_rej.append(ch[-1])
                 next_p.append(at[tok]), next_q.append(draft_probs[r, ch[0], tok])
                 break
-            path[r, stops] = went
+            path[r][stops] = went
             stops += 1
             cur = went + 1
     num_accepted = torch.tensor(num, dtype=torch.long, device=dev)
     next_token = torch.stack(nxt).to(torch.long)
     is_bonus = torch.tensor(bonus, device=dev)
-    path = path.to(dev)
+    path = torch.tensor(path, dtype=torch.long, device=dev).reshape(b, depth)  # (B, D)
     distortion = exact = None
     if with_distortion:
         distortion, exact = _distortions(rule, target_probs, draft_probs, tokens, children_table(parents, dev, kids), tol_e,
                                          path, num_accepted, is_bonus, siblings, draft_support)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus,
-        last_rejected=torch.tensor(last_rej, dtype=torch.long, device=dev), kinds=kinds.to(dev), p=p_all, q=q_all,
+        last_rejected=torch.tensor(last_rej, dtype=torch.long, device=dev), kinds=torch.tensor(kinds, dtype=torch.int8, device=dev).reshape(b, n), p=p_all, q=q_all,
         ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry], max_p=max_p, next_p=torch.stack(next_p),
         next_q=torch.stack(next_q), distortion=distortion, distortion_exact=exact,
     )

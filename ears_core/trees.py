@@ -61,10 +61,10 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
-from .sampling import Stream, counter_uniforms, sample_with_uniforms
+from .sampling import Stream, host_uniforms, sample_with_uniforms, splitmix64
 
 __all__ = [
-    "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "ancestor_matrix",
+    "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
     "tree_attention_mask", "tree_position_ids",
 ]
 
@@ -107,13 +107,6 @@ class TreeSpec:
         return TreeSpec(self.budget, max(0, min(self.depth, depth)), self.width, self.siblings)
 
 
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 @dataclass(frozen=True)
 class TreeDraws:
     """Counter keys of a round's draft draws: seed, the output position of depth 1, branching."""
@@ -129,22 +122,26 @@ class TreeDraws:
             return position  # the chain's draw for this position
         x = 0
         for part in (position, self.start, *ranks):
-            x = _splitmix64(x ^ (part & _MASK64))
+            x = splitmix64(x ^ (part & _MASK64))
         x = (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
         return x
 
     def uniform(self, depth: int, ranks: Sequence[int], device: torch.device) -> Tensor:
-        key = torch.tensor(self.draft_key(depth, ranks), dtype=torch.int64, device=device)
-        return counter_uniforms(self.seed, key, Stream.DRAFT)  # () float32
+        """() float32: ``counter_uniforms`` of the node's key, computed on the host (the same value)."""
+        return torch.tensor(host_uniforms(self.seed, [self.draft_key(depth, ranks)], Stream.DRAFT)[0], device=device)
 
 
-def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int, device: torch.device) -> Tensor:
-    """(N,) int64 counters of the acceptance draws: output position, plus the rank in high bits.
+def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int) -> list[int]:
+    """(N,) counters of the acceptance draws: output position, plus the rank in high bits.
 
     Rank 0 is the chain's key. Only the children of one node per depth are ever tested, and a
     tested position is always emitted, so a key is never reused by a later round."""
-    keys = [start + d - 1 + (r << 40) for d, r in zip(depths, ranks)]
-    return torch.tensor(keys, dtype=torch.int64, device=device)
+    return [start + d - 1 + (r << 40) for d, r in zip(depths, ranks)]
+
+
+def accept_uniforms(seed: int, depths: Sequence[int], ranks: Sequence[int], start: int, device: torch.device) -> Tensor:
+    """(N,) float32 acceptance draws of a tree's nodes: ``counter_uniforms`` of their ``accept_keys``."""
+    return torch.tensor(host_uniforms(seed, accept_keys(depths, ranks, start), Stream.ACCEPT), device=device)
 
 
 @dataclass

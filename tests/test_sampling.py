@@ -107,3 +107,16 @@ def test_the_residual_draw_is_the_draw_from_the_normalised_residual():
         u = torch.rand((), generator=gen)
         for r in (rule, EARSRule(0.2), TypicalRule()):  # TypicalRule has its own residual: delegated
             assert int(r.draw_residual(tp, dp, u)) == int(sample_with_uniforms(r.residual(tp, dp), u)), (trial, r)
+
+
+def test_host_uniforms_are_counter_uniforms_bit_for_bit():
+    import random
+
+    from ears_core.sampling import host_uniforms
+
+    rng = random.Random(0)
+    for _ in range(200):
+        seed = rng.choice([0, 1, -5, (1 << 40) + 3, rng.randrange(-(1 << 63), 1 << 63)])
+        positions = [rng.randrange(0, 1 << 62) if rng.random() < 0.5 else rng.randrange(0, 1000) for _ in range(5)]
+        for stream in Stream:
+            assert host_uniforms(seed, positions, stream) == counter_uniforms(seed, torch.tensor(positions), stream).tolist()

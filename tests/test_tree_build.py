@@ -16,7 +16,7 @@ from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_
 from ears_core.kv_cache import drop_last_positions, keep_cache_positions, keep_tail_positions
 from ears_core.tree_decoding import keep_path, score_tree
 from ears_core.trees import (
-    DraftTree, TreeDraws, TreeSpec, accept_keys, ancestor_matrix, build_tree,
+    DraftTree, TreeDraws, TreeSpec, accept_keys, accept_uniforms, ancestor_matrix, build_tree,
     tree_attention_mask, tree_position_ids,
 )
 
@@ -160,7 +160,9 @@ def test_draft_keys_are_the_chains_without_branching_and_unique_per_round_with_i
     assert len(keys) == 4 + 16 + 64 and min(keys) >= 1 << 62
     later = TreeDraws(0, 11, branching=True)  # position 12 in a round that starts at 11
     assert later.draft_key(2, [0, 0]) != branch.draft_key(3, [0, 0, 0])
-    assert accept_keys([1, 1, 2], [0, 1, 0], 10, torch.device("cpu")).tolist() == [10, 10 + (1 << 40), 11]
+    assert accept_keys([1, 1, 2], [0, 1, 0], 10) == [10, 10 + (1 << 40), 11]
+    keys = torch.tensor(accept_keys([1, 1, 2], [0, 1, 0], 10))
+    assert accept_uniforms(7, [1, 1, 2], [0, 1, 0], 10, torch.device("cpu")).tolist() == counter_uniforms(7, keys, Stream.ACCEPT).tolist()
 
 
 @pytest.mark.slow
