@@ -43,8 +43,8 @@ from .drafters import Drafter, ModelDrafter, model_vocab_size, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
 from .kv_cache import drop_last_positions
 from .metrics import GenerationStats, summarize
-from .rules import AcceptanceRule, StandardRule
-from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
+from .rules import AcceptanceRule, StandardRule, verifying_rule
+from .sampling import SamplingConfig, Stream, counter_uniforms, first_argmax, logits_to_probs, sample_with_uniforms
 from .text import Detokenizer
 from .timing import StepClock as _Clock  # CUDA events on a GPU, read after the round's sync
 from .verify import DraftKind, check_enabled, verify
@@ -233,6 +233,7 @@ def _speculative_events(
 ) -> Iterator[TokenEvent]:
     dev = ids.device
     clock = _Clock(dev)
+    rule = verifying_rule(rule, cfg.sampling.greedy)  # the same verdicts; GreedyRule's for the ordinary rule at T = 0
 
     def probs_fn(logits: Tensor) -> Tensor:
         return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
@@ -351,7 +352,7 @@ def _plain_step(rule: AcceptanceRule, tprobs: Tensor, u: Tensor) -> tuple[Tensor
     """A round with no drafts: the token from the rule's bonus distribution at position 0 with the
     position's target draw, exactly as verify() would emit it. tprobs (1, 1, V), u (1,)."""
     at = tprobs[:, 0]  # (1, V)
-    tok = sample_with_uniforms(rule.bonus(at), u)  # (1,)
+    tok = first_argmax(at) if rule.argmax_only else sample_with_uniforms(rule.bonus(at), u)  # (1,): the same token
     p, max_p = torch.stack([at[0, tok[0]], at[0].max()]).double().tolist()  # the round's one host sync
     return tok, _RoundHost(0, int(tok[0]), p, 0.0, [], [], [], [], [], [], [], [], [max_p])
 
@@ -431,7 +432,8 @@ def _autoregressive_events(
             t0 = clock.mark()
             logits = target(inp, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, : cfg.vocab_size]
             probs = logits_to_probs(logits, cfg.sampling)  # (1, V)
-            tok = sample_with_uniforms(probs, u_all[n : n + 1])  # (1,)
+            # (1,): at T = 0 probs is one-hot, and the draw from it is its argmax
+            tok = first_argmax(probs) if cfg.sampling.greedy else sample_with_uniforms(probs, u_all[n : n + 1])
             t1 = clock.mark()
             tok_id, p, max_p = torch.stack([tok[0].double(), probs[0, tok[0]].double(), probs[0].max().double()]).tolist()
         ev = TokenEvent(n, n, int(tok_id), "", "target", p, None, None, None, None, max_p, 0.0)

@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .sampling import sample_with_uniforms, search_cdf
+from .sampling import first_argmax, sample_with_uniforms, search_cdf
 
 __all__ = [
     "Q_EPS",
@@ -56,6 +56,7 @@ __all__ = [
     "StandardRule",
     "EARSRule",
     "GreedyRule",
+    "verifying_rule",
     "TypicalRule",
     "EntropyEARSRule",
     "FLyRule",
@@ -296,13 +297,12 @@ class GreedyRule(AcceptanceRule):
     argmax_only = True
 
     def decide(self, x: RuleInputs, tolerance: Tensor) -> tuple[Tensor, Tensor]:
-        accepted = x.draft_tokens == x.target_probs.argmax(dim=-1)
+        accepted = x.draft_tokens == first_argmax(x.target_probs)
         return accepted, torch.zeros_like(accepted)
 
     @staticmethod
     def _one_hot_argmax(probs: Tensor) -> Tensor:
-        top = probs.argmax(dim=-1, keepdim=True)
-        return torch.zeros_like(probs).scatter_(-1, top, 1.0)
+        return torch.zeros_like(probs).scatter_(-1, first_argmax(probs, keepdim=True), 1.0)
 
     def acceptance_prob(self, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor) -> Tensor:
         return self._one_hot_argmax(target_probs)
@@ -312,6 +312,15 @@ class GreedyRule(AcceptanceRule):
 
     def bonus(self, target_probs: Tensor) -> Tensor:
         return self._one_hot_argmax(target_probs)
+
+
+def verifying_rule(rule: AcceptanceRule, greedy: bool) -> AcceptanceRule:
+    """The rule a decode loop verifies with: ``GreedyRule()`` in place of the ordinary rule or EARS at
+    T = 0, else ``rule``. At T = 0 P_target and q are one-hot, so those two decide, emit and record
+    exactly as GreedyRule does (the ratio is 1 or 0, EARS's tolerance beta (1 - max P) is 0, the
+    residual after a rejection is the target's one-hot), and GreedyRule's path needs no pass over V
+    beyond one argmax. Subclasses (a budget, other tolerances) are left as they are."""
+    return GreedyRule() if greedy and type(rule) in (StandardRule, EARSRule) else rule
 
 
 def _entropy(probs: Tensor) -> Tensor:

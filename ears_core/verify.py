@@ -160,8 +160,7 @@ def verify(
     if check and k > 0:
         _guard(draft_tokens, q, in_range, v)
     if rule.argmax_only:  # greedy: one pass over V finds every position's argmax, and its value is max_p
-        top = target_probs.argmax(dim=-1)  # (B, K+1)
-        max_p = target_probs.gather(-1, top.unsqueeze(-1)).squeeze(-1)  # (B, K+1)
+        max_p, top = torch.max(target_probs, dim=-1)  # (B, K+1) each: the first maximum, as argmax
     else:
         top, max_p = None, target_probs.amax(dim=-1)  # (B, K+1): computed once, reused below
     p = judged.gather(-1, idx).squeeze(-1)  # (B, K)

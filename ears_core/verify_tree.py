@@ -183,8 +183,7 @@ def verify_tree(
     ch = children_table(parents, dev, kids)  # (N+1, W)
     rows = torch.arange(b, device=dev)
 
-    top = target_probs.argmax(dim=-1) if rule.argmax_only else None  # (B, N+1) greedy: one pass over V
-    max_p = target_probs.gather(-1, top.unsqueeze(-1)).squeeze(-1) if top is not None else target_probs.amax(dim=-1)  # (B, N+1)
+    max_p, top = torch.max(target_probs, dim=-1) if rule.argmax_only else (target_probs.amax(dim=-1), None)  # (B, N+1) each
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     flat_tp = target_probs.reshape(b, (n + 1) * v)  # (B, (N+1) V): entry e's row starts at e V
     parent_entry, p_all, q_all, plain_ratio = node_values(target_probs, draft_probs, tokens, parents)

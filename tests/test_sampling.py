@@ -120,3 +120,17 @@ def test_host_uniforms_are_counter_uniforms_bit_for_bit():
         positions = [rng.randrange(0, 1 << 62) if rng.random() < 0.5 else rng.randrange(0, 1000) for _ in range(5)]
         for stream in Stream:
             assert host_uniforms(seed, positions, stream) == counter_uniforms(seed, torch.tensor(positions), stream).tolist()
+
+
+def test_first_argmax_is_argmax_ties_included():
+    from ears_core.sampling import first_argmax
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        v = int(torch.randint(2, 60000, (1,), generator=g))
+        x = torch.randint(0, 4, (3, v), generator=g).float()  # many ties per row
+        assert torch.equal(first_argmax(x), x.argmax(dim=-1))
+        assert torch.equal(first_argmax(x, keepdim=True), x.argmax(dim=-1, keepdim=True))
+    hot = torch.zeros(2, 7)
+    hot[0, 3] = 1.0
+    assert first_argmax(hot).tolist() == [3, 0]  # a row of equal values: the first index

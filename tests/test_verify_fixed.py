@@ -196,3 +196,29 @@ def test_emitted_only_and_draft_support_change_no_decision(rule):
     assert len(set(full.num_accepted.tolist())) == k + 1  # every n occurs: bonus rows and each rejection point
     if isinstance(rule, EARSRule):
         assert float(full.distortion[emits].max()) > 0.01
+
+
+@pytest.mark.parametrize("rule", [StandardRule(), EARSRule(0.3)], ids=repr)
+@pytest.mark.parametrize("emitted_only", [False, True])
+def test_at_temperature_zero_the_ratio_rules_verify_as_greedy(rule, emitted_only):
+    # What verifying_rule relies on: with one-hot P_target and q (T = 0), the ordinary rule and EARS
+    # give GreedyRule's verdict field by field, draws of 0 included.
+    from ears_core.rules import BudgetEARSRule, verifying_rule
+
+    g = torch.Generator().manual_seed(2)
+    v, k = 12, 4
+    for trial in range(200):
+        tgt = torch.randint(0, v, (1, k + 1), generator=g)
+        toks = torch.where(torch.rand(1, k, generator=g) < 0.6, tgt[:, :k], torch.randint(0, v, (1, k), generator=g))
+        tp = torch.zeros(1, k + 1, v).scatter_(-1, tgt[..., None], 1.0)
+        dp = torch.zeros(1, k, v).scatter_(-1, toks[..., None], 1.0)
+        u = torch.where(torch.rand(1, k, generator=g) < 0.2, 0.0, torch.rand(1, k, generator=g))
+        kw = dict(uniforms=u, sample_uniforms=torch.rand(1, k + 1, generator=g), emitted_only=emitted_only)
+        got = verify(tp, dp, toks, rule, with_distortion=True, **kw)
+        ref = verify(tp, dp, toks, GreedyRule(), **kw)
+        for field in ("num_accepted", "next_token", "kinds", "p", "q", "ratio", "u", "tolerance", "max_p", "next_p", "next_q"):
+            assert torch.equal(getattr(got, field), getattr(ref, field)), (trial, field)
+        assert not got.distortion.any()
+    assert isinstance(verifying_rule(rule, True), GreedyRule) and verifying_rule(rule, False) is rule
+    budget = BudgetEARSRule(0.1)  # a subclass keeps its own rule (it has state across rounds)
+    assert verifying_rule(budget, True) is budget
