@@ -23,7 +23,11 @@ shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). 
             runs; 1.48x against 1.32-1.35x on the latest machine). At T = 0.9, since tree rounds walk
             their route on the host, it was ahead with the ordinary rule in three runs of four (1.29-
             1.35x against 1.25-1.30x, a tie in the fourth) but 2-3 % behind with EARS 0.1 in three of
-            four (docs/benchmarks.md), so a lossy rule keeps a chain.
+            four (docs/benchmarks.md), so a lossy rule keeps a chain. And only where a wide verify pass
+            is cheap on this machine: V(5) <= 1.3 steps on the session's price curve. Where the
+            tree won, V(5) read 1.00-1.14 steps; on an Intel Xeon whose curve read 1.00 / 1.04 / 1.10 /
+            1.45 / 1.53, the cost-model tree was 2-6 % behind the chain policy in all three settings
+            (its rounds paid for passes over 4-5 tokens), so there "auto" is a chain.
 tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
             (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
@@ -62,6 +66,7 @@ __all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "summ
 
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 DRAFT_SHAPES = ("auto", "chain", "tree")
+TREE_WIDTH_M, TREE_MAX_STEPS = 5, 1.3  # "auto" drafts a tree only where V(5) <= 1.3 steps (module terms: shape)
 MAX_TREE_NODES = 16
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
 MAX_K = 8
@@ -309,7 +314,12 @@ class Session:
         rule, temperature = cfg.rule_and_temperature()
         lossless_ratio = rule.lossless and is_ratio_rule(rule)  # the ordinary rule (or EARS at beta = 0)
         tree = (temperature == 0 or lossless_ratio) and cfg.draft_length == "policy" and self.can_branch
-        return replace(cfg, draft_shape="tree" if tree else "chain")
+        return replace(cfg, draft_shape="tree" if tree and self.wide_passes_are_cheap() else "chain")
+
+    def wide_passes_are_cheap(self) -> bool:
+        """Whether a verify pass over ``TREE_WIDTH_M`` tokens costs at most ``TREE_MAX_STEPS`` target
+        steps on this machine (module terms: shape): what a tree's extra nodes need to pay."""
+        return self.prices.steps(TREE_WIDTH_M) <= TREE_MAX_STEPS
 
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """The speculative run of ``cfg`` on ``ids`` with a fresh drafter and the draft-length

@@ -176,3 +176,20 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
     curves = iter([PriceCurve([20.0 + m for m in range(9)], 0.4, measured_at="stale-refresh")] * 3)
     given.warm_up(4)
     assert given.prices.verify_ms[4:] == [24.0 + m for m in range(5)]
+
+
+def test_auto_is_a_chain_where_a_wide_verify_pass_is_dear(tiny_pair, tmp_path):
+    # A machine whose pass over 5 tokens costs 1.5 steps (an Intel Xeon here: 1.00 / 1.04 / 1.10 /
+    # 1.45 / 1.53): the cost-model tree lost to the chain policy there, so "auto" drafts a chain.
+    from ears_core.session import TREE_MAX_STEPS, TREE_WIDTH_M
+
+    target, draft = tiny_pair
+    pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
+    steep = PriceCurve([10.0, 10.4, 11.0, 14.5, 15.3, 15.5, 16.9, 16.9, 17.8], 0.4, 0.3, measured_at="test")
+    flat = PriceCurve([10.0, 10.4, 11.0, 11.5, 10.0 * TREE_MAX_STEPS, 15.5, 16.9, 16.9, 17.8], 0.4, 0.3, measured_at="test")
+    assert steep.steps(TREE_WIDTH_M) > TREE_MAX_STEPS
+    for curve, shape in ((steep, "chain"), (flat, "tree")):
+        session = Session(pair, prices=curve, cache_dir=tmp_path)
+        for cfg in (RunConfig(temperature=0), RunConfig(rule="standard", params={})):
+            assert session.resolved(cfg).draft_shape == shape
+        assert session.resolved(RunConfig(draft_shape="tree")).draft_shape == "tree"  # asked for: kept

@@ -129,7 +129,7 @@ def build_controls(settings: Settings) -> Controls:
                                     "fixed = always K; threshold = stop below confidence 0.35")
             tree = gr.Radio(list(DRAFT_SHAPES), value="auto", elem_id="draft_shape",
                             label="draft shape: tree = a tree of depth K in one target pass; auto = a tree with "
-                            "the policy for greedy or the ordinary rule, else a chain")
+                            "the policy for greedy or the ordinary rule where a wide verify pass is cheap here, else a chain")
             tree_budget = gr.Slider(1, MAX_TREE_NODES, value=8, step=1, elem_id="tree_budget",
                                     label="tree nodes per round (at most; exactly when fixed)")
             with_base = gr.Checkbox(True, label="measure target-only baseline (cached per prompt)")
