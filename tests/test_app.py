@@ -11,6 +11,7 @@ import torch
 
 from conftest import perturbed_copy, tiny_llama
 from ears_core.models import ModelPair
+from ears_core.session import Session
 from ears_core.settings import Settings
 from ears_core.studio import LAUNCH_KW, build_app
 from ears_core.studio.controls import param_sliders_spec
@@ -58,11 +59,16 @@ def serve(demo):
 
 @pytest.fixture(scope="module")
 def client():
-    demo = build_app(pair_loader=tiny_backend, settings=Settings())
-    try:
-        yield serve(demo)
-    finally:
-        demo.close()
+    # "auto" drafts a tree where a wide verify pass is cheap on the session's measured price curve;
+    # the tiny pair's curve is noise around that line, so here it counts as cheap (test_session_tree
+    # tests the choice itself).
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Session, "wide_passes_are_cheap", lambda self: True)
+        demo = build_app(pair_loader=tiny_backend, settings=Settings())
+        try:
+            yield serve(demo)
+        finally:
+            demo.close()
 
 
 def call(client, prompt="the water is long and the", beta=0.5, temperature=1.0, k=4, max_new=24, seed=0,
