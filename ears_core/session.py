@@ -218,7 +218,9 @@ class Session:
                 pass
 
     def profile_text(self) -> str:
-        return describe(self.prices)
+        """The price curve in force, and the draft head's measured dtype and kernels if it has them."""
+        choice = getattr(self.pair.draft, "kernel_choice", None)  # head_kernels.HeadChoice or None
+        return describe(self.prices) + (f"; draft head in {choice.variant.label}" if choice is not None else "")
 
     def policy_for(self, rule: AcceptanceRule, temperature: float, gamma: int, draft_length: str
                    ) -> dict[str, Any]:

@@ -87,3 +87,19 @@ def test_a_timed_round_leaves_the_drafter_able_to_draft(head):
     a = generate(target, drafter, prompt, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
     b = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
     assert a.token_ids == b.token_ids and [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
+
+
+def test_the_session_profile_names_the_heads_measured_kernels(head, tmp_path):
+    from ears_core.costs import PriceCurve
+    from ears_core.head_kernels import HeadChoice
+    from ears_core.models import ModelPair
+    from ears_core.session import Session
+
+    target = tiny_llama(0)
+    drafter = EagleDrafter(head, target)
+    curve = PriceCurve([10.0, 10.5, 11.0], 0.5, 0.2, measured_at="test")
+    pair = ModelPair(target, drafter, None, CPU, torch.float32, "tiny", 96, "head")
+    assert "draft head" not in Session(pair, prices=curve, cache_dir=tmp_path).profile_text()  # nothing measured
+    drafter.kernel_choice = HeadChoice("bfloat16", True, {"float32": 2.0, "bfloat16 packed": 1.5})
+    text = Session(pair, prices=curve, cache_dir=tmp_path).profile_text()
+    assert text.startswith("verify price in steps") and text.endswith("; draft head in bfloat16 packed")
