@@ -143,7 +143,8 @@ def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any],
     if len(variants) == 1:
         return make(variants[0]), None
     first = make(variants[0])
-    path = kernel_file("draft", _key(first.head, variants), cache_dir)
+    key = _key(first.head, variants)
+    path = kernel_file("draft", key, cache_dir)
     choice = read_cached(path, HeadChoice)
     if choice is None or choice.variant not in variants:
         drafters = {variants[0]: first} | {v: make(v) for v in variants[1:]}
@@ -157,7 +158,7 @@ def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any],
         if ms[best] > (1 - MIN_GAIN) * ms[variants[0]]:
             best = variants[0]
         choice = HeadChoice(best.dtype, best.packed, {v.label: round(ms[v], 4) for v in variants},
-                            _key(first.head, variants), time.strftime("%Y-%m-%d %H:%M:%S"))
+                            key, time.strftime("%Y-%m-%d %H:%M:%S"))
         write_cached(path, asdict(choice))
         return drafters[best], choice
     return (first if choice.variant == variants[0] else make(choice.variant)), choice

@@ -38,7 +38,7 @@ def drop_last_positions(cache: DynamicCache, n: int) -> None:
 def _filled_layers(cache: DynamicCache) -> Iterator[Any]:
     """The cache's layers that hold positions; only full-attention (dynamic) layers can be rearranged."""
     for layer in cache.layers:
-        if type(layer).__name__ != "DynamicLayer":
+        if type(layer) is not DynamicLayer:
             raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
         if layer.is_initialized:
             yield layer

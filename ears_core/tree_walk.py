@@ -71,13 +71,13 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
                 break
             res, went = at, None
             for j, c in enumerate(ch):
-                q_c = draft_probs[r, c]  # (V,)
                 if tops is not None:  # greedy: no residuals; the plain ratio stays
                     if toks[r][c] == tops[r][cur]:
                         kinds[r][c], went = int(DraftKind.ACCEPTED), c
                         break
                     kinds[r][c] = int(DraftKind.REJECTED)
                     continue
+                q_c = draft_probs[r, c]  # (V,)
                 p = p_all[r, c] if j == 0 else res[tokens[r, c]]  # r_j(x)
                 rat = p / q_all[r, c].clamp(min=Q_EPS)
                 acc, par = rule.decide(RuleInputs(_one(res), _one(q_c), _one(tokens[r, c]), _one(p), _one(q_all[r, c]),

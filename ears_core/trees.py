@@ -59,9 +59,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache
 
-from .sampling import Stream, host_uniforms, sample_with_uniforms, splitmix64
+from .sampling import _MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
@@ -74,8 +73,6 @@ ExpandFn = Callable[[list[int], "DraftTree"], Tensor]
 KeepFn = Callable[[float, int, int], bool]  # (priority, nodes so far, depth) -> draw this node?
 # level value: (the node's draft probability at its parent, depth, rank) -> P(it stands | its parent stood)
 LevelFn = Callable[[float, int, int], float]
-
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass(frozen=True)
