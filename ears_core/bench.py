@@ -51,11 +51,11 @@ from typing import Any, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from . import bench_report
-from .bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
-from .decoding import autoregressive, stream
-from .rules import RULES
-from .tree_decoding import tree_stream
+from ears_core.report import bench_report
+from ears_core.report.bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
+from ears_core.decode.chain import autoregressive, stream
+from ears_core.rules import RULES
+from ears_core.decode.tree import tree_stream
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
 
@@ -144,9 +144,9 @@ class Bench:
 
 
 def load_bench(s: BenchSettings) -> Bench:
-    from .models import load_pair
+    from ears_core.pair import load_pair
 
-    from .session import Session
+    from ears_core.serve.session import Session
 
     pair = load_pair(s.target, s.draft, device=s.device)
     label = pair.draft_spec or "none"
@@ -159,7 +159,7 @@ def load_bench(s: BenchSettings) -> Bench:
 @torch.no_grad()
 def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = True) -> dict[str, Any]:
     """Run every job of the plan and write the outputs; returns the summary."""
-    from .models import encode_prompt
+    from ears_core.pair import encode_prompt
 
     s.check()
     if s.threads:
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       policy_gammas=a.policy_gammas, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
                       tree_max_nodes=a.tree_max_nodes, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
-    from .models import ModelLoadError
+    from ears_core.pair import ModelLoadError
 
     if a.report_only:
         print(bench_report.format_table(bench_report.reaggregate(a.out, images=a.images)))

@@ -19,8 +19,8 @@ from typing import Sequence
 
 import torch
 
-from .rules import RULES
-from .session import DRAFT_LENGTHS, DRAFT_SHAPES, RunConfig, Session, summary_rows, summary_text
+from ears_core.rules import RULES
+from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, RunConfig, Session, summary_rows, summary_text
 
 COLOURS = {"accepted": "\033[32m", "pardoned": "\033[1;35m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"
@@ -89,7 +89,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from .models import ModelLoadError, load_pair
+    from ears_core.pair import ModelLoadError, load_pair
 
     colour = not args.no_color and "NO_COLOR" not in os.environ and sys.stdout.isatty()
     try:

@@ -8,8 +8,8 @@ Python bind the package attribute ``generate`` to this module, so the module is 
 import sys
 import types
 
-from .cli import main
-from .decoding import generate as _generate
+from ears_core.cli import main
+from ears_core.decode.chain import generate as _generate
 
 
 class _CallableModule(types.ModuleType):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from .events import StepRecord, TokenEvent
+from ears_core.events import StepRecord, TokenEvent
 
 __all__ = ["GenerationStats", "summarize", "expected_tokens_per_step", "theoretical_speedup", "round_theory"]
 

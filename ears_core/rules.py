@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .sampling import first_argmax, sample_with_uniforms, search_cdf
+from ears_core.sampling import first_argmax, sample_with_uniforms, search_cdf
 
 __all__ = [
     "Q_EPS",

@@ -5,7 +5,7 @@ Terms
 first-draft acceptance  at temperature T under the ordinary rule, the chance that a first draft
                         stands: sum_x min(P_T(x), q(x)), with P_T the target's distribution at T
                         (over its whole vocabulary) and q the head's, zero outside its vocabulary.
-temperature scale tau   the head draws at T * tau (``ears_core/eagle.py``). A one-layer head is
+temperature scale tau   the head draws at T * tau (``ears_core/draft/eagle.py``). A one-layer head is
                         flatter than the target where it is unsure, so tau < 1 often raises the
                         acceptance; it only changes what is drafted, so every rule stays exact.
 fit                     tau on a grid, maximising the acceptance averaged over ``--temperatures``,
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from ears_core.eagle import DraftHead  # noqa: E402
+from ears_core.draft.eagle import DraftHead  # noqa: E402
 
 GRID = (0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0, 1.1)
 
@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import train_draft as td
-    from ears_core.models import load_pair
+    from ears_core.pair import load_pair
 
     head = DraftHead.load(args.draft)
     val, _, _ = td.split_feature_rows(Path(args.features).expanduser(), 20, args.val_rows, random.Random(0),

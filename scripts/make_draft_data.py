@@ -23,7 +23,7 @@ from transformers import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_prompts import training_prompts  # noqa: E402
 
-from ears_core.models import cache_root, encode_prompt, load_pair  # noqa: E402
+from ears_core.pair import cache_root, encode_prompt, load_pair  # noqa: E402
 from ears_core.sampling import SamplingConfig, logits_to_probs  # noqa: E402
 
 

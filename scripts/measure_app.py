@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import gradio_client
 import torch
 
-from ears_core.session import DRAFT_SHAPES, RunConfig
-from ears_core.settings import Settings
+from ears_core.serve.session import DRAFT_SHAPES, RunConfig
+from ears_core.serve.settings import Settings
 from ears_core.studio import LAUNCH_KW, build_app
 from ears_core.studio.controls import param_sliders_spec
 
@@ -69,7 +69,7 @@ def main() -> None:
         import subprocess
         import sys
         from ears_core import load_pair
-        from ears_core.session import Session
+        from ears_core.serve.session import Session
         env = dict(os.environ, PORT=str(port), EARS_CONCURRENCY=str(a.concurrency), EARS_QUEUE_SIZE=str(max(64, 2 * a.burst)))
         server = subprocess.Popen([sys.executable, "app.py"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(600):

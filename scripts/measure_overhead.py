@@ -11,8 +11,8 @@ import statistics
 import time
 
 from ears_core import load_pair
-from ears_core.costs import describe
-from ears_core.session import RunConfig, Session
+from ears_core.policy.costs import describe
+from ears_core.serve.session import RunConfig, Session
 
 session = Session(load_pair())
 t = time.perf_counter()

@@ -16,9 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from ears_core import load_pair
-from ears_core.bench_plan import load_prompts, spread
-from ears_core.costs import describe
-from ears_core.session import RunConfig, Session
+from ears_core.report.bench_plan import load_prompts, spread
+from ears_core.policy.costs import describe
+from ears_core.serve.session import RunConfig, Session
 
 
 def main() -> None:

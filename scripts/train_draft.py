@@ -1,4 +1,4 @@
-"""Step 2 of the embedded draft: train the EAGLE-style head (ears_core/eagle.py) on the shards
+"""Step 2 of the embedded draft: train the EAGLE-style head (ears_core/draft/eagle.py) on the shards
 written by make_draft_data.py, or (--features) on the feature cache of scripts/draft_data.py, then
 save it to assets/embedded_draft/ (or --out).
 
@@ -33,8 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ears_core.eagle import DraftHead, head_config_from_target
-from ears_core.models import cache_root, load_pair
+from ears_core.draft.eagle import DraftHead, head_config_from_target
+from ears_core.pair import cache_root, load_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import perturbed_copy, tiny_llama
-from ears_core.models import ModelPair
-from ears_core.session import Session
-from ears_core.settings import Settings
+from ears_core.pair import ModelPair
+from ears_core.serve.session import Session
+from ears_core.serve.settings import Settings
 from ears_core.studio import LAUNCH_KW, build_app
 from ears_core.studio.controls import param_sliders_spec
 
@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def failing_loader():
-    raise RuntimeError("weights not found: run `python -m ears_core.models --prepare`")
+    raise RuntimeError("weights not found: run `python -m ears_core.pair --prepare`")
 
 
 def serve(demo):
@@ -222,7 +222,7 @@ def slow_pair():
 def test_overlapping_requests_are_contended_and_their_baselines_never_cached():
     from concurrent.futures import ThreadPoolExecutor
 
-    from ears_core.session import RunConfig
+    from ears_core.serve.session import RunConfig
 
     demo = build_app(pair_loader=slow_pair, settings=Settings(concurrency=2))
     try:

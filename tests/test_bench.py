@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ears_core import bench
-from ears_core.bench_plan import PROMPTS_FILE, BenchSettings, Config, Job, build_plan, final_answer, load_prompts, spread
-from ears_core.bench_report import RUN_FIELDS, pool, wilson
+from ears_core.report.bench_plan import PROMPTS_FILE, BenchSettings, Config, Job, build_plan, final_answer, load_prompts, spread
+from ears_core.report.bench_report import RUN_FIELDS, pool, wilson
 from test_models import _save_tiny
 
 HAS_CHROMIUM = os.path.exists("/usr/bin/chromium")
@@ -137,7 +137,7 @@ FRONTIER_SMALL = ("ears:beta=0.5/2,ears-entropy:beta=0.5,typical:eps=0.05,fly:ga
 
 
 def test_frontier_plan_sweeps_every_lossy_rule_beside_the_lossless_anchor() -> None:
-    from ears_core.bench_plan import FRONTIER, parse_frontier, section_configs
+    from ears_core.report.bench_plan import FRONTIER, parse_frontier, section_configs
     from ears_core.rules import RULES
 
     cfgs = section_configs(BenchSettings(), "frontier", assisted=False)

@@ -100,5 +100,5 @@ def test_stop_stops(page):
     n = _tokens(page)
     page.wait_for_timeout(2500)
     assert _tokens(page) == n < 300
-    from ears_core.session import ACTIVITY
+    from ears_core.serve.session import ACTIVITY
     assert ACTIVITY.active == 0  # the decode thread ended with its request (the server runs in this process)

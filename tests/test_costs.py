@@ -21,9 +21,9 @@ from scipy import stats
 from transformers import PretrainedConfig
 
 from ears_core import EARSRule, GreedyRule, StandardRule, autoregressive, generate
-from ears_core import costs
-from ears_core.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, best_k, round_value
-from ears_core.drafters import ModelDrafter
+from ears_core.policy import costs
+from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, best_k, round_value
+from ears_core.draft.drafters import ModelDrafter
 from ears_core.sampling import SamplingConfig, logits_to_probs, sample_with_uniforms
 from conftest import PROMPTS
 
@@ -214,7 +214,7 @@ class _SpyPolicy(DraftPolicy):
 
 
 def test_the_decode_loop_counts_a_model_step_spent_on_a_later_position_and_none_for_ngrams(tiny_pair):
-    from ears_core.drafters import NGramDrafter
+    from ears_core.draft.drafters import NGramDrafter
 
     target, draft = tiny_pair
     curve = PriceCurve([10.0, 10.1, 10.2, 10.3, 10.4], 0.5, 0.0)
@@ -455,7 +455,7 @@ def test_a_policy_that_never_drafts_is_target_only_draw_for_draw(tiny_pair):
 
 
 def test_a_session_starts_from_the_drafters_shipped_calibration():
-    from ears_core.session import Session
+    from ears_core.serve.session import Session
 
     table = {"greedy": {"bins": 10, "stood": [0.0] * 9 + [9.0], "seen": [10.0] * 10},
              "sampled": {"bins": 10, "stood": [5.0] * 10, "seen": [10.0] * 10}}

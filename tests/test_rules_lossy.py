@@ -40,7 +40,7 @@ from scipy import stats
 from conftest import PROMPTS
 from ears_core import StandardRule, generate, verify
 from ears_core.rules import BudgetEARSRule, FLyRule, make_rule
-from ears_core.verify import DraftKind
+from ears_core.decode.verify import DraftKind
 
 A, P_, R, N_ = (int(k) for k in (DraftKind.ACCEPTED, DraftKind.PARDONED, DraftKind.REJECTED,
                                  DraftKind.NOT_EVALUATED))

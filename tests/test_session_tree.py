@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from conftest import PROMPTS
-from ears_core.costs import PriceCurve
-from ears_core.drafters import NGramDrafter
-from ears_core.models import ModelPair
-from ears_core.session import RunConfig, Session, run_record, summary_rows, summary_text
+from ears_core.policy.costs import PriceCurve
+from ears_core.draft.drafters import NGramDrafter
+from ears_core.pair import ModelPair
+from ears_core.serve.session import RunConfig, Session, run_record, summary_rows, summary_text
 
 PRICES = PriceCurve([10.0, 10.4, 10.8, 11.4, 12.2, 13.4, 15.0, 17.0, 19.5], 0.4, 0.3, measured_at="test")
 
@@ -157,7 +157,7 @@ def test_auto_is_a_chain_for_a_draft_without_a_distribution(tiny_pair):
 def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair, tmp_path, monkeypatch):
     """A cached profile is only a start: warm_up measures this machine now (its curve moves in a
     day), and that fresh curve is the one the session's policy reads. A curve given is kept."""
-    import ears_core.costs as costs
+    import ears_core.policy.costs as costs
     target, draft = tiny_pair
     pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
     curves = iter([PriceCurve([10.0] * 9, 0.4, measured_at="cached"), PriceCurve([11.0 + m for m in range(9)], 0.4,
@@ -181,7 +181,7 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
 def test_auto_is_a_chain_where_a_wide_verify_pass_is_dear(tiny_pair, tmp_path):
     # A machine whose pass over 5 tokens costs 1.5 steps (an Intel Xeon here: 1.00 / 1.04 / 1.10 /
     # 1.45 / 1.53): the cost-model tree lost to the chain policy there, so "auto" drafts a chain.
-    from ears_core.session import TREE_MAX_STEPS, TREE_WIDTH_M
+    from ears_core.serve.session import TREE_MAX_STEPS, TREE_WIDTH_M
 
     target, draft = tiny_pair
     pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")

@@ -1,4 +1,4 @@
-"""ears_core.settings: environment variables -> Settings, errors that name the variable and the fix,
+"""ears_core.serve.settings: environment variables -> Settings, errors that name the variable and the fix,
 and the app using them for its limits, queue and launch."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ears_core.settings import AUTO, NGRAM, Settings, SettingsError
+from ears_core.serve.settings import AUTO, NGRAM, Settings, SettingsError
 
 ALL = {"EARS_TARGET": "Qwen/Qwen2.5-1.5B-Instruct", "EARS_DRAFT": "Qwen/Qwen2.5-0.5B-Instruct",
        "EARS_DEVICE": "CUDA:1", "HOST": "0.0.0.0", "PORT": "8080", "EARS_MAX_NEW_TOKENS": "256",

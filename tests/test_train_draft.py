@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ears_core.eagle import DraftHead, head_config_from_target
+from ears_core.draft.eagle import DraftHead, head_config_from_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import train_draft as td  # noqa: E402

@@ -10,12 +10,12 @@ from scipy import stats
 from transformers import DynamicCache
 
 from conftest import PROMPTS, perturbed_copy, tiny_llama
-from ears_core.drafters import ModelDrafter
-from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.draft.drafters import ModelDrafter
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
-from ears_core.kv_cache import drop_last_positions, keep_cache_positions, keep_tail_positions
-from ears_core.tree_decoding import keep_path, score_tree
-from ears_core.trees import (
+from ears_core.model.kv_cache import drop_last_positions, keep_cache_positions, keep_tail_positions
+from ears_core.decode.tree import keep_path, score_tree
+from ears_core.draft.trees import (
     DraftTree, TreeDraws, TreeSpec, accept_keys, accept_uniforms, ancestor_matrix, build_tree,
     tree_attention_mask, tree_position_ids,
 )
@@ -384,7 +384,7 @@ def test_sampled_siblings_are_drawn_from_the_sampling_distribution_and_scored_by
 
 
 def test_top_slots_come_in_the_order_of_a_stable_sort_ties_to_the_lower_token():
-    from ears_core.trees import _top
+    from ears_core.draft.trees import _top
 
     s = torch.tensor([[0.1, 0.3, 0.2, 0.3, 0.05, 0.05],   # a tie for first place: token 1 before 3
                       [0.0, 0.0, 0.5, 0.0, 0.25, 0.25],   # a tie at the last slot kept (k = 3): token 4

@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-import ears_core.tree_decoding as td
-import ears_core.trees as trees_mod
+import ears_core.decode.tree as td
+import ears_core.draft.trees as trees_mod
 from conftest import PROMPTS, assert_first_two_tokens_follow, tiny_llama
 from ears_core import EARSRule, GreedyRule, StandardRule, generate
-from ears_core.drafters import NGramDrafter
-from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.tree_decoding import tree_generate, tree_stream
+from ears_core.draft.drafters import NGramDrafter
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.decode.tree import tree_generate, tree_stream
 
 
 def hf_greedy(model, prompt, n):

@@ -14,10 +14,10 @@ import torch
 
 from conftest import PROMPTS, assert_first_two_tokens_follow
 from ears_core import EARSRule, GreedyRule, StandardRule
-from ears_core.costs import Calibration, DepthCalibration, PriceCurve
-from ears_core.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.tree_decoding import tree_generate, tree_stream
-from ears_core.tree_policy import TreeBudget, node_estimate, tree_round_ms, tree_value
+from ears_core.policy.costs import Calibration, DepthCalibration, PriceCurve
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.decode.tree import tree_generate, tree_stream
+from ears_core.policy.tree_budget import TreeBudget, node_estimate, tree_round_ms, tree_value
 
 
 def hf_greedy(model, prompt, n):
@@ -237,7 +237,7 @@ def test_width_one_with_the_budget_is_a_chain_of_the_budgets_length(tiny_pair):
 
 
 def test_a_tree_calibration_reads_and_teaches_siblings_apart_from_first_children():
-    from ears_core.tree_policy import TreeCalibration
+    from ears_core.policy.tree_budget import TreeCalibration
 
     first = DepthCalibration([Calibration(bins=10, prior_weight=0.0), Calibration(bins=10, prior_weight=0.0)])
     sib = DepthCalibration([Calibration(bins=10, prior_weight=0.0), Calibration(bins=10, prior_weight=0.0)])
@@ -265,7 +265,7 @@ def test_a_budget_with_tree_calibration_drafts_fewer_weak_siblings(tiny_pair, he
     """On the tiny pair at T = 0.9, a budget whose sibling table says later siblings rarely stand
     drafts fewer nodes than one that prices them like first children; the output stays exact
     (greedy: the target's own)."""
-    from ears_core.tree_policy import TreeCalibration
+    from ears_core.policy.tree_budget import TreeCalibration
 
     target, draft = tiny_pair
     prices = PriceCurve([10.0, 10.2, 10.4, 10.6, 10.8, 11.0, 11.2, 11.4, 11.6], 0.5, 0.2)

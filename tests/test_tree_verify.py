@@ -15,7 +15,7 @@ import torch
 from scipy import stats
 
 from ears_core import DraftKind, EARSRule, GreedyRule, StandardRule, verify
-from ears_core.verify_tree import node_emitted_distribution, verify_tree
+from ears_core.decode.verify_tree import node_emitted_distribution, verify_tree
 
 ACC, PAR, REJ, NOT = (int(k) for k in (DraftKind.ACCEPTED, DraftKind.PARDONED, DraftKind.REJECTED, DraftKind.NOT_EVALUATED))
 # Widths 3 (root), 2, 1, 4 and 2; depth 3.
@@ -356,7 +356,7 @@ def test_distortion_is_zero_for_the_ordinary_rule_and_bounded_when_too_many_orde
     assert exact is not None  # 50 x 49 orders of the first two x 50 tokens is enumerable
     assert node_emitted_distribution(rule, target[0, 0], tokens[0], draft[0], tol, "sampled", max_states=10_000) is None
     # past the limit: the coupling bound, which is at least the exact value
-    import ears_core.verify_tree as vt
+    import ears_core.decode.verify_tree as vt
 
     tv = float(0.5 * (exact - target[0, 0].double()).abs().sum())
     old = vt.MAX_STATES
@@ -392,7 +392,7 @@ def test_distortion_over_the_drafts_support_equals_the_full_enumeration(siblings
 def test_the_bound_over_the_drafts_support_equals_the_bound_over_the_vocabulary(monkeypatch):
     """Past the enumeration limit a ratio rule's distortion is the coupling bound; with the draft's
     support given it is counted and computed over those tokens only, to the same value."""
-    import ears_core.verify_tree as vt
+    import ears_core.decode.verify_tree as vt
 
     monkeypatch.setattr(vt, "MAX_STATES", 200)  # 3 sampled siblings over 60 tokens: past it either way
     v_ = 60

@@ -6,8 +6,8 @@ import torch
 
 from ears_core import EARSRule, EntropyEARSRule, GreedyRule, StandardRule, TypicalRule
 from ears_core.rules import BudgetEARSRule, FLyRule
-from ears_core.tree_walk import walk_tree
-from ears_core.verify_tree import verify_tree
+from ears_core.decode.tree_walk import walk_tree
+from ears_core.decode.verify_tree import verify_tree
 from test_tree_verify import markov, sample_trees
 
 SHAPES = [[-1, -1, -1, 0, 0, 3], [-1, 0, 1, 2], [-1, -1, 0, 0, 1, 2, 4], [-1]]

@@ -1,4 +1,4 @@
-"""ears_core.viz: figures and HTML hold the data they claim to show (hand-made records + one real run)."""
+"""ears_core.report.viz: figures and HTML hold the data they claim to show (hand-made records + one real run)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 import pytest
 
 from conftest import perturbed_copy, tiny_llama
-from ears_core import EARSRule, expected_tokens_per_step, generate, theoretical_speedup, viz
+from ears_core import EARSRule, expected_tokens_per_step, generate, theoretical_speedup
+from ears_core.report import viz
 from ears_core.events import DraftRecord, StepRecord, TokenEvent
 
 
@@ -137,14 +138,14 @@ def test_figures_from_a_real_run():
     assert sum(x * (a + b) for x, a, b in zip(h["no pardon"].x, h["no pardon"].y, h["with a pardon"].y)) == res.stats.accepted
     conf = by_name(viz.confidence_figure(res.events))
     assert len(conf["max P_target"].y) == res.stats.new_tokens
-    from ears_core.session import summary_markdown, summary_rows
+    from ears_core.serve.session import summary_markdown, summary_rows
     md = summary_markdown(summary_rows(res.stats, baseline_tps=res.stats.tokens_per_s / 2))
     assert "| speedup, measured | 2.00× |" in md and f"{res.stats.pardoned} pardoned" in md
     assert not math.isnan(res.stats.mean_distortion)
 
 
 def test_price_and_rounds_figures():
-    from ears_core.costs import PriceCurve, break_even_acceptance
+    from ears_core.policy.costs import PriceCurve, break_even_acceptance
 
     curve = PriceCurve([30.0, 31.8, 33.6, 48.0], 1.5, 0.5)
     fig = viz.price_figure(curve)
@@ -191,7 +192,7 @@ def test_the_apps_fast_json_draws_the_same_figure_as_the_validated_one():
 def fixed_tree():
     """root -> 0 (rank 0, accepted) -> 2 (rank 0, pardoned) -> 4 (rank 0, rejected): resampled after it;
     root -> 1 (rank 1, never tried: 0 stood); 0 -> 3 (rank 1, never tried: 2 stood)."""
-    from ears_core.tree_decoding import TreeRecord
+    from ears_core.decode.tree import TreeRecord
 
     return TreeRecord(step=5, start=12, tokens=[10, 11, 20, 21, 30], parents=[-1, -1, 0, 0, 2], depths=[1, 1, 2, 2, 3],
                       ranks=[0, 1, 0, 1, 0], scores=[0.6, 0.3, 0.3, 0.12, 0.15], priorities=[0.6, 0.3, 0.3, 0.12, 0.15],
@@ -233,7 +234,7 @@ def test_tree_figure_lays_out_by_depth_and_colours_nodes_as_the_stream():
 
 
 def test_an_empty_tree_is_the_root_and_the_target_token():
-    from ears_core.tree_decoding import TreeRecord
+    from ears_core.decode.tree import TreeRecord
 
     rec = TreeRecord(0, 0, [], [], [], [], [], [], [], [], 7, "target")
     t = by_name(viz.tree_figure(rec))

@@ -1,4 +1,4 @@
-"""EARS Studio, the Gradio UI: one module per tab, over ``ears_core.session``; the only part of
+"""EARS Studio, the Gradio UI: one module per tab, over ``ears_core.serve.session``; the only part of
 ears_core that imports gradio.
 
 Modules
@@ -26,9 +26,9 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ears_core.models import ModelPair
-from ears_core.pair_slot import PairSlot
-from ears_core.settings import Settings
+from ears_core.pair import ModelPair
+from ears_core.serve.pair_slot import PairSlot
+from ears_core.serve.settings import Settings
 
 from . import generate, pairs, race, theory, tpp
 from .controls import build_controls

@@ -26,8 +26,8 @@ from typing import Any, Sequence
 import gradio as gr
 
 from ears_core.rules import RULES, Param
-from ears_core.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_TREE_NODES, RunConfig
-from ears_core.settings import Settings
+from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_TREE_NODES, RunConfig
+from ears_core.serve.settings import Settings
 
 from .errors import Request, check_params, resolve_rule
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import gradio as gr
 
-from ears_core.models import is_out_of_memory
+from ears_core.pair import is_out_of_memory
 from ears_core.rules import RULES, RuleSpec, rule_spec
 
 LOG = logging.getLogger("ears_studio")

@@ -25,9 +25,9 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
-from ears_core import viz
-from ears_core.pair_slot import PairSlot
-from ears_core.session import export_run, run_record, summary_markdown, summary_rows
+from ears_core.report import viz
+from ears_core.serve.pair_slot import PairSlot
+from ears_core.serve.session import export_run, run_record, summary_markdown, summary_rows
 
 from .controls import run_config
 from .errors import check_request, fail, message, public_name, timeout_note

@@ -20,9 +20,9 @@ from typing import Any, Iterator, Mapping
 
 from gradio.components.plot import PlotData
 
-from ears_core import viz
+from ears_core.report import viz
 from ears_core.metrics import GenerationStats
-from ears_core.runs import Background, Tracked
+from ears_core.serve.runs import Background, Tracked
 
 FRAME_S = 0.4  # 2.5 frames a second: every frame takes the interpreter from the decode thread
 

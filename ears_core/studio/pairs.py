@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from ears_core.models import AUTO, NGRAM, PRESETS
-from ears_core.pair_slot import PairSlot
+from ears_core.pair import AUTO, NGRAM, PRESETS
+from ears_core.serve.pair_slot import PairSlot
 
 from .errors import InputError, fail, public_name
 

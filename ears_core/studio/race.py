@@ -19,9 +19,9 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
-from ears_core import viz
-from ears_core.pair_slot import PairSlot
-from ears_core.session import RunConfig
+from ears_core.report import viz
+from ears_core.serve.pair_slot import PairSlot
+from ears_core.serve.session import RunConfig
 
 from .controls import DEFAULT_RULE, rule_choices, run_config, run_name
 from .errors import check_request, fail, message, timeout_note

@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 import gradio as gr
 
-from ears_core import viz
+from ears_core.report import viz
 
 
 @dataclass

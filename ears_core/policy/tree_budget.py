@@ -56,7 +56,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .costs import Calibration, DepthCalibration, PriceCurve
+from ears_core.policy.costs import Calibration, DepthCalibration, PriceCurve
 
 __all__ = ["TreeBudget", "TreeCalibration", "node_estimate", "tree_round_ms", "tree_value"]
 

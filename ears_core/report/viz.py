@@ -31,8 +31,8 @@ import plotly.io as pio
 from plotly.io.json import to_json_plotly
 from plotly.subplots import make_subplots
 
-from .events import DraftRecord, StepRecord, TokenEvent
-from .metrics import expected_tokens_per_step, theoretical_speedup
+from ears_core.events import DraftRecord, StepRecord, TokenEvent
+from ears_core.metrics import expected_tokens_per_step, theoretical_speedup
 
 __all__ = [
     "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure", "price_figure",
@@ -241,7 +241,7 @@ def price_figure(curve: Any) -> go.Figure:
     """This machine's measured price curve (``costs.PriceCurve``): the verify price V(m) in target
     steps against m new tokens, and (second panel) the acceptance per drafted token at which k
     drafts pay as much as a plain target step (break-even; 1 where they never do)."""
-    from .costs import break_even_acceptance
+    from ears_core.policy.costs import break_even_acceptance
 
     fig = make_subplots(rows=1, cols=2, subplot_titles=("verify price: a target pass over m tokens, in steps",
                                                         "break-even acceptance for k drafts"))

@@ -34,8 +34,8 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
-from .rules import Q_EPS, AcceptanceRule, RuleInputs
-from .sampling import sample_with_uniforms
+from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftKind", "Verdict", "verify", "emitted_distribution", "check_enabled"]
 

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .rules import AcceptanceRule, make_rule, rule_spec
+from ears_core.rules import AcceptanceRule, make_rule, rule_spec
 
 __all__ = ["Config", "BenchSettings", "Job", "build_plan", "load_prompts", "spread", "final_answer", "parse_rules",
            "SECTIONS", "PROMPTS_FILE", "FRONTIER", "parse_frontier"]
 
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "assets" / "prompts.json"
+PROMPTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "prompts.json"
 SECTIONS = ("main", "sweep", "k", "fidelity", "frontier", "policy", "tree")
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 # The frontier section's default sweeps: every lossy rule's knob, from nearly lossless to loose.

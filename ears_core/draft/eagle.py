@@ -63,8 +63,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
-from .kv_cache import drop_last_positions
-from .sampling import sample_with_uniforms
+from ears_core.model.kv_cache import drop_last_positions
+from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
 
@@ -186,7 +186,7 @@ class EagleDrafter:
 
     def pack_kernels(self) -> int:
         """Run the head's layers and its output rows with oneDNN-packed weights (packed_linear.py)."""
-        from .packed_linear import pack_layer, pack_linears
+        from ears_core.model.packed_linear import pack_layer, pack_linears
 
         rows = self.sub_head
         self.sub_head = pack_layer(rows)
@@ -300,7 +300,7 @@ class EagleDrafter:
         fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
         cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
         (the tree's best-first budget decides what is drafted). -> DraftTree"""
-        from .trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+        from ears_core.draft.trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
 
         self.sync()
         s = self._s

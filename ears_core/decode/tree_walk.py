@@ -26,10 +26,10 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .rules import Q_EPS, AcceptanceRule, RuleInputs
-from .sampling import sample_with_uniforms
-from .verify import DraftKind
-from .verify_tree import TreeVerdict, _children, _depths, _distortions, children_table, node_values
+from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.sampling import sample_with_uniforms
+from ears_core.decode.verify import DraftKind
+from ears_core.decode.verify_tree import TreeVerdict, _children, _depths, _distortions, children_table, node_values
 
 __all__ = ["walk_tree"]
 

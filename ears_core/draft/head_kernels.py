@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import torch
 
-from .output_head import kernel_file, machine_tag, read_cached, write_cached
+from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
 
 __all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant", "native_bf16"]
 
@@ -99,7 +99,7 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
     else:
         dtypes = [_dtype_name(target_dtype)]
     if packing is None:
-        from .packed_linear import available
+        from ears_core.model.packed_linear import available
         packing = available()
     return [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
 

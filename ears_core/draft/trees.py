@@ -60,7 +60,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from .sampling import _MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
+from ears_core.sampling import _MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",

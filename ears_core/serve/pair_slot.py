@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 import torch
 
-from .models import ModelPair, check_pair, load_pair, resolve_draft
-from .runs import ActivityLog
-from .session import Session
-from .settings import Settings
+from ears_core.pair import ModelPair, check_pair, load_pair, resolve_draft
+from ears_core.serve.runs import ActivityLog
+from ears_core.serve.session import Session
+from ears_core.serve.settings import Settings
 
 __all__ = ["PairSlot"]
 

@@ -366,7 +366,7 @@ def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, 
     step (else 5 % of a step until the rounds measure it)."""
     from transformers import DynamicCache
 
-    from .timing import StepClock
+    from ears_core.timing import StepClock
 
     dev = next(target.parameters()).device
     v = vocab or int(target.config.get_text_config().vocab_size)

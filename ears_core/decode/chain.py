@@ -38,16 +38,16 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from .costs import expected_tokens
-from .drafters import Drafter, ModelDrafter, model_vocab_size, target_features
-from .events import DraftRecord, StepRecord, TokenEvent
-from .kv_cache import drop_last_positions
-from .metrics import GenerationStats, summarize
-from .rules import AcceptanceRule, StandardRule, verifying_rule
-from .sampling import SamplingConfig, Stream, counter_uniforms, first_argmax, logits_to_probs, sample_with_uniforms
-from .text import Detokenizer
-from .timing import StepClock as _Clock  # CUDA events on a GPU, read after the round's sync
-from .verify import DraftKind, check_enabled, verify
+from ears_core.policy.costs import expected_tokens
+from ears_core.draft.drafters import Drafter, ModelDrafter, model_vocab_size, target_features
+from ears_core.events import DraftRecord, StepRecord, TokenEvent
+from ears_core.model.kv_cache import drop_last_positions
+from ears_core.metrics import GenerationStats, summarize
+from ears_core.rules import AcceptanceRule, StandardRule, verifying_rule
+from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, first_argmax, logits_to_probs, sample_with_uniforms
+from ears_core.decode.text import Detokenizer
+from ears_core.timing import StepClock as _Clock  # CUDA events on a GPU, read after the round's sync
+from ears_core.decode.verify import DraftKind, check_enabled, verify
 
 __all__ = ["GenerationResult", "Generation", "generate", "stream", "autoregressive"]
 
@@ -494,7 +494,7 @@ def stream(
         with_distortion=with_distortion,
     )
     if policy is not None:
-        from .costs import Calibration
+        from ears_core.policy.costs import Calibration
         cfg.policy, cfg.calibration = policy, calibration if calibration is not None else Calibration()
     steps: list[StepRecord] = []
     events = _speculative_events(target, drafter, ids, rule, cfg, steps, Detokenizer(tokenizer))

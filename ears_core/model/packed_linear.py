@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .output_head import PlannedLinear, kernel_file, machine_tag, read_cached, write_cached
+from ears_core.model.output_head import PlannedLinear, kernel_file, machine_tag, read_cached, write_cached
 
 __all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
            "pack_linears", "set_packed", "unpack_linears"]
@@ -168,7 +168,7 @@ def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> 
 
     Modes alternate round by round (each round measures a full price curve per mode), so a slow
     minute of the machine hits both."""
-    from .costs import measure_prices
+    from ears_core.policy.costs import measure_prices
 
     best: dict[str, dict[str, float]] = {"packed": {}, "loaded": {}}
     top = max(MEASURED_M)

@@ -51,15 +51,15 @@ from typing import Any, Sequence
 
 import torch
 
-from .costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
-from .tree_decoding import tree_stream
-from .tree_policy import TreeBudget, TreeCalibration
-from .decoding import Generation, autoregressive_stream, stream
-from .metrics import GenerationStats
-from .models import ModelPair, describe_device
-from .passing import in_passing_thread
-from .rules import AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
-from .runs import ACTIVITY, ActivityLog, Background, Tracked
+from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
+from ears_core.decode.tree import tree_stream
+from ears_core.policy.tree_budget import TreeBudget, TreeCalibration
+from ears_core.decode.chain import Generation, autoregressive_stream, stream
+from ears_core.metrics import GenerationStats
+from ears_core.pair import ModelPair, describe_device
+from ears_core.model.passing import in_passing_thread
+from ears_core.rules import AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
+from ears_core.serve.runs import ACTIVITY, ActivityLog, Background, Tracked
 
 __all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "summary_rows", "summary_markdown",
            "summary_text", "export_run", "run_record", "DRAFT_LENGTHS", "DRAFT_SHAPES"]

@@ -46,8 +46,8 @@ from typing import Any, Callable, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from .head_kernels import Variant, candidates, choose_head_variant
-from .passing import in_passing_thread
+from ears_core.draft.head_kernels import Variant, candidates, choose_head_variant
+from ears_core.model.passing import in_passing_thread
 
 EMBEDDED = "embedded"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
@@ -152,7 +152,7 @@ class ModelPair:
 
     def new_drafter(self) -> Any:
         """A drafter with no decode state, sharing this pair's weights: one per generation."""
-        from .drafters import ModelDrafter, NGramDrafter
+        from ears_core.draft.drafters import ModelDrafter, NGramDrafter
 
         if self.draft is None:
             raise ValueError(f"{self.name} was loaded without a draft (draft=None): load it with draft='auto', "
@@ -310,7 +310,7 @@ def _load_head_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_si
 
 def _head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: int, folder: Path) -> Any:
     """The head in ``folder`` as a drafter in one variant: its dtype, its layers packed or as loaded."""
-    from .eagle import DraftHead, EagleDrafter
+    from ears_core.draft.eagle import DraftHead, EagleDrafter
 
     device = target_model.get_input_embeddings().weight.device
     head = DraftHead.load(folder, dtype=variant.torch_dtype).to(device)
@@ -504,24 +504,24 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
     target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
     if dev.type == "cpu":  # the fastest matmul kernels for a few rows on this CPU (output_head.py, packed_linear.py)
-        from .output_head import install_planned_head
-        from .packed_linear import choose_kernels
+        from ears_core.model.output_head import install_planned_head
+        from ears_core.model.packed_linear import choose_kernels
         install_planned_head(target_model)
         choose_kernels(target_model)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:
-        from .drafters import NGramDrafter
+        from ears_core.draft.drafters import NGramDrafter
         draft_model = NGramDrafter(vocab_size)
     elif draft == EMBEDDED:
         draft_model = _load_embedded_draft(target_model, dt, vocab_size)
     elif is_head_dir(draft):
         draft_model = _load_head_draft(target_model, dt, vocab_size, Path(str(draft)).expanduser())
     elif draft is not None:  # a draft model runs the kernels the target chose (a head chooses its own)
-        from .packed_linear import pack_like
+        from ears_core.model.packed_linear import pack_like
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
         pack_like(target_model, draft_model)
-    from .drafters import model_vocab_size
+    from ears_core.draft.drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):
         if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:
             raise ModelLoadError(f"the {role} model scores {model_vocab_size(model)} tokens but the tokenizer "
@@ -553,7 +553,7 @@ def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict[str, str]], *, cha
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ears_core.models", description="Prepare model caches.")
+    parser = argparse.ArgumentParser(prog="python -m ears_core.pair", description="Prepare model caches.")
     parser.add_argument("--prepare", action="store_true",
                         help=f"convert the embedded {EMBEDDED_NAME} GGUF to a safetensors cache (once)")
     parser.add_argument("--force", action="store_true", help="rebuild the cache even if it is valid")

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from .sampling import sample_with_uniforms
+from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "target_features"]
 
@@ -160,7 +160,7 @@ class ModelDrafter:
         """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
         the nodes being expanded with a tree mask over the cache: each sees the committed tokens
         and its own ancestors. -> DraftTree"""
-        from .trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+        from ears_core.draft.trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
 
         assert self._pending is not None, "prefill() first"
         self._base = self._cache_len + self._pending.shape[1]
@@ -192,7 +192,7 @@ class ModelDrafter:
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
         entries in order (the draft ran every path node except perhaps the last), drop the rest."""
-        from .kv_cache import keep_tail_positions
+        from ears_core.model.kv_cache import keep_tail_positions
 
         nxt = next_token.reshape(1, 1)
         if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round

@@ -6,7 +6,7 @@ pair        the target and the draft the app loads first. ``EARS_TARGET`` / ``EA
             what ``load_pair`` takes: ``embedded``, a Hugging Face id or a local folder.
             ``EARS_DRAFT=ngram`` (or ``none``) drafts by n-gram prompt lookup, no draft model.
             Unset ``EARS_DRAFT`` means: the embedded draft for the embedded target, the preset's
-            draft for a preset target (``ears_core.models.PRESETS``), else n-gram lookup.
+            draft for a preset target (``ears_core.pair.PRESETS``), else n-gram lookup.
 device      ``auto`` (CUDA when a GPU is visible, else CPU), ``cpu``, ``cuda`` (accelerate's
             device map spreads a target that does not fit one GPU) or ``cuda:N`` (one GPU).
 limits      what one request may ask of a public server: new tokens, prompt characters and
@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from .models import AUTO, NGRAM  # EARS_DRAFT values: the target's default draft; n-gram prompt lookup
+from ears_core.pair import AUTO, NGRAM  # EARS_DRAFT values: the target's default draft; n-gram prompt lookup
 
 __all__ = ["Settings", "SettingsError", "NGRAM", "AUTO"]
 

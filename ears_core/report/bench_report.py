@@ -19,8 +19,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy.stats import binomtest
 
-from .bench_plan import Config, Job, final_answer
-from .metrics import round_theory
+from ears_core.report.bench_plan import Config, Job, final_answer
+from ears_core.metrics import round_theory
 
 __all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson", "tree_section_figure"]
 

@@ -44,9 +44,9 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .rules import Q_EPS, AcceptanceRule, RuleInputs, is_ratio_rule
-from .sampling import sample_with_uniforms
-from .verify import DraftKind
+from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs, is_ratio_rule
+from ears_core.sampling import sample_with_uniforms
+from ears_core.decode.verify import DraftKind
 
 __all__ = ["TreeVerdict", "verify_tree", "node_emitted_distribution", "children_table"]
 

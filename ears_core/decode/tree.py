@@ -43,20 +43,20 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoding import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
-from .drafters import Drafter, ModelDrafter, layers_side_by_side, target_features
-from .events import DraftRecord, StepRecord, TokenEvent
-from .kv_cache import drop_last_positions, keep_tail_positions
-from .rules import AcceptanceRule, StandardRule, verifying_rule
-from .sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
-from .text import Detokenizer
-from .timing import StepClock
-from .trees import (
+from ears_core.decode.chain import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
+from ears_core.draft.drafters import Drafter, ModelDrafter, layers_side_by_side, target_features
+from ears_core.events import DraftRecord, StepRecord, TokenEvent
+from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions
+from ears_core.rules import AcceptanceRule, StandardRule, verifying_rule
+from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
+from ears_core.decode.text import Detokenizer
+from ears_core.timing import StepClock
+from ears_core.draft.trees import (
     DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, tree_attention_mask, tree_position_ids,
 )
-from .verify import DraftKind
-from .tree_walk import walk_tree
-from .verify_tree import verify_tree
+from ears_core.decode.verify import DraftKind
+from ears_core.decode.tree_walk import walk_tree
+from ears_core.decode.verify_tree import verify_tree
 
 __all__ = ["TreeRecord", "TreeGeneration", "tree_stream", "tree_generate", "score_tree", "keep_path"]
 
