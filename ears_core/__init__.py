@@ -22,13 +22,13 @@ from ears_core.events import KINDS, DraftRecord, StepRecord, TokenEvent
 from ears_core.metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
 from ears_core.pair import ModelPair, load_pair
 from ears_core.rules import (RULES, AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, Param, StandardRule, TypicalRule,
-                    make_rule, register_rule, rule_from_name)
+                    make_rule, register_rule)
 from ears_core.serve.session import RunConfig, Session
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
 from ears_core.decode.verify import DraftKind, Verdict, emitted_distribution, verify
 
 __all__ = [
-    "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "TypicalRule", "EntropyEARSRule", "rule_from_name",
+    "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "TypicalRule", "EntropyEARSRule",
     "RULES", "Param", "register_rule", "make_rule", "load_pair", "ModelPair", "RunConfig", "Session", "NGramDrafter",
     "verify", "Verdict", "DraftKind", "emitted_distribution",
     "generate", "stream", "autoregressive", "autoregressive_stream", "Generation", "GenerationResult",

@@ -3,7 +3,8 @@
 import pytest
 
 from conftest import PROMPTS, tiny_llama
-from ears_core import EARSRule, autoregressive, generate, rule_from_name, stream
+from ears_core import EARSRule, autoregressive, generate, stream
+from ears_core.rules import make_rule
 
 
 @pytest.mark.parametrize(
@@ -81,6 +82,6 @@ def test_missing_draft_points_to_autoregressive(tiny_pair):
 
 def test_unknown_rule_name():
     with pytest.raises(ValueError, match="unknown rule .fast.; choose one of: standard, ears, greedy, ears-entropy, typical"):
-        rule_from_name("fast")
-    assert rule_from_name("ordinary").name == "standard"
-    assert rule_from_name("EARS", beta=0.2).beta == 0.2
+        make_rule("fast")
+    assert make_rule("ordinary").name == "standard"
+    assert make_rule("EARS", beta=0.2).beta == 0.2
