@@ -5,7 +5,9 @@
     out = generate(*pair, pair.encode("Hi!"), rule=EARSRule(beta=0.1), gamma=4, temperature=0.9)
     out.token_ids, out.events, out.stats
 
-See DESIGN notes in the README for the decision rule and the terms used throughout.
+The README gives the decision rule and the public API; each subpackage's modules define their terms
+in their docstrings (decode/ for rounds and verdicts, rules/ for the rules and the distortion);
+docs/benchmarks.md has the measurements.
 """
 
 import os as _os
