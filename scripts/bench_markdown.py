@@ -102,8 +102,10 @@ def _pick(rows: list[dict[str, Any]], draft: str, shape: str = "chain", gamma: i
 
 
 def _bold_best(cells: list[str], values: list[float | None]) -> list[str]:
-    best = max((v for v in values if v is not None), default=None)
-    return [f"**{c}**" if v is not None and v == best else c for c, v in zip(cells, values)]
+    """Bold every cell whose value, as shown (two decimals), is the row's best."""
+    shown = [None if v is None else round(v, 2) for v in values]
+    best = max((v for v in shown if v is not None), default=None)
+    return [f"**{c}**" if v is not None and v == best else c for c, v in zip(cells, shown)]
 
 
 # --------------------------------------------------------------------------------------- views
