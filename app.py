@@ -11,7 +11,6 @@ come from ``ears_core.serve.session``. Nothing here decodes.
 from __future__ import annotations
 
 import logging
-import threading
 
 from ears_core.serve.settings import Settings
 from ears_core.studio import LAUNCH_KW, build_app
@@ -20,7 +19,8 @@ __all__ = ["main", "build_app", "LAUNCH_KW"]
 
 
 def main() -> None:
-    """``python app.py``: settings from the environment, the default pair loading in the background."""
+    """``python app.py``: settings from the environment, the default pair loading in the background
+    from the app's build on (the page says "loading" until it is ready)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         settings = Settings.from_env()
@@ -28,8 +28,7 @@ def main() -> None:
         raise SystemExit(f"error: {exc}") from None
     from ears_core.serve.shutdown import exit_on_sigterm
 
-    app = build_app(settings=settings)
-    threading.Thread(target=app.ears_slot.session, daemon=True).start()  # load while the page opens
+    app = build_app(settings=settings)  # the pair loads and warms up in the background from here on
     exit_on_sigterm(app.close)  # `docker stop` / a Space restart: close the server, exit 0 (PID 1 has no default)
     app.launch(server_name=settings.host, server_port=settings.port, show_error=False, **LAUNCH_KW)
 

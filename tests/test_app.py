@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def failing_loader():
-    raise RuntimeError("weights not found: run `python -m ears_core.pair --prepare`")
+    raise RuntimeError("weights not found: run `python -m ears_core.model.embedded --prepare`")
 
 
 def serve(demo):
@@ -178,10 +178,111 @@ def test_race_any_two_registered_rules(client):
 def test_model_load_failure_is_shown():
     demo = build_app(pair_loader=failing_loader, settings=Settings())
     try:
-        r = call(serve(demo))
+        demo.ears_slot.preloader.join(30)  # the load the build started has failed
+        text, timer = refresh_status(demo)()
+        assert "Not loaded" in text and "weights not found" in text and timer.active is False
+        r = call(serve(demo))  # a Generate tries again, and says why it cannot run
         assert "weights not found" in r["message"]
     finally:
         demo.close()
+
+
+def api_parameters(client, endpoint):
+    return [p["parameter_name"] for p in client.view_api(print_info=False, return_format="dict")["named_endpoints"][endpoint]["parameters"]]
+
+
+def test_the_api_names_every_parameter(client):
+    """A gradio_client user reads (and may send by name) every parameter of /generate and /race."""
+    rule_params = [p.name for p in param_sliders_spec()[1:]]  # every registered rule's, after beta
+    assert {"eps", "gate", "epsilon"} <= set(rule_params)
+    request = ["prompt", "beta", "temperature", "k", "max_new", "seed"]
+    generate = api_parameters(client, "/generate")
+    race = api_parameters(client, "/race")
+    for names in (generate, race):
+        assert not [n for n in names if re.fullmatch(r"param_\d+", n)], names
+    assert generate == [*request, "rule_name", "with_baseline", *rule_params, "draft_length", "shape", "tree_budget"]
+    assert race == [*request, "rule_a", "rule_b", *rule_params]
+    # the names work as keywords: the rest takes the page's defaults
+    out = client.predict(prompt="the water is long and the", max_new=6, rule_name="typical", eps=0.2,
+                         with_baseline=False, draft_length="fixed", shape="chain", api_name="/generate")
+    d = out[7]
+    assert d["stats"]["new_tokens"] == 6 and d["draft_shape"] == "chain" and d["rule"] == "typical(eps=0.2, delta=0.3)"
+    *_, md, _ = client.predict(prompt="the water is long and the", max_new=6, rule_a="typical", rule_b="ears",
+                               eps=0.2, beta=0.4, api_name="/race")
+    assert "| typical acceptance (eps=0.2, delta=0.3) |" in md and "| EARS (beta=0.4) |" in md
+
+
+def refresh_status(demo):
+    """The handler that refreshes the page's pair status (on page load and each timer tick)."""
+    fns = [f.fn for f in demo.fns.values() if f.name == "refresh_status"]
+    assert len(fns) == 2  # the page's load and the timer's tick
+    return fns[0]
+
+
+def test_the_pair_loads_from_the_build_on_and_the_page_says_loading_then_ready():
+    """The build starts the load in the background (no request, no launch); the status line says
+    "Loading" until it is ready, and a Generate sent meanwhile waits for it (saying so), then runs."""
+    import threading
+
+    from ears_core.studio.pairs import LOADING
+
+    started, gate = threading.Event(), threading.Event()
+
+    def gated_loader():
+        started.set()
+        assert gate.wait(60)
+        return tiny_backend()
+
+    demo = build_app(pair_loader=gated_loader, settings=Settings())
+    try:
+        assert started.wait(30)  # the build alone started it
+        slot = demo.ears_slot
+        assert slot.state == "loading" and slot.loaded is None
+        by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+        assert "Loading" in by_id["pair_status"].value  # what the page shows first
+        text, timer = refresh_status(demo)()
+        assert "Loading" in text and "Ready" not in text and timer.active is True  # the page asks again
+        c = serve(demo)
+        job = c.submit("the water is long and the", 0.5, 1.0, 4, 8, 0, "EARS", False, api_name="/generate")
+        deadline = time.monotonic() + 30
+        while not any(LOADING in str(o[2]) for o in job.outputs()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert any(LOADING in str(o[2]) for o in job.outputs())  # the summary says it waits for the pair
+        assert not job.done() and "Ready" not in refresh_status(demo)()[0]
+        gate.set()
+        out = job.result(timeout=120)
+        assert out[1] == "" and out[7]["stats"]["new_tokens"] == 8  # then it ran, no error
+        text, timer = refresh_status(demo)()
+        assert "Ready" in text and "tiny random pair" in text and timer.active is False  # and stops asking
+        assert slot.state == "ready"
+    finally:
+        gate.set()
+        demo.close()
+
+
+def test_the_tree_panel_shows_for_tree_runs_and_hides_for_chain_runs():
+    """A chain run has no tree to draw: its panel (plot and round slider) is hidden, as before any run."""
+    import gradio as gr
+
+    from ears_core.serve.pair_slot import PairSlot
+    from ears_core.studio.generate import OUT, make_generate
+
+    demo = build_app(pair_loader=lambda: None, settings=Settings(), preload=False)
+    by_id = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    panel = by_id["tree_panel"]
+    assert isinstance(panel, gr.Column) and panel.visible is False and by_id["tree_plot"] in panel.children
+    generate = make_generate(PairSlot(Settings(), tiny_backend), [p.name for p in param_sliders_spec()])
+    i = OUT.index("tree_panel")
+
+    def panels(shape):
+        outs = list(generate("the water is long and the", 0.5, 1.0, 3, 10, 0, "ordinary", False,
+                             draft_length="fixed", shape=shape, tree_budget=5))
+        assert outs[-1][OUT.index("message")] == ""
+        return [o[i] for o in outs if not isinstance(o[i], dict)]  # dict: gr.skip()
+
+    chain, tree = panels("chain"), panels("tree")
+    assert len(chain) == 1 and isinstance(chain[0], gr.Column) and chain[0].visible is False
+    assert len(tree) == 1 and isinstance(tree[0], gr.Column) and tree[0].visible is True
 
 
 def test_export_writes_the_last_run(client):

@@ -1,11 +1,19 @@
-"""The one pair a server holds in memory: chosen by (target, draft spec), loaded on first use,
-switched with the tokenizers checked first; a switch starts a new Session (its cached baselines
-and learnt prices belong to the old pair).
+"""The one pair a server holds in memory: chosen by (target, draft spec), loaded and warmed up in
+the background when a server starts (``preload``) or else on first use, switched with the
+tokenizers checked first; a switch starts a new Session (its cached baselines and learnt prices
+belong to the old pair).
+
+Terms
+-----
+state    "ready" (a Session is in memory), "loading" (a load is under way, or the preloader is
+         about to start one), "failed" (the last load raised: ``error``; the next ``session()``
+         tries again) or "idle" (nothing loaded and nothing loading: the first use loads).
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 from typing import Any, Callable
 
@@ -17,6 +25,8 @@ from ears_core.serve.session import Session
 from ears_core.serve.settings import Settings
 
 __all__ = ["PairSlot"]
+
+LOG = logging.getLogger("ears_studio")
 
 
 class PairSlot:
@@ -35,6 +45,8 @@ class PairSlot:
         self._default_loader, self._loader, self._activity = default_loader, loader or self._load_pair, activity
         self._session: Session | None = None
         self._lock = threading.Lock()
+        self.error: BaseException | None = None  # the last load's failure, until a load succeeds
+        self.preloader: threading.Thread | None = None
 
     def _load_pair(self, target: str, draft: str | None) -> ModelPair:
         s = self.settings
@@ -49,10 +61,40 @@ class PairSlot:
         return self._default_loader is not None and self.same(choice, self.default)
 
     def _load(self, choice: tuple[str, str | None]) -> Session:
-        pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
-        session = Session(pair, self._activity, cache_dir=self.settings.cache)
-        session.warm_up()  # the price curve and a short decode, before any request is timed
+        try:
+            pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
+            session = Session(pair, self._activity, cache_dir=self.settings.cache)
+            session.warm_up()  # the price curve and a short decode, before any request is timed
+        except BaseException as exc:
+            self.error = exc
+            raise
+        self.error = None
         return session
+
+    def preload(self) -> threading.Thread:
+        """Load and warm up the chosen pair in a background thread, now (a server's start), so the
+        first request finds it ready; a request that comes sooner waits for it in ``session()``. A
+        failure is logged and kept in ``error``, and the next ``session()`` tries again."""
+        def run() -> None:
+            try:
+                self.session()
+            except BaseException:  # noqa: BLE001 - a thread's failure is logged, the request that retries reports it
+                LOG.warning("the model pair did not load in the background", exc_info=True)
+
+        thread = threading.Thread(target=run, name="pair-preload", daemon=True)
+        self.preloader = thread  # "loading" from here on, before the thread takes the lock
+        thread.start()
+        return thread
+
+    @property
+    def state(self) -> str:
+        """"ready", "loading", "failed" or "idle" (see the module's terms)."""
+        if self._session is not None:
+            return "ready"
+        preloading = self.preloader is not None and self.preloader.is_alive()
+        if preloading or self._lock.locked():
+            return "loading"
+        return "failed" if self.error is not None else "idle"
 
     def session(self) -> Session:
         """The Session on the chosen pair, loading it on first use."""

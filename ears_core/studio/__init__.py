@@ -5,7 +5,9 @@ Modules
 -------
 controls   the shared request controls: prompt, the rule selector and one slider per rule
            parameter (from ``rules.RULES``), temperature, K, length, seed
-pairs      the model-pair picker over ``session.PairSlot`` (``/load``)
+pairs      the pair's status line (loading, ready) and the model-pair picker over
+           ``serve.pair_slot.PairSlot`` (``/load``)
+api        the run endpoints' parameter names (``/generate``, ``/race``)
 generate   the Generate tab (``/generate``, ``/export``, ``/tree_round``)
 race       the Race tab: two registered rules and target-only on one seed (``/race``)
 theory     the "Why it speeds up" tab
@@ -62,19 +64,24 @@ INTRO = ("# EARS Studio\nSpeculative decoding with **EARS**: a draft proposes K 
 
 
 def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Settings | None = None,
-              loader: Callable[[str, str | None], ModelPair] | None = None) -> gr.Blocks:
-    """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot`` (a launcher may preload it).
+              loader: Callable[[str, str | None], ModelPair] | None = None, preload: bool = True) -> gr.Blocks:
+    """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot``.
 
-    ``pair_loader()`` loads the configured pair, once, on the first request (tests inject a tiny
-    pair); ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on the
-    settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders are
-    read from ``rules.RULES`` now."""
+    ``pair_loader()`` loads the configured pair (tests inject a tiny pair): with ``preload`` it
+    starts now, in a background thread, so the first request finds the pair loaded and warmed up
+    (the page says "loading" until then, and a Generate sent sooner waits for it); without, on the
+    first request. ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on
+    the settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders
+    are read from ``rules.RULES`` now."""
     settings = settings or Settings.from_env()
     slot = PairSlot(settings, pair_loader, loader)
+    if preload:
+        slot.preload()
     with gr.Blocks(title="EARS Studio") as demo:
         gr.Markdown(INTRO)
+        status = pairs.build_status(slot, demo)
         controls = build_controls(settings)
-        pairs.build(slot, demo)
+        pairs.build(slot, status)
         with gr.Tabs():
             gen_tab = generate.build()
             race_tab = race.build()
@@ -84,7 +91,7 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
         outs = dict(tokens=gen_tab.tokens, message=gen_tab.message, summary=gen_tab.summary, conf=gen_tab.conf,
                     ratio=gen_tab.ratio, tput=gen_tab.tput, hist=gen_tab.hist, details=gen_tab.details, state=state,
                     theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c, tree=gen_tab.tree,
-                    tree_round=gen_tab.tree_round)
+                    tree_round=gen_tab.tree_round, tree_panel=gen_tab.tree_panel)
         decode = dict(concurrency_id=DECODE_GROUP, concurrency_limit=settings.concurrency)
         gen_event = gen_tab.go.click(generate.make_generate(slot, controls.names),
                                      [*controls.request, controls.rule, controls.with_base, *controls.extra,

@@ -11,11 +11,13 @@ baseline   target-only decoding of the same request, measured right after the sp
            the session's cached figure; cached only when no part of the request overlapped
            another decode (``contended``) and it was not cut by the deadline.
 outputs    ``OUT``: what ``/generate`` returns, in order (the ``state`` holds the run record for
-           the export and the theory tab, and is not part of the API).
+           the export and the theory tab, and the ``tree_panel`` shows or hides the tree's column:
+           neither is part of the API).
 tree run   with the tree box ticked each round drafts a tree (``session``: draft shape "tree");
            beside the tokens the plot draws a round's tree (``viz.tree_figure``): the latest one
            while decoding, then any round chosen with the round slider (``/tree_round``, from the
-           run record's ``trees``, each with its tokens' text). A chain run leaves the plot empty.
+           run record's ``trees``, each with its tokens' text). The panel of plot and slider shows
+           for tree runs only: a chain run hides it (as the page does before any run).
 """
 
 from __future__ import annotations
@@ -29,12 +31,14 @@ from ears_core.report import viz
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.session import export_run, run_record, summary_markdown, summary_rows
 
+from .api import generate_params, named
 from .controls import run_config
 from .errors import check_request, fail, message, public_name, timeout_note
 from .live import Runs, frames, plot, snapshot, steady_samples
+from .pairs import LOADING
 
 OUT = ("tokens", "message", "summary", "conf", "ratio", "tput", "hist", "details", "state",
-       "theory", "theory_k", "theory_c", "tree", "tree_round")
+       "theory", "theory_k", "theory_c", "tree", "tree_round", "tree_panel")
 
 
 def pack(**kw: Any) -> tuple:
@@ -106,37 +110,42 @@ CHART_EVERY = 3  # frames between chart redraws while decoding (about every 1.2 
 
 
 def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
-    """The ``/generate`` callback; ``names`` are the parameter sliders' names (beta first)."""
+    """The ``/generate`` callback; ``names`` are the parameter sliders' names (beta first), its
+    parameters ``api.generate_params(names)``."""
 
-    def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, *rest):
-        """Decode one request; any failure, even mid-run, becomes a short message. ``rest``: the
-        other parameter sliders, then the draft length, the draft shape and the tree's node budget."""
+    def generate(a: dict[str, Any]):
+        """Decode one request; any failure, even mid-run, becomes a short message."""
         runs = Runs()
-        extra, tail = rest[: len(names) - 1], (*rest[len(names) - 1 :], "policy", "auto", 8)[:3]
+        given = [n for n in names if a[n] is not None]  # a parameter left out takes the rule's default
         try:
-            yield from _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, [beta, *extra],
-                                 *tail)
+            yield from _generate(runs, a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"], a["rule_name"],
+                                 a["with_baseline"], given, [a[n] for n in given], a["draft_length"], a["shape"],
+                                 a["tree_budget"])
         except Exception as exc:
             yield pack(message=fail(exc))
         finally:  # Stop, a closed page or an error: no decode outlives its request
             runs.stop_all()
 
-    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, values, draft_length, tree,
-                  tree_budget):
+    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, given, values, draft_length,
+                  tree, tree_budget):
         settings = slot.settings
         try:
             req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
                                 max_prompt_chars=settings.max_prompt_chars)
-            cfg = run_config(rule_name, req, names, values, draft_length, tree, tree_budget)
+            cfg = run_config(rule_name, req, given, values, draft_length, tree, tree_budget)
+            if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
+                yield pack(message="", summary=f"*{LOADING}*")
             session = slot.session()
             cfg = session.resolved(cfg)  # "auto" -> tree or chain, so the page names what ran
             ids = session.encode(req.prompt)
         except Exception as exc:  # bad input, model load failure: show it, keep serving
             yield pack(message=fail(exc))
             return
-        yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None)
+        shape = cfg.draft_shape
+        yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None,
+                   tree_panel=gr.Column(visible=shape == "tree"))
         run = runs.start(session.speculative(ids, cfg, deadline_s=settings.timeout_s))
-        label, shape = run.gen.method, cfg.draft_shape
+        label = run.gen.method
         budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
         trees = getattr(run.gen, "trees", None)  # a tree run's rounds (grows while it decodes)
         tok = session.pair.tokenizer
@@ -187,7 +196,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
                    f"draft length: {cfg.draft_length}{drawn}*" + profile_note(session, cfg),
                    details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]), **tree_out)
 
-    return generate
+    return named(generate, generate_params(names))
 
 
 def export(state: dict | None) -> tuple[Any, Any, str]:
@@ -207,6 +216,7 @@ class GenerateTab:
     tokens: gr.HTML
     tree: gr.Plot
     tree_round: gr.Slider
+    tree_panel: gr.Column
     conf: gr.Plot
     ratio: gr.Plot
     tput: gr.Plot
@@ -229,7 +239,7 @@ def build() -> GenerateTab:
         with gr.Row():
             with gr.Column(scale=3):
                 tokens = gr.HTML(viz.tokens_html([]), elem_id="tokens")
-            with gr.Column(scale=2):
+            with gr.Column(scale=2, visible=False, elem_id="tree_panel") as tree_panel:
                 tree = gr.Plot(label="a round's tree (tree runs)", elem_id="tree_plot")
                 tree_round = gr.Slider(0, 1, value=0, step=1, label="round", elem_id="tree_round")
         with gr.Row():
@@ -244,5 +254,5 @@ def build() -> GenerateTab:
             with gr.Row():
                 csv_file, json_file = gr.File(label="CSV"), gr.File(label="JSON")
             details = gr.JSON(label="metrics of the last run", elem_id="details")
-    return GenerateTab(go, stop, msg, tokens, tree, tree_round, conf, ratio, tput, hist, summary, export_btn, csv_file,
+    return GenerateTab(go, stop, msg, tokens, tree, tree_round, tree_panel, conf, ratio, tput, hist, summary, export_btn, csv_file,
                        json_file, details)

@@ -2,13 +2,17 @@
 
 Terms
 -----
-slot      the ``session.PairSlot`` holding the one pair in memory (lazy load; a switch checks the
-          tokenizers first, so a bad pair fails while the current one stays).
+slot      the ``PairSlot`` holding the one pair in memory (loaded in the background from the app's
+          build on; a switch checks the tokenizers first, so a bad pair fails while the current
+          one stays).
 label     a picker choice: a preset of ``models.PRESETS`` (the embedded pair first), the server's
           own pair when it is not a preset ("Server default: ..."), or ``CUSTOM`` for free text.
 free text a target and a draft typed by the visitor (hub id or folder; an empty draft means the
           target's default draft, ``ngram`` prompt lookup); offered when ``Settings.custom_models``.
-status    the picker's line: the pair in memory and its device, or the one that loads next. Local
+status    the line above the controls (``elem_id="pair_status"``): the pair loading (a server
+          starts loading it when the app is built: ``PairSlot.preload``), ready with its device,
+          failed (the next Generate tries again), or chosen (loads on the first request). While a
+          load is under way the page asks again every ``STATUS_POLL_S`` seconds, then stops. Local
           folders show by their last part only (``errors.public_name``).
 """
 
@@ -22,9 +26,11 @@ import gradio as gr
 from ears_core.pair import AUTO, NGRAM, PRESETS
 from ears_core.serve.pair_slot import PairSlot
 
-from .errors import InputError, fail, public_name
+from .errors import InputError, fail, public_error, public_name
 
 CUSTOM = "Custom: type a target and a draft below"
+LOADING = "loading the model pair: the run starts when it is ready…"  # what a run waiting for the load shows
+STATUS_POLL_S = 1.0
 
 
 def _pair_text(target: str, draft: str | None) -> str:
@@ -35,9 +41,30 @@ def model_status(slot: PairSlot) -> str:
     """The status line (see the module's terms)."""
     session = slot.loaded
     if session is not None:
-        return f"**Loaded:** {public_name(session.pair.name)} · runs on **{session.device_label}**"
+        return f"✅ **Ready:** {public_name(session.pair.name)} · runs on **{session.device_label}**"
+    name = public_name(_pair_text(*slot.choice))
     where = {"auto": "a CUDA GPU if one is visible, else the CPU"}.get(slot.settings.device, slot.settings.device)
-    return f"**Chosen:** {public_name(_pair_text(*slot.choice))} · loads on the first request, on {where}"
+    state = slot.state
+    if state == "loading":
+        return f"⏳ **Loading:** {name} on {where}, and warming it up… a Generate now waits for it"
+    if state == "failed":
+        return f"⚠️ **Not loaded:** {name}: {public_error(slot.error).rstrip('.')}. The next Generate tries again."
+    return f"**Chosen:** {name} · loads on the first request, on {where}"
+
+
+def build_status(slot: PairSlot, demo: gr.Blocks) -> gr.Markdown:
+    """The status line and its refresh while the pair loads (see the module's terms); call inside
+    ``demo`` where the line should show."""
+    status = gr.Markdown(model_status(slot), elem_id="pair_status")
+    timer = gr.Timer(STATUS_POLL_S, active=slot.state == "loading")
+
+    def refresh_status() -> tuple[str, gr.Timer]:
+        """The status line now, and whether to ask again."""
+        return model_status(slot), gr.Timer(active=slot.state == "loading")
+
+    timer.tick(refresh_status, None, [status, timer], api_name=False, queue=False)
+    demo.load(refresh_status, None, [status, timer], api_name=False, queue=False)
+    return status
 
 
 def picker_labels(slot: PairSlot) -> tuple[list[str], str]:
@@ -94,8 +121,9 @@ class Picker:
     message: gr.Markdown
 
 
-def build(slot: PairSlot, demo: gr.Blocks) -> Picker:
-    """The "Model pair" panel and its handlers (``/load``); call inside ``demo``."""
+def build(slot: PairSlot, status: gr.Markdown) -> Picker:
+    """The "Model pair" panel and its handler (``/load``), which updates ``status``
+    (``build_status``); call inside the app's Blocks."""
     settings = slot.settings
     with gr.Accordion("Model pair", open=False, elem_id="picker"):
         labels, default = picker_labels(slot)
@@ -113,7 +141,6 @@ def build(slot: PairSlot, demo: gr.Blocks) -> Picker:
                                max_length=300, elem_id="pick_draft")
         gr.Markdown("The embedded pair runs anywhere, offline. The others come from the Hugging Face hub and "
                     "need a GPU for the 7B / 8B targets; one pair is in memory at a time.")
-        status = gr.Markdown(model_status(slot), elem_id="pair_status")
         msg = gr.Markdown("", elem_id="pair_message")
 
     def fill(label: str) -> tuple[Any, Any]:
@@ -126,5 +153,4 @@ def build(slot: PairSlot, demo: gr.Blocks) -> Picker:
 
     chooser.change(fill, chooser, [target, draft], api_name=False)
     load_btn.click(make_load(slot), [chooser, target, draft], [status, msg], api_name="load", concurrency_limit=1)
-    demo.load(lambda: model_status(slot), None, status, api_name=False)
     return Picker(chooser, target, draft, status, msg)

@@ -23,9 +23,11 @@ from ears_core.report import viz
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.session import RunConfig
 
+from .api import named, race_params
 from .controls import DEFAULT_RULE, rule_choices, run_config, run_name
 from .errors import check_request, fail, message, timeout_note
 from .live import Runs, frames, plot, snapshot
+from .pairs import LOADING
 
 RULE_B = "standard"
 
@@ -45,19 +47,22 @@ def _table(names: Sequence[str], results: Sequence[Any], contended: Sequence[boo
 
 
 def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
-    """The ``/race`` callback; ``names`` are the parameter sliders' names (beta first)."""
+    """The ``/race`` callback; ``names`` are the parameter sliders' names (beta first), its
+    parameters ``api.race_params``."""
 
-    def race(prompt, beta, temperature, k, max_new, seed, rule_a=DEFAULT_RULE, rule_b=RULE_B, *extra):
+    def race(a: dict[str, Any]):
         """The race; any failure, even mid-run, becomes a short message."""
         runs = Runs()
+        given = [n for n in names if a[n] is not None]  # a parameter left out takes the rule's default
         try:
-            yield from _race(runs, prompt, temperature, k, max_new, seed, (rule_a, rule_b), [beta, *extra])
+            yield from _race(runs, a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"],
+                             (a["rule_a"], a["rule_b"]), given, [a[n] for n in given])
         except Exception as exc:
             yield gr.skip(), gr.skip(), gr.skip(), fail(exc), gr.skip()
         finally:
             runs.stop_all()
 
-    def _race(runs, prompt, temperature, k, max_new, seed, rules, values):
+    def _race(runs, prompt, temperature, k, max_new, seed, rules, given, values):
         settings = slot.settings
         empty = viz.tokens_html([])
         try:
@@ -65,9 +70,11 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
                                 max_prompt_chars=settings.max_prompt_chars)
             # K drafts every round for both rules: the same draws at the same positions, so their first
             # difference is where the rules decided differently (a policy would verify different positions)
-            cfgs = [run_config(r, req, names, values, "fixed") for r in rules]
+            cfgs = [run_config(r, req, given, values, "fixed") for r in rules]
             base_cfg = RunConfig(rule=RULE_B, params={}, temperature=req.temperature, gamma=req.k,
                                  max_new_tokens=req.max_new, seed=req.seed)
+            if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
+                yield empty, empty, empty, f"*{LOADING}*", gr.skip()
             session = slot.session()
             ids = session.encode(req.prompt)
         except Exception as exc:
@@ -107,7 +114,7 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
                          f"token {a[div].text!r} where {labels[1]} emitted {b[div].text!r}.")
         yield *html, "\n".join(lines), plot(viz.throughput_spec(curves))
 
-    return race
+    return named(race, race_params(names, DEFAULT_RULE, RULE_B))
 
 
 @dataclass
