@@ -18,7 +18,8 @@ import os as _os
 # land in huge pages); a value the user set wins (THP_MEM_ALLOC_ENABLE=0 turns it off).
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
-from ears_core.decode.chain import Generation, GenerationResult, autoregressive, autoregressive_stream, generate, stream
+from ears_core.decode.api import autoregressive, autoregressive_stream, generate, stream, tree_generate, tree_stream
+from ears_core.decode.generation import Generation, GenerationResult
 from ears_core.draft.drafters import Drafter, ModelDrafter, NGramDrafter
 from ears_core.events import KINDS, DraftRecord, StepRecord, TokenEvent
 from ears_core.metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
@@ -27,13 +28,15 @@ from ears_core.rules import (RULES, AcceptanceRule, EARSRule, EntropyEARSRule, G
                     make_rule, register_rule)
 from ears_core.serve.session import RunConfig, Session
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
-from ears_core.decode.verify import DraftKind, Verdict, emitted_distribution, verify
+from ears_core.decode.verify import DraftKind, Verdict, verify
+from ears_core.decode.verify_tree import TreeVerdict, verify_tree
 
 __all__ = [
     "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "TypicalRule", "EntropyEARSRule",
     "RULES", "Param", "register_rule", "make_rule", "load_pair", "ModelPair", "RunConfig", "Session", "NGramDrafter",
-    "verify", "Verdict", "DraftKind", "emitted_distribution",
-    "generate", "stream", "autoregressive", "autoregressive_stream", "Generation", "GenerationResult",
+    "verify", "Verdict", "DraftKind", "verify_tree", "TreeVerdict",
+    "generate", "stream", "tree_generate", "tree_stream", "autoregressive", "autoregressive_stream", "Generation",
+    "GenerationResult",
     "Drafter", "ModelDrafter",
     "TokenEvent", "StepRecord", "DraftRecord", "KINDS",
     "GenerationStats", "summarize", "expected_tokens_per_step", "theoretical_speedup",

@@ -9,7 +9,7 @@ import sys
 import types
 
 from ears_core.cli import main
-from ears_core.decode.chain import generate as _generate
+from ears_core.decode.api import generate as _generate
 
 
 class _CallableModule(types.ModuleType):

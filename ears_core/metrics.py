@@ -23,7 +23,18 @@ from typing import Any, Sequence
 
 from ears_core.events import StepRecord, TokenEvent
 
-__all__ = ["GenerationStats", "summarize", "expected_tokens_per_step", "theoretical_speedup", "round_theory"]
+__all__ = ["GenerationStats", "summarize", "expected_tokens", "expected_tokens_per_step", "theoretical_speedup", "round_theory"]
+
+
+def expected_tokens(a: Sequence[float]) -> list[float]:
+    """[E(0), E(1), ..., E(len(a))]: expected tokens of a round that drafts 0, 1, ... positions with
+    per-position acceptance a_1..a_n (each clamped to [0, 1]); E(k) = 1 + a_1 + a_1 a_2 + ..."""
+    out, run, e = [1.0], 1.0, 1.0
+    for x in a:
+        run *= min(max(float(x), 0.0), 1.0)
+        e += run
+        out.append(e)
+    return out
 
 
 def expected_tokens_per_step(a: float, k: int) -> float:

@@ -27,9 +27,9 @@ import torch
 
 from ears_core import load_pair
 from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
-from ears_core.decode.chain import stream
+from ears_core.decode.api import stream
 from ears_core.serve.session import RunConfig, Session
-from ears_core.decode.tree import tree_stream
+from ears_core.decode.api import tree_stream
 from ears_core.policy.tree_budget import TreeBudget, TreeCalibration
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,8 +30,9 @@ from draft_prompts import held_out_prompts  # noqa: E402
 
 from ears_core import EARSRule, GreedyRule, StandardRule, generate  # noqa: E402
 from ears_core.report.bench_plan import spread  # noqa: E402
-from ears_core.pair import encode_prompt, load_pair  # noqa: E402
-from ears_core.decode.tree import tree_stream  # noqa: E402
+from ears_core.model.hub import encode_prompt  # noqa: E402
+from ears_core.pair import load_pair  # noqa: E402
+from ears_core.decode.api import tree_stream  # noqa: E402
 
 SETTINGS = {"greedy T=0": (GreedyRule, {}, 0.0), "ordinary T=0.9": (StandardRule, {}, 0.9),
             "EARS 0.1 T=0.9": (EARSRule, {"beta": 0.1}, 0.9)}

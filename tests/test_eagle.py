@@ -327,7 +327,7 @@ def bf16_copy(head):
 
 @pytest.mark.parametrize("shape", ["chain", "tree"])
 def test_a_bfloat16_head_drafts_for_a_float32_target_and_greedy_stays_the_targets(target_and_head, shape):
-    from ears_core.decode.tree import tree_generate
+    from ears_core.decode.api import tree_generate
 
     target, head = target_and_head
     d = EagleDrafter(bf16_copy(head), target)

@@ -9,7 +9,7 @@ from conftest import PROMPTS, assert_first_two_tokens_follow, tiny_llama
 from ears_core import EARSRule, GreedyRule, StandardRule, generate
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.decode.tree import tree_generate, tree_stream
+from ears_core.decode.api import tree_generate, tree_stream
 
 
 def hf_greedy(model, prompt, n):

@@ -16,7 +16,7 @@ from conftest import PROMPTS, assert_first_two_tokens_follow
 from ears_core import EARSRule, GreedyRule, StandardRule
 from ears_core.policy.costs import Calibration, DepthCalibration, PriceCurve
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.decode.tree import tree_generate, tree_stream
+from ears_core.decode.api import tree_generate, tree_stream
 from ears_core.policy.tree_budget import TreeBudget, node_estimate, tree_round_ms, tree_value
 
 

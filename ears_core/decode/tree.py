@@ -1,4 +1,4 @@
-"""Tree decoding (seed 002): each round verifies a tree of drafts in one target pass.
+"""The tree round (seed 002): each round verifies a tree of drafts in one target pass.
 
 Terms (tree, node, entry, spec: trees.py; route, test, emitted: verify_tree.py)
 -----
@@ -19,7 +19,7 @@ draws        counter based, as in the chain decoder (trees.py: draft draws; acce
 records      events and step records are the chain's (``TokenEvent``, ``StepRecord``; a step's
              ``drafted`` counts the tree's nodes, its ``drafts`` the nodes that were tested, and
              with a size policy its ``estimates`` / ``expected`` are the policy's per node / E(N));
-             each round's tree is kept in ``TreeGeneration.trees`` as a ``TreeRecord``. For a sibling
+             each round's tree is kept in ``Generation.trees`` as a ``TreeRecord``. For a sibling
              tried after a rejection, an event's ``ratio`` is against the residual target, its
              ``p`` is still P_target.
 distortion   per emitted position, from verify_tree; exact where it can be enumerated, else an
@@ -30,38 +30,32 @@ size policy  ``keep(priority, nodes so far, depth)`` (e.g. ``tree_policy.TreeBud
              and ``observe_cost(nodes, depth, ms)`` the round's measured time.
              With ``backoff``, a round whose tree the policy left empty is followed by plain target
              steps that do not ask the drafter (1, then 3, then at most 7 of them, as the chain
-             decoder's policy does; ``propose(0)`` / ``commit(0, ...)``). The schedule depends on past
-             rounds only, so the output stays exact.
+             decoder's policy does; ``propose(0)`` / ``commit(0, ...)``; rounds.py). The schedule depends on
+             past rounds only, so the output stays exact.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from ears_core.decode.chain import MAX_BACKOFF, Generation, GenerationResult, _as_input_ids, _check_request, _eos_set, _shared_vocab
-from ears_core.draft.drafters import Drafter, ModelDrafter, layers_side_by_side, target_features
-from ears_core.events import DraftRecord, StepRecord, TokenEvent
-from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions
-from ears_core.rules import AcceptanceRule, StandardRule, verifying_rule
-from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
-from ears_core.decode.text import Detokenizer
-from ears_core.timing import StepClock
+from ears_core.decode.rounds import Round, RoundContext
+from ears_core.decode.tree_walk import walk_tree
+from ears_core.decode.verify import KIND_NAMES, DraftKind
+from ears_core.decode.verify_tree import verify_tree
+from ears_core.draft.drafters import layers_side_by_side
 from ears_core.draft.trees import (
     DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, tree_attention_mask, tree_position_ids,
 )
-from ears_core.decode.verify import DraftKind
-from ears_core.decode.tree_walk import walk_tree
-from ears_core.decode.verify_tree import verify_tree
+from ears_core.events import DraftRecord, TokenEvent
+from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions
+from ears_core.sampling import Stream
 
-__all__ = ["TreeRecord", "TreeGeneration", "tree_stream", "tree_generate", "score_tree", "keep_path"]
-
-_KIND = {int(DraftKind.ACCEPTED): "accepted", int(DraftKind.PARDONED): "pardoned", int(DraftKind.REJECTED): "rejected",
-         int(DraftKind.NOT_EVALUATED): ""}
+__all__ = ["TreeRecord", "TreeShape", "score_tree", "keep_path"]
 
 
 @dataclass
@@ -84,15 +78,6 @@ class TreeRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class TreeGeneration(Generation):
-    """A ``Generation`` whose rounds also leave a ``TreeRecord`` each in ``trees``."""
-
-    def __init__(self, method: str, budget: int, steps: list[StepRecord], trees: list[TreeRecord],
-                 events_iter: Iterator[TokenEvent], deadline_s: float | None = None) -> None:
-        super().__init__(method, budget, steps, events_iter, deadline_s)
-        self.trees = trees
 
 
 # ----------------------------------------------------------------------------- the target's side
@@ -127,121 +112,86 @@ def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequen
     keep_tail_positions(cache, prefix_len, prefix_len + nodes)
 
 
-# ----------------------------------------------------------------------------- the loop
+# ----------------------------------------------------------------------------- the shape
 
 
-@dataclass
-class _Config:
-    spec: TreeSpec
-    sampling: SamplingConfig
-    max_new_tokens: int
-    seed: int
-    vocab_size: int
-    eos: frozenset[int]
-    with_distortion: bool
-    keep: KeepFn | None
-    backoff: bool = False
-    level: LevelFn | None = None
+class TreeShape:
+    """A tree of drafts per round (rounds.RoundShape). ``keep``: the size policy's hook (module terms)."""
+
+    def __init__(self, spec: TreeSpec, keep: KeepFn | None = None, level: LevelFn | None = None,
+                 backoff: bool = False) -> None:
+        self.spec, self.keep, self.level = spec, keep, level
+        self.depth = spec.depth
+        self.backs_off = bool(backoff and keep is not None)
+
+    def start(self, ctx: RoundContext) -> None:
+        self.ctx = ctx
+        vocab = ctx.cfg.vocab_size
+        self.rank_fn = lambda logits: torch.softmax(logits[..., :vocab].float(), dim=-1)  # slots by the raw draft (T = 1)
+        self.support = getattr(ctx.drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
+        self.walk = ctx.device.type == "cpu"  # the walk on the host: only the tests the route reaches (tree_walk.py)
+        self.layers = tuple(getattr(ctx.drafter, "feature_layers", (-1,)))
+
+    def propose(self, produced: int, limit: int, plain: bool) -> None:
+        ctx = self.ctx
+        self.plain = plain
+        if plain:  # a plain target step: the drafter is told (its queued update), not asked
+            ctx.drafter.propose(0, ctx.probs_fn, torch.empty((1, 0), device=ctx.device))
+            self.tree = DraftTree.empty(ctx.cfg.vocab_size, ctx.device)
+        else:
+            self.tree = ctx.drafter.propose_tree(
+                self.spec.capped(limit), ctx.probs_fn, TreeDraws(ctx.cfg.seed, produced, self.spec.branching),
+                greedy=ctx.cfg.sampling.greedy, rank_fn=self.rank_fn, keep=self.keep, level=self.level)
+        told = hasattr(self.keep, "estimates") and not plain  # the policy's estimate per drafted node
+        self.estimates = list(self.keep.estimates)[: self.tree.size] if told else []
+        self.expected = 1.0 + sum(self.estimates) if told and len(self.estimates) == self.tree.size else None
+
+    def score(self, cache: DynamicCache, last: Tensor) -> Tensor:
+        self.prefix = cache.get_seq_length() + 1  # the committed prefix and the root
+        logits, self.hidden = score_tree(self.ctx.target, cache, last, self.tree, self.ctx.need_hidden, self.layers)
+        return self.ctx.probs_fn(logits)  # (1, N+1, V)
+
+    def verify(self, target_probs: Tensor, produced: int, step: int) -> Round:
+        ctx, tree = self.ctx, self.tree
+        self.max_depth = tree.max_depth
+        v = (walk_tree if self.walk else verify_tree)(
+            target_probs, tree.draft_probs[None], tree.tokens[None], tree.parents, ctx.rule,
+            uniforms=accept_uniforms(ctx.cfg.seed, tree.depths, tree.ranks, produced, ctx.device)[None],  # (1, N)
+            sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],  # (1, D+1)
+            with_distortion=ctx.with_distortion, siblings=tree.siblings, draft_support=self.support,
+        )
+        n = int(v.num_accepted[0])  # the round's host sync
+        self.path = v.path[0, :n].tolist()
+        events, drafts, record = round_records(v, tree, produced, step)
+        pardoned = sum(1 for a in self.path if record.kinds[a] == "pardoned")
+        return Round(tree.size, n, v.next_token, events, drafts, pardoned, self.estimates, self.expected, record)
+
+    def commit(self, cache: DynamicCache, rnd: Round) -> None:
+        keep_path(cache, self.prefix, self.tree.size, self.path)
+        hidden, drafter = self.hidden, self.ctx.drafter
+        if self.plain:
+            drafter.commit(0, rnd.next_token, hidden[:, :1] if hidden is not None else None)
+        else:
+            drafter.commit_tree(self.path, rnd.next_token,
+                                hidden[:, [0] + [1 + a for a in self.path]] if hidden is not None else None)
+
+    def paid(self, rnd: Round) -> bool:
+        return rnd.drafted > 0
+
+    def learn(self, rnd: Round) -> None:
+        observe = getattr(self.keep, "observe_round", None)  # a size policy that learns from the rounds
+        if observe is not None and not self.plain:
+            observe(rnd.record)
+
+    def timed(self, round_ms: float, target_ms: float) -> None:
+        cost = getattr(self.keep, "observe_cost", None)  # ... and a node's price from the rounds' times
+        if cost is not None and not self.plain:
+            cost(self.tree.size, self.max_depth, round_ms, target_ms)
 
 
-def _tree_events(target: PreTrainedModel, drafter: Any, ids: Tensor, rule: AcceptanceRule, cfg: _Config,
-                 steps: list[StepRecord], trees: list[TreeRecord], detok: Detokenizer) -> Iterator[TokenEvent]:
-    dev = ids.device
-    clock = StepClock(dev)
-
-    def probs_fn(logits: Tensor) -> Tensor:
-        return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
-
-    def rank_fn(logits: Tensor) -> Tensor:  # slots and scores by the raw draft (T = 1), at any temperature
-        return torch.softmax(logits[..., : cfg.vocab_size].float(), dim=-1)
-
-    need_h = bool(getattr(drafter, "needs_target_hidden", False))
-    rule = verifying_rule(rule, cfg.sampling.greedy)  # the same verdicts; GreedyRule's for the ordinary rule at T = 0
-    with_distortion = cfg.with_distortion and not rule.lossless  # 0 for a lossless rule: not computed (as a chain)
-    support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
-    walk = dev.type == "cpu"  # the walk on the host: only the tests the route reaches (tree_walk.py)
-    with torch.inference_mode():
-        cache = DynamicCache(config=target.config)
-        hidden = None
-        if ids.shape[1] > 1:
-            out = target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=need_h)
-            hidden = target_features(out, drafter)  # (1, T-1, n*d) or None
-        drafter.prefill(ids, hidden)
-    last = ids[:, -1:]  # (1, 1)
-    produced, step = 0, 0
-    observe = getattr(cfg.keep, "observe_round", None)  # a size policy that learns from the rounds
-    cost = getattr(cfg.keep, "observe_cost", None)
-    backoff, skip = 1, 0  # the size policy's probe schedule (module terms)
-    target_draws = counter_uniforms(cfg.seed, torch.arange(cfg.max_new_tokens + cfg.spec.depth + 1, device=dev),
-                                    Stream.TARGET)  # (positions,): the next token's draw at every output position
-    while produced < cfg.max_new_tokens:
-        spec = cfg.spec.capped(cfg.max_new_tokens - produced - 1)
-        probe = cfg.backoff and skip == 0 and spec.depth > 0
-        plain = cfg.backoff and not probe  # a plain target step: the drafter is not asked
-        if plain:
-            skip = max(skip - 1, 0)
-        with torch.inference_mode():
-            t0 = clock.mark()
-            if plain:
-                drafter.propose(0, probs_fn, torch.empty((1, 0), device=dev))
-                tree = DraftTree.empty(cfg.vocab_size, dev)
-            else:
-                tree = drafter.propose_tree(spec, probs_fn, TreeDraws(cfg.seed, produced, cfg.spec.branching),
-                                            greedy=cfg.sampling.greedy, rank_fn=rank_fn, keep=cfg.keep,
-                                            level=cfg.level)
-            told = hasattr(cfg.keep, "estimates") and not plain  # the policy's estimate per drafted node
-            estimates = list(cfg.keep.estimates)[: tree.size] if told else []
-            t1 = clock.mark()
-            prefix = cache.get_seq_length() + 1  # the committed prefix and the root
-            logits, hidden = score_tree(target, cache, last, tree, need_h, tuple(getattr(drafter, "feature_layers", (-1,))))
-            tprobs = probs_fn(logits)  # (1, N+1, V)
-            t2 = clock.mark()
-            depth = tree.max_depth
-            v = (walk_tree if walk else verify_tree)(
-                tprobs, tree.draft_probs[None], tree.tokens[None], tree.parents, rule,
-                uniforms=accept_uniforms(cfg.seed, tree.depths, tree.ranks, produced, dev)[None],  # (1, N)
-                sample_uniforms=target_draws[None, produced: produced + depth + 1],  # (1, D+1)
-                with_distortion=with_distortion, siblings=tree.siblings, draft_support=support,
-            )
-            n = int(v.num_accepted[0])  # the round's host sync
-            path = v.path[0, :n].tolist()
-            keep_path(cache, prefix, tree.size, path)
-            if plain:
-                drafter.commit(0, v.next_token, hidden[:, :1] if need_h else None)
-            else:
-                drafter.commit_tree(path, v.next_token, hidden[:, [0] + [1 + a for a in path]] if need_h else None)
-        last = v.next_token.view(1, 1)
-        if probe:  # a probe the policy left empty backs off: the next ones come 2, 4, then 8 rounds later
-            backoff = 1 if tree.size else min(2 * backoff, MAX_BACKOFF)
-            skip = backoff - 1
-        events, drafts, record = _round_records(v, tree, produced, step)
-        stop = False
-        for j, ev in enumerate(events):
-            if ev.token_id in cfg.eos:
-                events, stop = events[: j + 1], True
-                break
-        pardoned = sum(1 for a in path if record.kinds[a] == "pardoned")
-        if observe is not None and not plain:
-            observe(record)
-        expected = 1.0 + sum(estimates) if told and len(estimates) == tree.size else None
-        t3 = clock.mark()
-        steps.append(StepRecord(step, tree.size, n, pardoned, len(events), clock.ms(t0, t1), clock.ms(t1, t2), drafts,
-                                clock.ms(t2, t3), estimates, expected))
-        if cost is not None and not plain:  # a size policy that learns a node's price from the rounds
-            cost(tree.size, depth, clock.ms(t0, t3), clock.ms(t1, t2))
-        trees.append(record)
-        for ev in events:
-            ev.text = detok.add(ev.token_id)
-            yield ev
-        produced += len(events)
-        step += 1
-        if stop:
-            return
-
-
-def _round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
+def round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
     """Unpack one round's verdict (row 0) into token events, draft records and the tree record."""
-    toks, kinds = tree.tokens.tolist(), [_KIND[int(c)] for c in v.kinds[0].tolist()]
+    toks, kinds = tree.tokens.tolist(), [KIND_NAMES[DraftKind(c)] for c in v.kinds[0].tolist()]
     p, q, ratio, u, tol = (t[0].double().tolist() for t in (v.p, v.q, v.ratio, v.u, v.tolerance))
     max_p = v.max_p[0].double().tolist()
     n, nxt = int(v.num_accepted[0]), int(v.next_token[0])
@@ -268,73 +218,3 @@ def _round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[l
     record = TreeRecord(step, produced, toks, list(tree.parents), list(tree.depths), list(tree.ranks), list(tree.scores),
                         list(tree.priorities), kinds, path, nxt, kind, exact)
     return events, drafts, record
-
-
-# ----------------------------------------------------------------------------- public API
-
-
-def tree_stream(
-    target: PreTrainedModel,
-    drafter: PreTrainedModel | Drafter,
-    input_ids: Any,
-    *,
-    rule: AcceptanceRule | None = None,
-    budget: int = 8,
-    depth: int = 4,
-    width: int | None = None,
-    siblings: str = "auto",
-    temperature: float = 0.9,
-    max_new_tokens: int = 128,
-    seed: int = 0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    tokenizer: Any | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
-    vocab_size: int | None = None,
-    with_distortion: bool = True,
-    keep: KeepFn | None = None,
-    level: LevelFn | None = None,
-    backoff: bool = False,
-    deadline_s: float | None = None,
-) -> TreeGeneration:
-    """Speculative decoding of one prompt with a tree of drafts per round; iterate for TokenEvents.
-
-    ``drafter``: a Hugging Face causal LM sharing the target's tokenizer (wrapped in a
-    ModelDrafter) or a drafter with ``propose_tree`` / ``commit_tree`` (ModelDrafter,
-    EagleDrafter). budget / depth / width / siblings: the ``TreeSpec``; width=1 with
-    budget = depth = K is the chain decoder with gamma = K, token for token. ``keep(priority,
-    nodes so far, depth)`` is asked before each node is drawn and ends the round's tree at the
-    first False (a size policy from measured prices, ``tree_policy.TreeBudget``: it sees only what
-    precedes the draw). ``level``: per-level acceptance estimates for ``keep`` (``trees.build_tree``;
-    default: the keep hook's own ``level``, if it has one). ``backoff``: after a round the policy left empty, plain target steps for
-    1, 3, then 7 rounds (module terms). ``deadline_s``: stop after this many seconds of decoding,
-    keeping the tokens so far (``Generation``).
-    """
-    rule = StandardRule() if rule is None else rule
-    if not isinstance(rule, AcceptanceRule):
-        raise ValueError(f"rule must be an AcceptanceRule such as StandardRule() or EARSRule(0.1), got {rule!r}")
-    spec = TreeSpec(budget, depth, width, siblings)
-    if drafter is not None and not hasattr(drafter, "propose_tree") and isinstance(drafter, PreTrainedModel):
-        drafter = ModelDrafter(drafter)
-    if drafter is None or not hasattr(drafter, "propose_tree"):
-        raise ValueError(f"tree decoding needs a draft model or a drafter with propose_tree(), got {type(drafter).__name__}")
-    vocab = _shared_vocab(target, drafter.vocab_size, vocab_size)
-    if isinstance(drafter, ModelDrafter):
-        drafter.vocab_size = vocab
-    ids = _as_input_ids(input_ids, target.device)
-    _check_request(target, ids, max_new_tokens, seed, vocab)
-    level = level if level is not None else getattr(keep, "level", None)  # a TreeBudget's own estimates
-    cfg = _Config(spec, SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab, _eos_set(target, eos_token_id),
-                  with_distortion, keep, bool(backoff and keep is not None), level)
-    steps: list[StepRecord] = []
-    trees: list[TreeRecord] = []
-    events = _tree_events(target, drafter, ids, rule, cfg, steps, trees, Detokenizer(tokenizer))
-    method = f"{rule.describe()} tree(budget={budget}, depth={depth}, width={width})"
-    return TreeGeneration(method, budget, steps, trees, events, deadline_s)
-
-
-def tree_generate(target: PreTrainedModel, drafter: PreTrainedModel | Drafter, input_ids: Any,
-                  **kwargs: Any) -> GenerationResult:
-    """Tree decoding to the end; same arguments as ``tree_stream``. -> GenerationResult (the trees
-    are in ``tree_stream(...).trees``; use that to keep them)."""
-    return tree_stream(target, drafter, input_ids, **kwargs).result()

@@ -37,7 +37,7 @@ from torch import Tensor
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["DraftKind", "Verdict", "verify", "emitted_distribution", "check_enabled"]
+__all__ = ["DraftKind", "KIND_NAMES", "Verdict", "verify", "argmax_path", "check_enabled", "check_drafts"]
 
 
 class DraftKind(IntEnum):
@@ -45,6 +45,17 @@ class DraftKind(IntEnum):
     PARDONED = 1
     REJECTED = 2
     NOT_EVALUATED = 3
+
+
+KIND_NAMES = {DraftKind.ACCEPTED: "accepted", DraftKind.PARDONED: "pardoned", DraftKind.REJECTED: "rejected",
+              DraftKind.NOT_EVALUATED: ""}  # a draft's kind in events and records ("" if never tested)
+
+
+def argmax_path(rule: AcceptanceRule) -> bool:
+    """Whether verifiers decide and emit by the target's argmax alone: GreedyRule, and the ordinary rule
+    or EARS at T = 0 through ``rules.verifying_rule`` (the same verdict, one max over V instead of the
+    residual's passes). The one place every verifier and the decode loop ask."""
+    return bool(rule.argmax_only)
 
 
 @dataclass
@@ -95,7 +106,7 @@ def check_enabled(device: torch.device) -> bool:
     return device.type != "cuda" or os.environ.get("EARS_DEBUG", "").strip() in {"1", "true", "yes"}
 
 
-def _guard(draft_tokens: Tensor, q: Tensor, in_range: Tensor, v: int) -> None:
+def check_drafts(draft_tokens: Tensor, q: Tensor, in_range: Tensor, v: int) -> None:
     """Raise if any drafted token is outside [0, V) or had draft probability 0: one host read."""
     bad = ~in_range | (q <= 0)  # (B, K)
     if not bool(bad.any()):
@@ -108,13 +119,6 @@ def _guard(draft_tokens: Tensor, q: Tensor, in_range: Tensor, v: int) -> None:
     raise ValueError(f"draft token {tok} at row {row}, position {col} has draft probability 0 in draft_probs: "
                      "a drafter must return the distribution each token was drawn from, and it cannot "
                      "have drawn a token of probability 0")
-
-
-def emitted_distribution(
-    rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor
-) -> Tensor:
-    """(B, K, V) distribution of the token that one verified position emits under ``rule``."""
-    return rule.emitted(target_probs, draft_probs, tolerance)
 
 
 def verify(
@@ -158,12 +162,14 @@ def verify(
     idx = draft_tokens.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # (B, K, 1): gather never reads outside V
     q = draft_probs.gather(-1, idx).squeeze(-1)  # (B, K)
     if check and k > 0:
-        _guard(draft_tokens, q, in_range, v)
-    if rule.argmax_only:  # greedy: one pass over V finds every position's argmax, and its value is max_p
+        check_drafts(draft_tokens, q, in_range, v)
+    greedy = argmax_path(rule)
+    if greedy:  # one pass over V finds every position's argmax, and its value is max_p
         max_p, top = torch.max(target_probs, dim=-1)  # (B, K+1) each: the first maximum, as argmax
     else:
         top, max_p = None, target_probs.amax(dim=-1)  # (B, K+1): computed once, reused below
-    p = judged.gather(-1, idx).squeeze(-1)  # (B, K)
+    # unchecked (check=False): an id outside [0, V) reads p = 0, which no rule accepts: clamp-and-reject
+    p = judged.gather(-1, idx).squeeze(-1).masked_fill(~in_range, 0.0)  # (B, K)
     ratio = p / q.clamp(min=Q_EPS)  # (B, K)
     tolerance = rule.tolerance(judged, max_p[:, :k])  # (B, K)
     if top is not None:
@@ -172,65 +178,77 @@ def verify(
     else:
         inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
         accepted, pardoned = rule.decide(inputs, tolerance)  # (B, K) bool each
+    num_accepted, kinds = _leading_run(accepted, pardoned)
 
+    if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
+        sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(1)  # (B,)
+    ns = num_accepted.tolist() if emitted_only and top is None else None  # a host read that saves work
+    next_token, next_p, next_q = _next_token(rule, target_probs, draft_probs, num_accepted, top, ns, sample_uniforms)
+    distortion = None
+    if with_distortion:
+        distortion = _distortion(rule, judged, draft_probs, tolerance, num_accepted, ns, draft_support)
+    return Verdict(num_accepted=num_accepted, next_token=next_token, kinds=kinds, p=p, q=q, ratio=ratio, u=uniforms,
+                   tolerance=tolerance, max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion)
+
+
+def _leading_run(accepted: Tensor, pardoned: Tensor) -> tuple[Tensor, Tensor]:
+    """accepted, pardoned (B, K) bool -> n (B,) the leading run of drafts that stood, kinds (B, K) int8."""
+    k = accepted.shape[1]
     stands = (accepted | pardoned).to(torch.long)  # (B, K)
     num_accepted = stands.cumprod(dim=-1).sum(dim=-1)  # (B,)
-    pos = torch.arange(k, device=dev).unsqueeze(0)  # (1, K)
+    pos = torch.arange(k, device=accepted.device).unsqueeze(0)  # (1, K)
     n = num_accepted.unsqueeze(-1)  # (B, 1)
     kinds = torch.where(
         pos < n,
         torch.where(accepted, int(DraftKind.ACCEPTED), int(DraftKind.PARDONED)),
         torch.where(pos == n, int(DraftKind.REJECTED), int(DraftKind.NOT_EVALUATED)),
     ).to(torch.int8)
+    return num_accepted, kinds
 
-    # The next token: residual at position n (n < K) or the bonus distribution at K.
+
+def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, num_accepted: Tensor,
+                top: Tensor | None, ns: list[int] | None, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The one token each row emits after its n drafts: the rule's residual at position n (n < K) or its bonus
+    distribution at K; with ``top`` (greedy) the target's argmax at n. -> next_token, next_p, next_q (B,) each."""
+    b, k1, v = target_probs.shape
+    k = k1 - 1
+    n = num_accepted.unsqueeze(-1)  # (B, 1)
     bonus = num_accepted == k  # (B,)
-    if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
-        sample_uniforms = sample_uniforms.gather(1, n).squeeze(1)  # (B,)
-    ns = num_accepted.tolist() if emitted_only and top is None else None  # a host read that saves work
-    if top is not None:  # the target's argmax at position n: no V-sized work
+    if top is not None:  # no V-sized work
         next_token = top.gather(1, n).squeeze(1)  # (B,)
     elif ns is not None:  # only the distribution each row draws from: a view at its n, bonus or residual
         next_token = torch.stack([
-            sample_with_uniforms(rule.bonus(target_probs[r, nr]), sample_uniforms[r]) if nr == k
-            else rule.draw_residual(target_probs[r, nr], draft_probs[r, nr], sample_uniforms[r])
+            sample_with_uniforms(rule.bonus(target_probs[r, nr]), u[r]) if nr == k
+            else rule.draw_residual(target_probs[r, nr], draft_probs[r, nr], u[r])
             for r, nr in enumerate(ns)])  # (B,): one row in the decode loop
     else:
-        rows = torch.arange(b, device=dev)  # (B,): row selection by index, not a gather over V
+        rows = torch.arange(b, device=target_probs.device)  # (B,): row selection by index, not a gather over V
         at_n = target_probs[rows, num_accepted]  # (B, V)
         if k > 0:
             draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)]  # (B, V): unused for a bonus row
             dist = torch.where(bonus.unsqueeze(-1), rule.bonus(at_n), rule.residual(at_n, draft_at_n))
         else:
             dist = rule.bonus(at_n)
-        next_token = sample_with_uniforms(dist, sample_uniforms)  # (B,)
+        next_token = sample_with_uniforms(dist, u)  # (B,)
     tok = next_token.unsqueeze(-1)  # (B, 1)
     next_p = target_probs.reshape(b, -1).gather(1, n * v + tok).squeeze(-1)  # (B,) P_target(next) at n
     if k > 0:  # P_draft(next token) at position n: 0 for a bonus
         next_q = torch.where(bonus, 0.0, draft_probs.reshape(b, -1).gather(1, n.clamp(max=k - 1) * v + tok).squeeze(-1))
     else:
         next_q = torch.zeros_like(next_p)
+    return next_token, next_p, next_q
 
-    distortion = None
-    if with_distortion:  # (B, K); with ``emitted_only`` at positions 0 .. n (< K) only, 0 after them
-        m = min(max(ns) + 1, k) if ns is not None else k
-        distortion = rule.exact_distortion(judged[:, :m], draft_probs[:, :m], tolerance[:, :m], draft_support)
-        if m < k:
-            distortion = torch.cat([distortion, distortion.new_zeros(b, k - m)], dim=1)
-        if ns is not None and b > 1:  # rows that stopped earlier than the longest: 0 after their n
-            distortion = distortion.masked_fill(pos > n, 0.0)
 
-    return Verdict(
-        num_accepted=num_accepted,
-        next_token=next_token,
-        kinds=kinds,
-        p=p,
-        q=q,
-        ratio=ratio,
-        u=uniforms,
-        tolerance=tolerance,
-        max_p=max_p,
-        next_p=next_p,
-        next_q=next_q,
-        distortion=distortion,
-    )
+def _distortion(rule: AcceptanceRule, judged: Tensor, draft_probs: Tensor, tolerance: Tensor, num_accepted: Tensor,
+                ns: list[int] | None, draft_support: Tensor | None) -> Tensor:
+    """(B, K) TV(emitted, P_target) per drafted position; with ``ns`` (emitted_only) at positions 0 .. n (< K)
+    only, 0 after them."""
+    b, k = tolerance.shape
+    m = min(max(ns) + 1, k) if ns is not None else k
+    distortion = rule.exact_distortion(judged[:, :m], draft_probs[:, :m], tolerance[:, :m], draft_support)
+    if m < k:
+        distortion = torch.cat([distortion, distortion.new_zeros(b, k - m)], dim=1)
+    if ns is not None and b > 1:  # rows that stopped earlier than the longest: 0 after their n
+        pos = torch.arange(k, device=tolerance.device).unsqueeze(0)  # (1, K)
+        distortion = distortion.masked_fill(pos > num_accepted.unsqueeze(-1), 0.0)
+    return distortion

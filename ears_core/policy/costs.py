@@ -312,6 +312,10 @@ class DraftPolicy:
     def curve(self) -> PriceCurve:
         return self.prices.curve
 
+    def new_calibration(self) -> "Calibration":
+        """The acceptance estimates a run starts from when it is given none: an uncalibrated table."""
+        return Calibration()
+
     def keep_going(self, a_known: Sequence[float], limit: int | None = None,
                    future: Sequence[float] | None = None, looked: bool = False) -> bool:
         """Verify position i = len(a_known)? ``future``: estimates for the positions after i when

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ears_core.decode.chain import Generation
+from ears_core.decode.generation import Generation
 
 __all__ = ["ActivityLog", "ACTIVITY", "Tracked", "Background"]
 
