@@ -21,28 +21,40 @@ pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture(scope="module")
-def url():
-    from ears_core.studio import LAUNCH_KW, build_app
-    demo = build_app()  # the embedded pair, as `python app.py` serves it
-    demo.ears_slot.session()  # load before the browser opens (about a second from the cache)
+def launch(demo) -> str:
+    from ears_core.studio import LAUNCH_KW
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
+    return f"http://127.0.0.1:{port}/"
+
+
+@pytest.fixture(scope="module")
+def url():
+    from ears_core.studio import build_app
+    demo = build_app()  # the embedded pair, as `python app.py` serves it: it starts loading now
     try:
-        yield f"http://127.0.0.1:{port}/"
+        yield launch(demo)
     finally:
         demo.close()
 
 
 @pytest.fixture(scope="module")
-def page(url):
+def browser():
     with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1280, "height": 900})
-        pg.goto(url)
-        pg.wait_for_selector("#generate", timeout=30_000)
-        yield pg
-        browser.close()
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(url, browser):
+    pg = browser.new_page(viewport={"width": 1280, "height": 900})
+    pg.goto(url)
+    pg.wait_for_selector("#generate", timeout=30_000)
+    # the page says when the pair it started loading at the build is ready (about a second from the cache)
+    pg.wait_for_function("document.querySelector('#pair_status').innerText.includes('Ready')", timeout=120_000)
+    yield pg
+    pg.close()
 
 
 def _set_number(page, elem_id: str, value: str) -> None:
@@ -81,6 +93,8 @@ def test_generate_streams_coloured_tokens_and_charts(page, tmp_path):
     traces = page.eval_on_selector("#conf_plot .js-plotly-plot", "e => e.data.map(t => t.name)")
     assert "max P_target" in traces
     summary = page.locator("#summary").inner_text()
+    assert "a tree of depth" not in summary  # EARS at T = 0.9 on "auto": a chain run
+    assert not page.locator("#tree_panel").is_visible()  # a chain run: no empty tree panel in the picture
     assert re.search(rf"\b{n} / \d+", summary)  # the table counts the tokens shown
     assert "ears(beta=0.3)" in summary and "×" in summary  # the moved slider reached the run; speedup shown
     page.locator("#tokens").scroll_into_view_if_needed()
@@ -102,3 +116,50 @@ def test_stop_stops(page):
     assert _tokens(page) == n < 300
     from ears_core.serve.session import ACTIVITY
     assert ACTIVITY.active == 0  # the decode thread ended with its request (the server runs in this process)
+
+
+def test_the_page_says_loading_until_the_pair_is_ready_and_shows_the_tree_panel_for_tree_runs_only(browser):
+    """A server whose (tiny) pair is still loading: the status line says so, a Generate waits for it
+    and says so too, then the status turns Ready and the run's tokens come. The tree panel stays
+    hidden for a chain run and shows a tree run's tree."""
+    import threading
+
+    from test_app import tiny_backend
+
+    from ears_core.serve.settings import Settings
+    from ears_core.studio import build_app
+
+    gate = threading.Event()
+
+    def gated_loader():
+        assert gate.wait(120)
+        return tiny_backend()
+
+    demo = build_app(pair_loader=gated_loader, settings=Settings())
+    pg = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        pg.goto(launch(demo))
+        pg.wait_for_selector("#generate", timeout=30_000)
+        assert "Loading" in pg.locator("#pair_status").inner_text()
+        pg.locator("#prompt textarea").fill("the water is long and the")
+        _set_number(pg, "max_new", "8")
+        pg.locator("#generate").click()
+        pg.wait_for_function("document.querySelector('#summary').innerText.includes('loading the model pair')",
+                             timeout=30_000)
+        assert _tokens(pg) == 0 and "Loading" in pg.locator("#pair_status").inner_text()
+        gate.set()
+        pg.wait_for_function("document.querySelector('#pair_status').innerText.includes('Ready')", timeout=60_000)
+        pg.wait_for_function("document.querySelector('#summary').innerText.includes('model:')", timeout=60_000)
+        assert _tokens(pg) == 8 and "tiny random pair" in pg.locator("#pair_status").inner_text()
+        assert not pg.locator("#tree_panel").is_visible()  # EARS at T = 0.9 on "auto": a chain
+
+        pg.locator("#draft_shape label", has_text=re.compile(r"^\s*tree\s*$")).click()
+        pg.locator("#generate").click()
+        pg.wait_for_function("document.querySelector('#summary').innerText.includes('a tree of depth')",
+                             timeout=60_000)
+        assert pg.locator("#tree_panel").is_visible()
+        pg.wait_for_selector("#tree_plot .js-plotly-plot .main-svg", timeout=30_000)
+    finally:
+        gate.set()
+        pg.close()
+        demo.close()

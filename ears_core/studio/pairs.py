@@ -41,12 +41,12 @@ def model_status(slot: PairSlot) -> str:
     """The status line (see the module's terms)."""
     session = slot.loaded
     if session is not None:
-        return f"✅ **Ready:** {public_name(session.pair.name)} · runs on **{session.device_label}**"
+        return f"**Ready:** {public_name(session.pair.name)} · runs on **{session.device_label}**"
     name = public_name(_pair_text(*slot.choice))
     where = {"auto": "a CUDA GPU if one is visible, else the CPU"}.get(slot.settings.device, slot.settings.device)
     state = slot.state
     if state == "loading":
-        return f"⏳ **Loading:** {name} on {where}, and warming it up… a Generate now waits for it"
+        return f"**Loading:** {name} on {where}, and warming it up; a Generate sent now starts when it is ready"
     if state == "failed":
         return f"⚠️ **Not loaded:** {name}: {public_error(slot.error).rstrip('.')}. The next Generate tries again."
     return f"**Chosen:** {name} · loads on the first request, on {where}"
