@@ -159,7 +159,7 @@ def load_bench(s: BenchSettings) -> Bench:
 @torch.no_grad()
 def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = True) -> dict[str, Any]:
     """Run every job of the plan and write the outputs; returns the summary."""
-    from ears_core.pair import encode_prompt
+    from ears_core.model.hub import encode_prompt
 
     s.check()
     if s.threads:
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       policy_gammas=a.policy_gammas, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
                       tree_max_nodes=a.tree_max_nodes, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
-    from ears_core.pair import ModelLoadError
+    from ears_core.model.hub import ModelLoadError
 
     if a.report_only:
         print(bench_report.format_table(bench_report.reaggregate(a.out, images=a.images)))

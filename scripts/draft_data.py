@@ -341,7 +341,7 @@ class _StepHook:
 
 
 def encode_all(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
-    from ears_core.pair import encode_prompt
+    from ears_core.model.hub import encode_prompt
 
     return [encode_prompt(tokenizer, p)[0].tolist() for p in prompts]
 
@@ -714,7 +714,8 @@ def main(argv: list[str] | None = None) -> int:
     nice_and_threads(args.nice, args.threads)
     pacer = Pacer(args.minutes, Path(args.quiet_file), log=log)
     pacer.install_signals()
-    from ears_core.pair import cache_root, load_pair
+    from ears_core.model.embedded import cache_root
+    from ears_core.pair import load_pair
 
     with _SingleInstance(store, args.command):
         manifest = sync_manifest(store) if args.command == "sample" else load_manifest(store)

@@ -23,7 +23,9 @@ from transformers import DynamicCache
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_prompts import training_prompts  # noqa: E402
 
-from ears_core.pair import cache_root, encode_prompt, load_pair  # noqa: E402
+from ears_core.model.embedded import cache_root  # noqa: E402
+from ears_core.model.hub import encode_prompt  # noqa: E402
+from ears_core.pair import load_pair  # noqa: E402
 from ears_core.sampling import SamplingConfig, logits_to_probs  # noqa: E402
 
 

