@@ -20,7 +20,8 @@ from typing import Sequence
 import torch
 
 from ears_core.rules import RULES
-from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, RunConfig, Session, summary_rows, summary_text
+from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, RunConfig, Session
+from ears_core.serve.summary import summary_rows, summary_text
 
 COLOURS = {"accepted": "\033[32m", "pardoned": "\033[1;35m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
 RESET = "\033[0m"

@@ -8,7 +8,8 @@ from conftest import PROMPTS
 from ears_core.policy.costs import PriceCurve
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.pair import ModelPair
-from ears_core.serve.session import RunConfig, Session, run_record, summary_rows, summary_text
+from ears_core.serve.session import RunConfig, Session
+from ears_core.serve.summary import run_record, summary_rows, summary_text
 
 PRICES = PriceCurve([10.0, 10.4, 10.8, 11.4, 12.2, 13.4, 15.0, 17.0, 19.5], 0.4, 0.3, measured_at="test")
 

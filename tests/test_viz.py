@@ -138,7 +138,7 @@ def test_figures_from_a_real_run():
     assert sum(x * (a + b) for x, a, b in zip(h["no pardon"].x, h["no pardon"].y, h["with a pardon"].y)) == res.stats.accepted
     conf = by_name(viz.confidence_figure(res.events))
     assert len(conf["max P_target"].y) == res.stats.new_tokens
-    from ears_core.serve.session import summary_markdown, summary_rows
+    from ears_core.serve.summary import summary_markdown, summary_rows
     md = summary_markdown(summary_rows(res.stats, baseline_tps=res.stats.tokens_per_s / 2))
     assert "| speedup, measured | 2.00× |" in md and f"{res.stats.pardoned} pardoned" in md
     assert not math.isnan(res.stats.mean_distortion)

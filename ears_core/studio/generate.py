@@ -29,7 +29,7 @@ import gradio as gr
 
 from ears_core.report import viz
 from ears_core.serve.pair_slot import PairSlot
-from ears_core.serve.session import export_run, run_record, summary_markdown, summary_rows
+from ears_core.serve.summary import export_run, run_record, summary_markdown, summary_rows
 
 from .api import generate_params, named
 from .controls import run_config
