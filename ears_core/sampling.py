@@ -94,12 +94,12 @@ class Stream(IntEnum):
     TARGET = 3
 
 
-_MASK64 = (1 << 64) - 1
+MASK64 = (1 << 64) - 1
 
 
 def _i64(c: int) -> int:
     """An unsigned 64-bit constant as the signed int64 with the same bits."""
-    c &= _MASK64
+    c &= MASK64
     return c - (1 << 64) if c >= 1 << 63 else c
 
 
@@ -144,9 +144,9 @@ def first_argmax(x: Tensor, keepdim: bool = False) -> Tensor:
 
 def splitmix64(x: int) -> int:
     """``_splitmix`` on one unsigned 64-bit Python integer."""
-    x = (x + _GOLDEN) & _MASK64
-    x = ((x ^ (x >> 30)) * _MIX1) & _MASK64
-    x = ((x ^ (x >> 27)) * _MIX2) & _MASK64
+    x = (x + _GOLDEN) & MASK64
+    x = ((x ^ (x >> 30)) * _MIX1) & MASK64
+    x = ((x ^ (x >> 27)) * _MIX2) & MASK64
     return x ^ (x >> 31)
 
 
@@ -154,8 +154,8 @@ def host_uniforms(seed: int, positions: Sequence[int], stream: Stream) -> list[f
     """``counter_uniforms(seed, positions, stream)`` for a few positions, with Python integers: the same
     values bit for bit (each a float32 exactly). A tree round's dozen draws cost ~35 tensor ops a call
     on the device (0.1 ms on the CPU), against ~2 us a draw here."""
-    base = splitmix64((seed * _GOLDEN + int(stream) * _STREAM) & _MASK64)
-    return [(splitmix64(base ^ ((p * _POS) & _MASK64)) >> 40) * (1.0 / (1 << 24)) for p in positions]
+    base = splitmix64((seed * _GOLDEN + int(stream) * _STREAM) & MASK64)
+    return [(splitmix64(base ^ ((p * _POS) & MASK64)) >> 40) * (1.0 / (1 << 24)) for p in positions]
 
 
 def sample_with_uniforms(probs: Tensor, u: Tensor) -> Tensor:

@@ -72,6 +72,78 @@ def test_no_module_imports_a_module_that_imports_it_back():
     assert find_cycle(g) is None
 
 
+# The package's layers, bottom first: a module imports only from lower layers or from its own subpackage.
+LAYERS = [
+    {"sampling", "timing", "events", "tpp"},  # draws, clocks, records; point processes stand apart
+    {"rules", "metrics"},  # acceptance rules and the distortion maths; what a generation measured
+    {"model"},  # model kernels, KV-cache edits, the embedded target, hub loading
+    {"draft"},  # drafters: a draft model, the EAGLE-style head, n-grams, tree building
+    {"decode", "policy"},  # the decode loop and verifiers; measured prices and draft-length policies
+    {"pair"},  # a target with its drafter
+    {"serve"},  # sessions, runs, server settings
+    {"report"},  # figures, the bench's plan and report
+    {"cli", "bench", "studio"},  # the terminal, the benchmark command, the Gradio UI
+    {"generate", "__init__"},  # ``python -m ears_core.generate`` and the public API
+]
+
+
+def layer_of(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    found = [i for i, names in enumerate(LAYERS) if part in names]
+    assert found, f"{module}: its top-level name {part!r} is in no layer of LAYERS; add it where it belongs"
+    return found[0]
+
+
+def test_the_checker_finds_an_upward_arrow():
+    assert layer_of("ears_core.model.kv_cache") < layer_of("ears_core.decode.rounds")
+    assert layer_of("ears_core") == len(LAYERS) - 1
+
+
+def test_every_import_inside_the_package_points_down_the_layers():
+    bad = []
+    for m, targets in graph().items():
+        top_m = m.split(".")[:2]
+        for t in targets:
+            if t.split(".")[:2] == top_m:
+                continue  # within one subpackage (or one module)
+            if layer_of(t) >= layer_of(m):
+                bad.append(f"{m} -> {t}")
+    assert not bad, "imports that point up or across a layer: " + "; ".join(sorted(bad))
+
+
+def private_imports(path: Path) -> list[str]:
+    """``from X import _name`` where X is another module of the package (a private name crossing modules)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            if base.split(".")[0] != "ears_core" or base == name:
+                continue
+            out += [f"{name}: from {base} import {a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_the_checker_finds_a_private_import(tmp_path):
+    f = PKG / "decode" / "_probe_for_the_structure_test.py"
+    try:
+        f.write_text("from ears_core.decode.verify import _check\nfrom ears_core import __version__\n")
+        assert private_imports(f) == ["ears_core.decode._probe_for_the_structure_test: from ears_core.decode.verify import _check"]
+    finally:
+        f.unlink()
+
+
+def test_no_module_imports_a_private_name_of_another():
+    found = [hit for path in PKG.rglob("*.py") for hit in private_imports(path)]
+    assert not found, "; ".join(found)
+
+
 def test_only_the_studio_imports_gradio():
     for path in PKG.rglob("*.py"):
         if "studio" in path.relative_to(PKG).parts:

@@ -15,7 +15,8 @@ import torch
 from scipy import stats
 
 from ears_core import DraftKind, EARSRule, GreedyRule, StandardRule, verify
-from ears_core.decode.verify_tree import node_emitted_distribution, verify_tree
+from ears_core.decode.verify_tree import verify_tree
+from ears_core.rules.tree_distortion import node_emitted_distribution
 
 ACC, PAR, REJ, NOT = (int(k) for k in (DraftKind.ACCEPTED, DraftKind.PARDONED, DraftKind.REJECTED, DraftKind.NOT_EVALUATED))
 # Widths 3 (root), 2, 1, 4 and 2; depth 3.
@@ -356,7 +357,7 @@ def test_distortion_is_zero_for_the_ordinary_rule_and_bounded_when_too_many_orde
     assert exact is not None  # 50 x 49 orders of the first two x 50 tokens is enumerable
     assert node_emitted_distribution(rule, target[0, 0], tokens[0], draft[0], tol, "sampled", max_states=10_000) is None
     # past the limit: the coupling bound, which is at least the exact value
-    import ears_core.decode.verify_tree as vt
+    import ears_core.rules.tree_distortion as vt
 
     tv = float(0.5 * (exact - target[0, 0].double()).abs().sum())
     old = vt.MAX_STATES
@@ -392,7 +393,7 @@ def test_distortion_over_the_drafts_support_equals_the_full_enumeration(siblings
 def test_the_bound_over_the_drafts_support_equals_the_bound_over_the_vocabulary(monkeypatch):
     """Past the enumeration limit a ratio rule's distortion is the coupling bound; with the draft's
     support given it is counted and computed over those tokens only, to the same value."""
-    import ears_core.decode.verify_tree as vt
+    import ears_core.rules.tree_distortion as vt
 
     monkeypatch.setattr(vt, "MAX_STATES", 200)  # 3 sampled siblings over 60 tokens: past it either way
     v_ = 60
@@ -408,3 +409,53 @@ def test_the_bound_over_the_drafts_support_equals_the_bound_over_the_vocabulary(
     assert not bool(full.distortion_exact[:, 0].any()) and not bool(lean.distortion_exact[:, 0].any())
     assert torch.allclose(full.distortion[:, 0], lean.distortion[:, 0], atol=1e-6)
     assert float(full.distortion[:, 0].max()) > 0.05 and bool(emitted.any())
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def _two_children(first_token):
+    """A root with two children; token 0 is P_target's favourite (an unchecked -1 read as token 0 would stand)."""
+    p = _t([0.9, 0.05, 0.05])
+    tp = torch.stack([p, p, p])[None]  # (1, 3, V)
+    dp = torch.stack([_t([0.9, 0.05, 0.05]), _t([0.0, 0.5, 0.5])])[None]  # (1, 2, V)
+    return tp, dp, torch.tensor([[first_token, 1]])
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["verify_tree", "walk_tree"])
+@pytest.mark.parametrize("bad", [-1, 3])
+def test_a_draft_id_outside_the_vocabulary_is_a_value_error_naming_it(walk, bad):
+    from ears_core.decode.tree_walk import walk_tree
+    tp, dp, toks = _two_children(bad)
+    fn = walk_tree if walk else verify_tree
+    with pytest.raises(ValueError, match=rf"draft token id {bad} .* outside the vocabulary \[0, 3\)"):
+        fn(tp, dp, toks, [-1, -1], StandardRule(), uniforms=_t([[0.5, 0.5]]), sample_uniforms=_t([0.5]))
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["verify_tree", "walk_tree"])
+def test_a_drafted_token_with_draft_probability_0_is_a_value_error(walk):
+    from ears_core.decode.tree_walk import walk_tree
+    tp, dp, _ = _two_children(0)
+    toks = torch.tensor([[0, 0]])  # rank 1 drew token 0, where its distribution has q = 0
+    fn = walk_tree if walk else verify_tree
+    with pytest.raises(ValueError, match="draft token 0 at row 0, position 1 has draft probability 0"):
+        fn(tp, dp, toks, [-1, -1], EARSRule(0.2), uniforms=_t([[0.5, 0.5]]), sample_uniforms=_t([0.5]))
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["verify_tree", "walk_tree"])
+@pytest.mark.parametrize("rule", [StandardRule(), EARSRule(1.0), GreedyRule()], ids=["standard", "ears", "greedy"])
+def test_unchecked_an_out_of_range_id_is_rejected_never_read_as_token_0(walk, rule):
+    from ears_core.decode.tree_walk import walk_tree
+    tp, dp, toks = _two_children(-1)
+    fn = walk_tree if walk else verify_tree
+    v = fn(tp, dp, toks, [-1, -1], rule, uniforms=_t([[0.01, 0.999]]), sample_uniforms=_t([0.5]), check=False)
+    assert v.kinds[0, 0].item() == REJ and float(v.p[0, 0]) == 0.0  # token 0 (p = 0.9, U = 0.01) would stand
+    assert 0 not in v.path[0].tolist()
+
+
+@pytest.mark.parametrize("rule", [StandardRule(), EARSRule(1.0), GreedyRule()], ids=["standard", "ears", "greedy"])
+def test_verify_unchecked_rejects_an_out_of_range_id_too(rule):
+    p = _t([0.9, 0.05, 0.05])
+    v = verify(torch.stack([p, p])[None], _t([[0.9, 0.05, 0.05]])[None], torch.tensor([[-1]]), rule,
+               uniforms=_t([[0.01]]), sample_uniforms=_t([0.5]), check=False)
+    assert int(v.num_accepted[0]) == 0 and v.kinds[0, 0].item() == REJ and float(v.p[0, 0]) == 0.0

@@ -45,7 +45,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.tree_walk import walk_tree
-from ears_core.decode.verify import KIND_NAMES, DraftKind
+from ears_core.decode.verify import KIND_NAMES, DraftKind, check_enabled
 from ears_core.decode.verify_tree import verify_tree
 from ears_core.draft.drafters import layers_side_by_side
 from ears_core.draft.trees import (
@@ -129,6 +129,7 @@ class TreeShape:
         vocab = ctx.cfg.vocab_size
         self.rank_fn = lambda logits: torch.softmax(logits[..., :vocab].float(), dim=-1)  # slots by the raw draft (T = 1)
         self.support = getattr(ctx.drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
+        self.check = check_enabled(ctx.device)  # the drafter guard: a host read, skipped on CUDA
         self.walk = ctx.device.type == "cpu"  # the walk on the host: only the tests the route reaches (tree_walk.py)
         self.layers = tuple(getattr(ctx.drafter, "feature_layers", (-1,)))
 
@@ -158,7 +159,7 @@ class TreeShape:
             target_probs, tree.draft_probs[None], tree.tokens[None], tree.parents, ctx.rule,
             uniforms=accept_uniforms(ctx.cfg.seed, tree.depths, tree.ranks, produced, ctx.device)[None],  # (1, N)
             sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],  # (1, D+1)
-            with_distortion=ctx.with_distortion, siblings=tree.siblings, draft_support=self.support,
+            with_distortion=ctx.with_distortion, siblings=tree.siblings, draft_support=self.support, check=self.check,
         )
         n = int(v.num_accepted[0])  # the round's host sync
         self.path = v.path[0, :n].tolist()

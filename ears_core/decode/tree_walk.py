@@ -26,10 +26,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from ears_core.decode.verify import DraftKind, argmax_path
+from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts, children, children_table, depths, node_values
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.rules.tree_distortion import path_distortions
 from ears_core.sampling import sample_with_uniforms
-from ears_core.decode.verify import DraftKind
-from ears_core.decode.verify_tree import TreeVerdict, _children, _depths, _distortions, children_table, node_values
 
 __all__ = ["walk_tree"]
 
@@ -41,18 +42,21 @@ def _one(t: Tensor) -> Tensor:
 
 def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int], rule: AcceptanceRule,
               *, uniforms: Tensor, sample_uniforms: Tensor, with_distortion: bool = False, siblings: str = "sampled",
-              draft_support: Tensor | None = None) -> TreeVerdict:
+              draft_support: Tensor | None = None, check: bool = True) -> TreeVerdict:
     """``verify_tree`` with the same arguments (draws given), walked on the host (module terms)."""
     parents = list(parents)
     b, n = tokens.shape
-    dev = target_probs.device
-    depth = max(_depths(parents), default=0)
-    kids = _children(parents)
+    dev, v = target_probs.device, target_probs.shape[2]
+    depth = max(depths(parents), default=0)
+    kids = children(parents)
     # (B, N+1) each; greedy: a child stands iff it is its entry's first maximum (as argmax)
-    max_p, top = torch.max(target_probs, dim=-1) if rule.argmax_only else (target_probs.amax(dim=-1), None)
+    max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)
     tops, toks = (top.tolist(), tokens.tolist()) if top is not None else (None, None)  # greedy: the walk reads ids
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry, p_all, q_all, ratio = node_values(target_probs, draft_probs, tokens, parents)  # ratio: replaced when tested
+    if check and n > 0:
+        check_tree_drafts(tokens, q_all, v, top is not None)
+    tokens = tokens.clamp(0, max(v - 1, 0))  # an id outside [0, V) already reads p = 0: rejected, never token 0's test
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1): one draw, whatever the stop depth
     kinds = [[int(DraftKind.NOT_EVALUATED)] * n for _ in range(b)]  # (B, N) on the host: one tensor at the end
@@ -79,6 +83,8 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
                     continue
                 q_c = draft_probs[r, c]  # (V,)
                 p = p_all[r, c] if j == 0 else res[tokens[r, c]]  # r_j(x)
+                if j and not check:  # an id outside [0, V) (p_all = 0 there) faces p = 0 at every rank
+                    p = torch.where(p_all[r, c] > 0, p, 0.0)
                 rat = p / q_all[r, c].clamp(min=Q_EPS)
                 acc, par = rule.decide(RuleInputs(_one(res), _one(q_c), _one(tokens[r, c]), _one(p), _one(q_all[r, c]),
                                                   _one(rat), _one(max_p[r, cur]), _one(uniforms[r, c])), _one(tol_e[r, cur]))
@@ -105,7 +111,7 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
     path = torch.tensor(path, dtype=torch.long, device=dev).reshape(b, depth)  # (B, D)
     distortion = exact = None
     if with_distortion:
-        distortion, exact = _distortions(rule, target_probs, draft_probs, tokens, children_table(parents, dev, kids), tol_e,
+        distortion, exact = path_distortions(rule, target_probs, draft_probs, tokens, children_table(parents, dev, kids), tol_e,
                                          path, num_accepted, is_bonus, siblings, draft_support)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus,

@@ -20,11 +20,11 @@ next token   where the walk stops: drawn from the last residual if the entry had
 greedy       GreedyRule accepts a child iff it is the target's argmax: the route is the deepest
              path of target argmaxes and the next token is the argmax where it ends.
 emitted      the distribution of the token an entry emits, marginal over its children's draws
-             (``node_emitted_distribution``); distortion = TV(emitted, P_target) per emitted
-             position. Exact for fixed siblings, one child, lossless ratio rules, and sampled
-             siblings whose orders are few enough to enumerate; otherwise an upper bound from the
-             coupling with the ordinary rule, which differs only after a pardon:
-             pardon_1 + (m - 1) * reject_1 * tolerance (``distortion_exact`` says which).
+             (rules/tree_distortion.py); distortion = TV(emitted, P_target) per emitted position,
+             exact or an upper bound (``distortion_exact`` says which).
+checks       as verify(): a draft id outside [0, V) or a drafted token with q = 0 is a ValueError
+             naming it (``check``, one host read); unchecked, an id outside [0, V) reads p = 0 and is
+             rejected, never taken for token 0.
 
 How it runs: the residual a rank-j child faces depends only on its entry and its earlier siblings,
 not on the route, so every node's test is computed first, one rank at a time for all entries at
@@ -44,13 +44,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs, is_ratio_rule
+from ears_core.decode.verify import DraftKind, argmax_path, check_drafts
+from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.rules.tree_distortion import path_distortions
 from ears_core.sampling import sample_with_uniforms
-from ears_core.decode.verify import DraftKind
 
-__all__ = ["TreeVerdict", "verify_tree", "node_emitted_distribution", "children_table"]
-
-MAX_STATES = 1 << 18  # sibling-order enumeration limit: histories x vocabulary
+__all__ = ["TreeVerdict", "verify_tree", "children", "children_table", "depths", "node_values", "check_tree_drafts"]
 
 
 @dataclass
@@ -75,7 +74,7 @@ class TreeVerdict:
     distortion_exact: Tensor | None  # (B, D + 1) bool: exact (else an upper bound)
 
 
-def _children(parents: Sequence[int]) -> list[list[int]]:
+def children(parents: Sequence[int]) -> list[list[int]]:
     """The children of each entry (0: the root, i + 1: node i) in rank order."""
     kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
     for i, p in enumerate(parents):
@@ -86,7 +85,7 @@ def _children(parents: Sequence[int]) -> list[list[int]]:
 def children_table(parents: Sequence[int], device: torch.device | None = None,
                    kids: list[list[int]] | None = None) -> Tensor:
     """(N + 1, W) long: the children of each entry in rank order, -1 padded (W >= 1)."""
-    kids = _children(parents) if kids is None else kids
+    kids = children(parents) if kids is None else kids
     w = max(1, max(len(k) for k in kids))
     table = torch.full((len(kids), w), -1, dtype=torch.long)
     for e, k in enumerate(kids):
@@ -94,7 +93,8 @@ def children_table(parents: Sequence[int], device: torch.device | None = None,
     return table.to(device) if device is not None else table
 
 
-def _depths(parents: Sequence[int]) -> list[int]:
+def depths(parents: Sequence[int]) -> list[int]:
+    """Each node's depth (1 for the root's children)."""
     depths: list[int] = []
     for p in parents:
         depths.append(1 if p < 0 else depths[p] + 1)
@@ -121,17 +121,19 @@ def node_values(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, paren
     draft probability q(x), and p / q (the ratio reported for a node never tested)."""
     b, v = tokens.shape[0], target_probs.shape[2]
     parent_entry = torch.tensor(parents, dtype=torch.long, device=target_probs.device) + 1  # (N,)
-    p = target_probs.reshape(b, -1).gather(1, parent_entry * v + tokens)  # (B, N): entry e's row starts at e V
-    q = draft_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B, N)
+    in_range = (tokens >= 0) & (tokens < v)  # (B, N)
+    x = tokens.clamp(0, max(v - 1, 0))  # (B, N): gathers never read outside V
+    p = target_probs.reshape(b, -1).gather(1, parent_entry * v + x)  # (B, N): entry e's row starts at e V
+    p = p.masked_fill(~in_range, 0.0)  # an id outside [0, V) reads p = 0, which no rule accepts
+    q = draft_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, N)
     return parent_entry, p, q, p / q.clamp(min=Q_EPS)
 
 
-def _too_many_orders(rule: AcceptanceRule, p: Tensor, q: Tensor, tol: Tensor, width: int, max_states: int) -> bool:
-    """Would enumerating sampled siblings' orders pass ``max_states``? The histories after the first
-    draw (tokens drawn with q > 0 and rejected with mass left to redraw) times ``width`` values each:
-    p, q (1, V') and tol as ``node_emitted_distribution`` reads them."""
-    first = q * (1 - _accept(rule, p, q, tol))  # (1, V') the first draw's rejection mass, token by token
-    return int(((first > 0) & (1.0 - q > 1e-12)).sum()) * width > max_states
+def check_tree_drafts(tokens: Tensor, q: Tensor, vocab: int, greedy: bool = False) -> None:
+    """Refuse draft ids outside [0, V) and drafted tokens with q = 0 (verify()'s guard): one host read.
+    ``greedy``: q is not checked (a greedy tree's later siblings are the draft's runners-up, and its
+    distribution at T = 0 is one-hot; the argmax test never reads q)."""
+    check_drafts(tokens, torch.ones_like(q) if greedy else q, (tokens >= 0) & (tokens < vocab), vocab)
 
 
 def _pick(t: Tensor, idx: Tensor) -> Tensor:
@@ -160,6 +162,7 @@ def verify_tree(
     with_distortion: bool = False,
     siblings: str = "sampled",
     draft_support: Tensor | None = None,
+    check: bool = True,
 ) -> TreeVerdict:
     """Decide B rows of one tree shape at once; see the module docstring.
 
@@ -170,39 +173,78 @@ def verify_tree(
     ``siblings``: "sampled" or "fixed", as the tree was built (used only for the distortion).
     ``draft_support`` (N,) ascending: the token ids outside which draft_probs is 0 (a drafter's
     ``support``): a ratio rule's distortion is then enumerated over N + 1 values instead of V.
+    ``check``: refuse draft ids outside [0, V) and drafted tokens with q = 0 (one host read).
     """
     parents = parents.tolist() if isinstance(parents, Tensor) else list(parents)
     b, n, v = _check(target_probs, draft_probs, tokens, parents)
     dev = target_probs.device
-    depth = max(_depths(parents), default=0)
-    kids = _children(parents)
+    kids = children(parents)
     if uniforms is None:
         uniforms = torch.rand((b, n), generator=generator, device=dev)
     if sample_uniforms is None:
         sample_uniforms = torch.rand((b,), generator=generator, device=dev)
     ch = children_table(parents, dev, kids)  # (N+1, W)
-    rows = torch.arange(b, device=dev)
-
-    max_p, top = torch.max(target_probs, dim=-1) if rule.argmax_only else (target_probs.amax(dim=-1), None)  # (B, N+1) each
+    max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
-    flat_tp = target_probs.reshape(b, (n + 1) * v)  # (B, (N+1) V): entry e's row starts at e V
     parent_entry, p_all, q_all, plain_ratio = node_values(target_probs, draft_probs, tokens, parents)
-    ratio = plain_ratio.clone()  # (B, N) r_j(x) / q as each node would be tested
+    if check and n > 0:
+        check_tree_drafts(tokens, q_all, v, top is not None)
+    x = tokens.clamp(0, max(v - 1, 0))  # (B, N): ids for the gathers (an id outside V already has p = 0)
 
-    # 1. Every node's test, as if the walk reached it: the residual a rank-j child faces depends
-    #    only on its entry and its earlier siblings, so the tests of one rank run at once.
-    stands = torch.zeros((b, n), dtype=torch.bool, device=dev)
+    # 1. every node's test, as if the walk reached it; 2. the route; 3. which nodes were tested
+    stands, pardoned, ratio, res_at = _node_tests(rule, target_probs, draft_probs, x, kids, parent_entry, p_all, q_all,
+                                                  plain_ratio, max_p, tol_e, uniforms, top)
+    path, cur, has, first = _route(stands, ch, max(depths(parents), default=0))
+    num_accepted = (path >= 0).sum(dim=-1)  # (B,)
+    rank = torch.tensor([kids[p + 1].index(i) for i, p in enumerate(parents)], dtype=torch.long, device=dev)  # (N,)
+    kinds, tested = _kinds(stands, pardoned, path, ch, has, first, rank, parent_entry)
+    ratio = torch.where(tested, ratio, plain_ratio)
+
+    # 4. the next token: from the residual after the stop entry's last child, or a bonus at a leaf
+    n_kids = (ch >= 0).sum(-1)  # (N+1,)
+    leaf = n_kids[cur] == 0  # (B,)
+    last_rej = torch.where(leaf, -1, ch[cur, (n_kids[cur] - 1).clamp(min=0)])  # (B,)
+    next_token, next_p = _next_token(rule, target_probs, draft_probs, res_at, cur, leaf, last_rej, rank, num_accepted,
+                                     sample_uniforms, top)
+    if n > 0:  # the rank-0 draft distribution at the stop, at the next token
+        q0 = draft_probs.reshape(b, n * v).gather(1, (ch[cur, 0].clamp(min=0) * v + next_token).unsqueeze(-1)).squeeze(-1)
+        next_q = torch.where(leaf, 0.0, q0)
+    else:
+        next_q = torch.zeros_like(next_p)
+    distortion = exact = None
+    if with_distortion:
+        distortion, exact = path_distortions(rule, target_probs, draft_probs, x, ch, tol_e, path, num_accepted, leaf,
+                                             siblings, draft_support)
+    return TreeVerdict(
+        num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=leaf, last_rejected=last_rej,
+        kinds=kinds.to(torch.int8), p=p_all, q=q_all, ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry],
+        max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion, distortion_exact=exact,
+    )
+
+
+def _node_tests(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, kids: list[list[int]],
+                parent_entry: Tensor, p_all: Tensor, q_all: Tensor, plain_ratio: Tensor, max_p: Tensor, tol_e: Tensor,
+                uniforms: Tensor, top: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Every node's test as if the walk reached it: the residual a rank-j child faces depends only on its
+    entry and its earlier siblings, so the tests of one rank run at once (one rule call, K = 1 per node).
+    -> stands, pardoned (B, N) bool, ratio (B, N) as tested, res_at (B, N, V) the residual a rank >= 1 node
+    faces (None for greedy: a node stands iff it is its entry's argmax)."""
+    b, n = tokens.shape
+    v, dev = target_probs.shape[2], target_probs.device
+    ratio = plain_ratio.clone()  # (B, N)
     pardoned = torch.zeros((b, n), dtype=torch.bool, device=dev)
-    if top is not None:  # greedy: a node stands iff it is its entry's argmax; no residuals
-        stands = tokens == top[:, parent_entry]  # (B, N)
-    res_at = target_probs.new_empty((b, n, v)) if top is None else None  # (B, N, V) the residual a rank >= 1 node faces
-    for j, (ents, nodes) in enumerate(_rank_lists(kids) if top is None else []):
+    if top is not None:
+        stands = (tokens == top[:, parent_entry]) & (p_all > 0)  # (B, N): an id outside V is never the argmax
+        return stands, pardoned, ratio, None
+    stands = torch.zeros((b, n), dtype=torch.bool, device=dev)
+    res_at = target_probs.new_empty((b, n, v))  # (B, N, V)
+    for j, (ents, nodes) in enumerate(_rank_lists(kids)):
         e_t, c_t = torch.tensor(ents, device=dev), torch.tensor(nodes, device=dev)
         m = len(nodes)
         res = (res_at if j else target_probs).index_select(1, c_t if j else e_t)  # (B, m, V) the residual faced
         qd = draft_probs.index_select(1, c_t)  # (B, m, V)
         x = tokens[:, c_t]  # (B, m)
-        p = res.gather(-1, x.unsqueeze(-1)).squeeze(-1) if j else p_all[:, c_t]  # (B, m)
+        p = res.gather(-1, x.unsqueeze(-1)).squeeze(-1) * (p_all[:, c_t] > 0) if j else p_all[:, c_t]  # (B, m)
         q = q_all[:, c_t]
         r = p / q.clamp(min=Q_EPS)
         flat = lambda t: t.reshape(b * m, 1, *t.shape[2:])  # noqa: E731  one node per rule call (K = 1)
@@ -216,183 +258,65 @@ def verify_tree(
             sel = torch.tensor(nxt_ents, device=dev)
             res_at.index_copy_(1, torch.tensor([kids[ents[i]][j + 1] for i in nxt_ents], device=dev),
                                rule.residual(res.index_select(1, sel), qd.index_select(1, sel)))
+    return stands, pardoned, ratio, res_at
 
-    # 2. The walk: from the root, the first standing child of each entry, depth by depth.
+
+def _route(stands: Tensor, ch: Tensor, depth: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The walk: from the root, the first standing child of each entry, depth by depth.
+    -> path (B, D) (-1 past its end), cur (B,) the stop entry, has (B, N+1) some child stands, first (B, N+1)
+    the rank of the first that stands."""
+    b, n = stands.shape
+    rows = torch.arange(b, device=stands.device)
     valid = ch >= 0  # (N+1, W)
     padded = torch.cat([stands, stands.new_zeros((b, 1))], dim=1)  # (B, N+1): column N stands for 'no child'
     s = padded[:, torch.where(valid, ch, n)]  # (B, N+1, W)
-    has = s.any(-1)  # (B, N+1): some child of this entry stands
-    first = s.to(torch.uint8).argmax(-1)  # (B, N+1) rank of the first that stands
+    has = s.any(-1)  # (B, N+1)
+    first = s.to(torch.uint8).argmax(-1)  # (B, N+1)
     goes_to = ch.expand(b, -1, -1).gather(-1, first.unsqueeze(-1)).squeeze(-1)  # (B, N+1) node walked to
-    cur = torch.zeros(b, dtype=torch.long, device=dev)  # (B,) current entry
-    path = torch.full((b, depth), -1, dtype=torch.long, device=dev)
+    cur = torch.zeros(b, dtype=torch.long, device=stands.device)  # (B,) current entry
+    path = torch.full((b, depth), -1, dtype=torch.long, device=stands.device)
     for d in range(depth):
         moved, node = has[rows, cur], goes_to[rows, cur]  # (B,): rows that stopped before stay: none stands there
         path[:, d] = torch.where(moved, node, -1)
         cur = torch.where(moved, node + 1, cur)
-    num_accepted = (path >= 0).sum(dim=-1)  # (B,)
+    return path, cur, has, first
 
-    # 3. Which nodes were tested: children of an entry on the route, up to the first that stood.
+
+def _kinds(stands: Tensor, pardoned: Tensor, path: Tensor, ch: Tensor, has: Tensor, first: Tensor, rank: Tensor,
+           parent_entry: Tensor) -> tuple[Tensor, Tensor]:
+    """Which nodes were tested (children of an entry on the route, up to the first that stood) and each
+    node's DraftKind. -> kinds (B, N) long, tested (B, N) bool."""
+    b, n = stands.shape
+    dev = stands.device
     on_route = torch.zeros((b, n + 1), dtype=torch.bool, device=dev)
     on_route[:, 0] = True
     on_route.scatter_(1, path.clamp(min=-1) + 1, True)  # path -1 marks entry 0, already on the route
-    n_kids = valid.sum(-1)  # (N+1,)
-    reach = torch.where(has, first, n_kids - 1)  # (B, N+1) the last rank tested at each entry
-    rank = torch.tensor([kids[p + 1].index(i) for i, p in enumerate(parents)], dtype=torch.long, device=dev)
+    reach = torch.where(has, first, (ch >= 0).sum(-1) - 1)  # (B, N+1) the last rank tested at each entry
     tested = on_route[:, parent_entry] & (rank <= reach[:, parent_entry])  # (B, N)
     kinds = torch.where(stands, torch.where(pardoned, int(DraftKind.PARDONED), int(DraftKind.ACCEPTED)),
                         int(DraftKind.REJECTED))
-    kinds = torch.where(tested, kinds, int(DraftKind.NOT_EVALUATED))
-    ratio = torch.where(tested, ratio, plain_ratio)
+    return torch.where(tested, kinds, int(DraftKind.NOT_EVALUATED)), tested
 
-    # 4. The next token: from the residual after the stop entry's last child, or a bonus at a leaf.
-    leaf = n_kids[cur] == 0  # (B,)
-    last_rej = torch.where(leaf, -1, ch[cur, (n_kids[cur] - 1).clamp(min=0)])  # (B,)
-    is_bonus = leaf
-    if top is not None:  # greedy: the argmax where the walk stopped
+
+def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, res_at: Tensor | None, cur: Tensor,
+                leaf: Tensor, last_rej: Tensor, rank: Tensor, num_accepted: Tensor, sample_uniforms: Tensor,
+                top: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The token where the walk stopped: the argmax (greedy), else a draw from the residual after the stop
+    entry's last child, or from the rule's bonus at a leaf. -> next_token, next_p (B,) each."""
+    b, n1, v = target_probs.shape
+    if top is not None:
         next_token = top.gather(1, cur.unsqueeze(-1)).squeeze(-1)  # (B,)
-        next_p = flat_tp.gather(1, (cur * v + next_token).unsqueeze(-1)).squeeze(-1)
+        next_p = target_probs.reshape(b, n1 * v).gather(1, (cur * v + next_token).unsqueeze(-1)).squeeze(-1)
+        return next_token, next_p
+    at = _pick(target_probs, cur)  # (B, V)
+    if n1 > 1:
+        lr = last_rej.clamp(min=0)
+        faced = torch.where((rank[lr] == 0)[:, None], at, _pick(res_at, lr))  # (B, V) residual the last one faced
+        after = rule.residual(faced, _pick(draft_probs, lr))  # (B, V)
+        stop_dist = torch.where(leaf[:, None], rule.bonus(at), after)
     else:
-        at = _pick(target_probs, cur)  # (B, V)
-        if n > 0:
-            lr = last_rej.clamp(min=0)
-            faced = torch.where((rank[lr] == 0)[:, None], at, _pick(res_at, lr))  # (B, V) residual the last one faced
-            after = rule.residual(faced, _pick(draft_probs, lr))  # (B, V)
-            stop_dist = torch.where(leaf[:, None], rule.bonus(at), after)
-        else:
-            stop_dist = rule.bonus(at)
-        if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
-            sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
-        next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
-        next_p = at.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)
-    if n > 0:  # the rank-0 draft distribution at the stop, at the next token
-        q0 = draft_probs.reshape(b, n * v).gather(1, (ch[cur, 0].clamp(min=0) * v + next_token).unsqueeze(-1)).squeeze(-1)
-        next_q = torch.where(is_bonus, 0.0, q0)
-    else:
-        next_q = torch.zeros_like(next_p)
-
-    distortion = exact = None
-    if with_distortion:
-        distortion, exact = _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path,
-                                         num_accepted, is_bonus, siblings, draft_support)
-    return TreeVerdict(
-        num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus, last_rejected=last_rej,
-        kinds=kinds.to(torch.int8), p=p_all, q=q_all, ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry],
-        max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion, distortion_exact=exact,
-    )
-
-
-# ----------------------------------------------------------------------------- exact emission
-
-
-def _accept(rule: AcceptanceRule, r: Tensor, q: Tensor, tol: Tensor) -> Tensor:
-    """(H, V) acceptance probability of every token under residual r (H, V) and draft q (H, V)."""
-    return rule.acceptance_prob(r[:, None], q[:, None], tol.expand(r.shape[0])[:, None])[:, 0]
-
-
-def node_emitted_distribution(
-    rule: AcceptanceRule, target: Tensor, child_tokens: Tensor, child_probs: Tensor, tolerance: Tensor,
-    siblings: str = "sampled", max_states: int = MAX_STATES,
-) -> Tensor | None:
-    """(V,) float64 distribution of the token an entry with these children emits, or None when
-    enumerating the orders of sampled siblings would exceed ``max_states``.
-
-    target (V,): P_target at the entry; child_tokens (m,), child_probs (m, V) as in the tree (for
-    sampled siblings only child_probs[0], the parent's draft distribution, matters: the children
-    are redrawn in every order); tolerance: the rule's tolerance at the entry (0-dim).
-    """
-    p, tol = target.double(), tolerance.double().reshape(())
-    m = int(child_tokens.shape[0])
-    emit = torch.zeros_like(p)
-    if m == 0:
-        return rule.bonus(p)
-    if siblings == "fixed":
-        w, r = p.new_ones(()), p
-        for x, q in zip(child_tokens.tolist(), child_probs.double()):
-            a = _accept(rule, r[None], q[None], tol)[0, x]
-            emit[x] += w * a
-            w, r = w * (1 - a), rule.residual(r, q)
-        return emit + w * r
-    w, r, q = p.new_ones(1), p[None], child_probs[0].double()[None]  # (H,), (H, V), (H, V)
-    if m > 1 and _too_many_orders(rule, r, q, tol, p.shape[0], max_states):  # counted before any of the work
-        return None
-    for i in range(m):
-        a = _accept(rule, r, q, tol)  # (H, V)
-        emit += (w[:, None] * q * a).sum(0)
-        rej = w[:, None] * q * (1 - a)  # (H, V): reach rank i + 1 after drawing x at rank i
-        r_next = rule.residual(r, q)  # (H, V): does not depend on x
-        left = 1.0 - q  # (H, V): draft mass left once x is removed
-        last = i == m - 1
-        done = rej if last else rej * (left <= 1e-12)  # no sibling follows: the residual is drawn
-        emit += (done.sum(1)[:, None] * r_next).sum(0)
-        if last:
-            break
-        h, x = ((rej > 0) & (left > 1e-12)).nonzero(as_tuple=True)
-        if h.numel() * p.shape[0] > max_states:
-            return None
-        w, r = rej[h, x], r_next[h]
-        q = q[h].clone()
-        q[torch.arange(len(h)), x] = 0.0
-        q = q / left[h, x][:, None]
-    return emit
-
-
-def _compressed(target: Tensor, toks: Tensor, probs: Tensor, support: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A ratio rule's view of one entry on the draft's support: the N supported tokens and one
-    bucket (last) for every other token. Outside the support q = 0, so every residual is P_target
-    there times one factor, and acceptance never applies: the bucket carries their mass exactly,
-    and |emitted - P_target| summed over them is the bucket's. -> target (N+1,), tokens (m,) as
-    indices into the support, probs (m, N+1)."""
-    t = torch.cat([target[support], (1.0 - target[support].sum()).clamp(min=0.0)[None]])  # (N+1,)
-    q = torch.cat([probs[:, support], probs.new_zeros(probs.shape[0], 1)], dim=1)  # (m, N+1)
-    return t, torch.searchsorted(support, toks), q
-
-
-def _node_distortion(rule: AcceptanceRule, target: Tensor, toks: Tensor, probs: Tensor, tol: Tensor,
-                     siblings: str, support: Tensor | None = None) -> tuple[float, bool]:
-    ratio_rule, m = is_ratio_rule(rule), toks.shape[0]
-    if ratio_rule and float(tol) == 0.0:
-        return 0.0, True  # the ordinary rule: lossless by construction
-    if ratio_rule and m == 1:  # one child: the chain's position, in closed form
-        return float(rule.exact_distortion(target[None, None], probs[:1][None], tol.reshape(1, 1).to(target.dtype), support)), True
-    if ratio_rule and support is not None:  # enumerate over the draft's N tokens and one bucket
-        if siblings == "sampled":  # first: could the orders be enumerated at all? (node_emitted_distribution's count)
-            ps, qs = target[support].double(), probs[0][support].double()  # (N,) the bucket has q = 0: no history
-            if _too_many_orders(rule, ps[None], qs[None], tol.double(), len(support) + 1, MAX_STATES):
-                return _bound(rule, ps, qs, tol, m), False
-        rows = probs if siblings == "fixed" else probs[:1]  # sampled siblings: only the parent's distribution counts
-        target, toks, probs = _compressed(target.double(), toks, rows.double(), support)
-    emit = node_emitted_distribution(rule, target, toks, probs, tol, siblings, MAX_STATES)
-    if emit is not None:
-        return float(0.5 * (emit - target.double()).abs().sum()), True
-    if not ratio_rule:
-        return 1.0, False
-    return _bound(rule, target, probs[0], tol, m), False
-
-
-def _bound(rule: AcceptanceRule, p: Tensor, q: Tensor, tol: Tensor, m: int) -> float:
-    """The coupling bound for m sampled siblings under a ratio rule (module terms): pardon_1 +
-    (m - 1) * reject_1 * tol, from P_target p and the parent's draft q (the same tokens; tokens
-    where q = 0 add nothing, so the draft's support is enough)."""
-    p, q = p.double(), q.double()
-    a0 = torch.where(p > 0, (p / q.clamp(min=Q_EPS)).clamp(max=1.0), torch.zeros_like(p))
-    a = _accept(rule, p[None], q[None], tol.double())[0]
-    pardon_1 = float((q * (a - a0)).sum())
-    reject_1 = 1.0 - float((q * a0).sum())
-    return min(1.0, pardon_1 + (m - 1) * reject_1 * float(tol))
-
-
-def _distortions(rule, target_probs, draft_probs, tokens, ch, tol_e, path, num_accepted, is_bonus, siblings, support=None):
-    b, depth = path.shape
-    dist = torch.zeros((b, depth + 1), dtype=torch.float64)
-    exact = torch.ones((b, depth + 1), dtype=torch.bool)
-    paths, ns, bonus = path.tolist(), num_accepted.tolist(), is_bonus.tolist()
-    for row in range(b):
-        for e in range(ns[row] + 1):
-            if e == ns[row] and bonus[row]:
-                continue  # a bonus token: 0, as in the chain
-            entry = 0 if e == 0 else paths[row][e - 1] + 1
-            kids = ch[entry][ch[entry] >= 0]
-            dist[row, e], exact[row, e] = _node_distortion(
-                rule, target_probs[row, entry], tokens[row, kids], draft_probs[row, kids], tol_e[row, entry], siblings, support)
-    return dist.to(target_probs.device), exact.to(target_probs.device)
+        stop_dist = rule.bonus(at)
+    if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
+        sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
+    next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
+    return next_token, at.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)

@@ -60,7 +60,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from ears_core.sampling import _MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
+from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
@@ -119,7 +119,7 @@ class TreeDraws:
             return position  # the chain's draw for this position
         x = 0
         for part in (position, self.start, *ranks):
-            x = splitmix64(x ^ (part & _MASK64))
+            x = splitmix64(x ^ (part & MASK64))
         x = (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
         return x
 
