@@ -232,70 +232,93 @@ def build_tree(
     rank) ``keep`` is asked with the slot's *estimate* instead: the product of ``level`` along its
     path (module terms: estimate). The expansion order stays by priority either way.
     """
-    fixed = spec.siblings == "fixed" or (spec.siblings == "auto" and greedy)
-    score_fn = rank_fn if rank_fn is not None else probs_fn
-    dev = root_logits.device
-    kmax = min(spec.budget, spec.width or spec.budget)
-
-    def prepare(logits: Tensor) -> list[_Dist]:  # (m, V_model) -> one _Dist per row
-        s = score_fn(logits)  # (m, V)
-        if fixed or score_fn is probs_fn:
-            return _prepare(s, kmax)
-        return _prepare(probs_fn(logits), kmax, s)
-
-    dists: dict[int, _Dist] = {-1: prepare(root_logits[None])[0]}  # node id -> dist; -1 root
-    vocab = dists[-1].q.shape[-1]
-    tree = DraftTree.empty(vocab, dev, "fixed" if fixed else "sampled")
+    b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
-        return tree
-    tokens: list[Tensor] = []
-    probs: list[Tensor] = []  # sampled siblings: the distribution each node was drawn from
-    values: list[float] = []  # with ``level``: each node's estimate of P(its path stands)
-    heap: list[tuple[float, int, int, int, float]] = []  # (-priority, order, node, rank, estimate); rank -1: expand
-    order = 0
-
-    def push(priority: float, node: int, rank: int, estimate: float = 0.0) -> None:
-        nonlocal order
-        if priority > 0:
-            heapq.heappush(heap, (-priority, order, node, rank, estimate))
-            order += 1
-
-    def value(node: int) -> float:
-        return 1.0 if node < 0 else values[node]
-
-    def slot(parent: int, rank: int, depth: int) -> None:  # the promise of the parent's rank-th child
-        d = dists[parent]
-        priority = (1.0 if parent < 0 else tree.scores[parent]) * d.top_p[rank]
-        push(priority, parent, rank, 0.0 if level is None else value(parent) * level(d.top_p[rank], depth, rank))
-
-    slot(-1, 0, 1)
-    while heap and tree.size < spec.budget:
-        neg_priority, _, parent, rank, estimate = heapq.heappop(heap)
+        return b.tree
+    b.slot(-1, 0, 1)
+    while b.heap and b.tree.size < spec.budget:
+        neg_priority, _, parent, rank, estimate = heapq.heappop(b.heap)
         if rank < 0:  # a node whose children were promised: run the draft over every pending node
-            if parent in dists:
-                continue
-            pending = [i for i in range(tree.size) if i not in dists and tree.depths[i] < spec.depth]
-            tree.tokens = torch.stack(tokens)
-            logits = expand(pending, tree)  # (m, V_model)
-            for i, dist in zip(pending, prepare(logits)):
-                dists[i] = dist
-                if dist.top_p:
-                    slot(i, 0, tree.depths[i] + 1)
+            if parent not in b.dists:
+                b.expand_pending(expand)
             continue
-        d = dists[parent]
-        depth = 1 if parent < 0 else tree.depths[parent] + 1
-        if keep is not None and not keep(-neg_priority if level is None else estimate, tree.size, depth):
+        depth = 1 if parent < 0 else b.tree.depths[parent] + 1
+        if keep is not None and not keep(-neg_priority if level is None else estimate, b.tree.size, depth):
             break
-        if fixed:
-            tok = d.top_ids[rank]
-        else:
-            q_node = d.q
-            if d.drawn:  # without replacement: earlier siblings removed, the rest renormalised
-                q_node = q_node.clone()
-                q_node[d.drawn] = 0.0
-                q_node = q_node / q_node.sum()
-            ranks = ([] if parent < 0 else tree.path_ranks(parent)) + [rank]
-            tok = int(sample_with_uniforms(q_node, draws.uniform(depth, ranks, dev)))
+        b.add_child(parent, rank, depth, -neg_priority)
+    return b.finish()
+
+
+class _Builder:
+    """The state of one best-first expansion (build_tree): the tree so far, each expanded node's
+    prepared distribution, and the heap of promised slots (-priority, order, node, rank, estimate);
+    rank -1 marks a node whose children are promised but not yet computed."""
+
+    def __init__(self, root_logits: Tensor, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, greedy: bool,
+                 rank_fn: ProbsFn | None, level: LevelFn | None) -> None:
+        self.spec, self.probs_fn, self.draws, self.level = spec, probs_fn, draws, level
+        self.fixed = spec.siblings == "fixed" or (spec.siblings == "auto" and greedy)
+        self.score_fn = rank_fn if rank_fn is not None else probs_fn
+        self.dev = root_logits.device
+        self.kmax = min(spec.budget, spec.width or spec.budget)
+        self.dists: dict[int, _Dist] = {-1: self.prepare(root_logits[None])[0]}  # node id -> dist; -1 root
+        self.vocab = self.dists[-1].q.shape[-1]
+        self.tree = DraftTree.empty(self.vocab, self.dev, "fixed" if self.fixed else "sampled")
+        self.tokens: list[Tensor] = []
+        self.probs: list[Tensor] = []  # sampled siblings: the distribution each node was drawn from
+        self.values: list[float] = []  # with ``level``: each node's estimate of P(its path stands)
+        self.heap: list[tuple[float, int, int, int, float]] = []
+        self.order = 0
+
+    def prepare(self, logits: Tensor) -> list[_Dist]:  # (m, V_model) -> one _Dist per row
+        s = self.score_fn(logits)  # (m, V)
+        if self.fixed or self.score_fn is self.probs_fn:
+            return _prepare(s, self.kmax)
+        return _prepare(self.probs_fn(logits), self.kmax, s)
+
+    def push(self, priority: float, node: int, rank: int, estimate: float = 0.0) -> None:
+        if priority > 0:
+            heapq.heappush(self.heap, (-priority, self.order, node, rank, estimate))
+            self.order += 1
+
+    def value(self, node: int) -> float:
+        return 1.0 if node < 0 else self.values[node]
+
+    def slot(self, parent: int, rank: int, depth: int) -> None:
+        """The promise of the parent's rank-th child."""
+        d = self.dists[parent]
+        priority = (1.0 if parent < 0 else self.tree.scores[parent]) * d.top_p[rank]
+        level = self.level
+        self.push(priority, parent, rank, 0.0 if level is None else self.value(parent) * level(d.top_p[rank], depth, rank))
+
+    def expand_pending(self, expand: ExpandFn) -> None:
+        """One draft pass over every node not yet expanded (and not at the depth limit)."""
+        tree = self.tree
+        pending = [i for i in range(tree.size) if i not in self.dists and tree.depths[i] < self.spec.depth]
+        tree.tokens = torch.stack(self.tokens)
+        logits = expand(pending, tree)  # (m, V_model)
+        for i, dist in zip(pending, self.prepare(logits)):
+            self.dists[i] = dist
+            if dist.top_p:
+                self.slot(i, 0, tree.depths[i] + 1)
+
+    def draw(self, parent: int, rank: int, depth: int) -> tuple[int, Tensor | None]:
+        """The parent's rank-th child: its token and (sampled siblings) the distribution it was drawn from."""
+        d = self.dists[parent]
+        if self.fixed:
+            return d.top_ids[rank], None
+        q_node = d.q
+        if d.drawn:  # without replacement: earlier siblings removed, the rest renormalised
+            q_node = q_node.clone()
+            q_node[d.drawn] = 0.0
+            q_node = q_node / q_node.sum()
+        ranks = ([] if parent < 0 else self.tree.path_ranks(parent)) + [rank]
+        return int(sample_with_uniforms(q_node, self.draws.uniform(depth, ranks, self.dev))), q_node
+
+    def add_child(self, parent: int, rank: int, depth: int, priority: float) -> None:
+        """Draw the slot's node, add it, and promise its next sibling and its first child."""
+        tree, d = self.tree, self.dists[parent]
+        tok, q_node = self.draw(parent, rank, depth)
         d.drawn.append(tok)
         node = tree.size
         s_tok = float(d.s[tok])
@@ -304,22 +327,25 @@ def build_tree(
         tree.depths.append(depth)
         tree.ranks.append(rank)
         tree.scores.append(score)
-        tree.priorities.append(-neg_priority)
-        if level is not None:
-            values.append(value(parent) * level(s_tok, depth, rank))
-        tokens.append(torch.tensor(tok, device=dev))
-        if not fixed:
-            probs.append(q_node)
+        tree.priorities.append(priority)
+        if self.level is not None:
+            self.values.append(self.value(parent) * self.level(s_tok, depth, rank))
+        self.tokens.append(torch.tensor(tok, device=self.dev))
+        if q_node is not None:
+            self.probs.append(q_node)
         if rank + 1 < len(d.top_p):
-            slot(parent, rank + 1, depth)
-        if tree.depths[node] < spec.depth:
+            self.slot(parent, rank + 1, depth)
+        if tree.depths[node] < self.spec.depth:
             # its best child's promise, estimated with the parent's confidence (exact when the
             # draft is as sure at every node); when it pops, one pass runs every waiting node
-            push(score * d.top_p[0], node, -1)
-    if tokens:
-        tree.tokens = torch.stack(tokens)  # (N,)
-        tree.draft_probs = _one_hot(tree.tokens, vocab) if fixed else torch.stack(probs)  # (N, V)
-    return tree
+            self.push(score * d.top_p[0], node, -1)
+
+    def finish(self) -> DraftTree:
+        tree = self.tree
+        if self.tokens:
+            tree.tokens = torch.stack(self.tokens)  # (N,)
+            tree.draft_probs = _one_hot(tree.tokens, self.vocab) if self.fixed else torch.stack(self.probs)  # (N, V)
+        return tree
 
 
 def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
