@@ -90,7 +90,7 @@ def test_a_free_text_pair_from_folders_loads_and_generates(picker_client, folder
     demo, client = picker_client
     status, msg = load(client, CUSTOM, str(folders / "tiny-target"), str(folders / "tiny-draft"))
     assert msg == ""
-    assert "Loaded:" in status and "tiny-target <- tiny-draft" in status and "cpu (float32)" in status
+    assert "Ready:" in status and "tiny-target <- tiny-draft" in status and "cpu (float32)" in status
     assert str(folders) not in status  # the folder's name only, never its path
     r = call(client, prompt="w5 w6 w7", max_new=8, baseline=False, temperature=0.0, rule="greedy")
     assert r["message"] == "" and r["details"]["stats"]["new_tokens"] == 8
