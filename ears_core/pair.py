@@ -144,7 +144,7 @@ def _embedded_draft_dir() -> Path:
         raise ModelLoadError(
             f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
             "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
-            "target's tokenizer; or train it with scripts/make_draft_data.py and scripts/train_draft.py"
+            "target's tokenizer; or train it with scripts/draft_data.py and scripts/train_draft.py"
         )
     return EMBEDDED_DRAFT_DIR
 

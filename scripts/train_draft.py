@@ -1,6 +1,5 @@
-"""Step 2 of the embedded draft: train the EAGLE-style head (ears_core/draft/eagle.py) on the shards
-written by make_draft_data.py, or (--features) on the feature cache of scripts/draft_data.py, then
-save it to assets/embedded_draft/ (or --out).
+"""Step 2 of the embedded draft: train the EAGLE-style head (ears_core/draft/eagle.py) on the feature
+cache of scripts/draft_data.py (--features), then save it to assets/embedded_draft/ (or --out).
 
 What is learnt: fc and one decoder layer (initialised from the target's last layer) so that
 head(f_j, x_{j+1}) predicts f_{j+1}, the target's next feature. Losses, on answer positions:
@@ -10,11 +9,12 @@ Both are applied ``--unroll`` times (default 2): once from true (noised) input f
 the head's own predictions fed back, one step further each time (a training-time test: what the
 second, third, ... drafts of a round see at inference).
 
-    python scripts/train_draft.py [--minutes 12] [--vocab 6144] [--out assets/embedded_draft]
+    python scripts/train_draft.py --features ~/.cache/ears_studio/draft_features/Llast [--minutes 12] \
+        [--vocab 6144] [--out assets/embedded_draft]
     python scripts/train_draft.py --features ~/.cache/ears_studio/draft_features/Llast \
         --positions 250000 --out /tmp/head-250k     # a nested subset, for the saturation curve
 
-With --features, validation is by prompt (prompt id % --val-mod == 0 never trains: answers to
+Validation is by prompt (prompt id % --val-mod == 0 never trains: answers to
 prompts the head never saw), and --positions takes a fixed-seed prefix of the shuffled training
 answers until that many answer positions, so smaller subsets are nested in larger ones.
 """
@@ -34,19 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from ears_core.draft.eagle import DraftHead, head_config_from_target
-from ears_core.model.embedded import cache_root
 from ears_core.pair import load_pair
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def load_rows(folder: Path) -> list[dict]:
-    rows = []
-    for shard in sorted(folder.glob("shard-*.pt")):
-        rows += torch.load(shard)["rows"]
-    if not rows:
-        sys.exit(f"no shards in {folder}: run scripts/make_draft_data.py first")
-    return rows
 
 
 def split_feature_rows(folder: Path, val_mod: int, val_rows: int, rng: random.Random, fused: bool = False
@@ -138,7 +128,7 @@ def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
     mask = torch.zeros(len(batch), lmax - 1, dtype=torch.bool)
     for i, r in enumerate(batch):
         n = len(r["ids"]) - 1  # features f_0 .. f_{n-1}
-        f = r["feats"]  # (n, d): a float16 tensor (make_draft_data) or a memory-mapped array (draft_data)
+        f = r["feats"]  # (n, d): a memory-mapped array (draft_data) or a tensor
         f = torch.from_numpy(np.asarray(f, dtype=np.float32)) if isinstance(f, np.ndarray) else f.float()
         feats[i, :n] = f.reshape(n, d)
         tokens[i, : n - 1] = r["ids"][1:n].long()
@@ -218,7 +208,6 @@ def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=None, help="default: $EARS_CACHE/draft_data")
     ap.add_argument("--out", default=str(ROOT / "assets" / "embedded_draft"))
     ap.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (default: "
                     f"{DEFAULT_MINUTES:g} without --epochs; no time limit with --epochs)")
@@ -226,11 +215,10 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--batch-tokens", type=int, default=3072)
     ap.add_argument("--noise", type=float, default=0.1)
-    ap.add_argument("--holdout", type=float, default=0.05, help="fraction of rows kept for validation")
-    ap.add_argument("--features", default=None, help="a feature cache of scripts/draft_data.py features")
+    ap.add_argument("--features", required=True, help="a feature cache of scripts/draft_data.py features")
     ap.add_argument("--positions", type=int, default=None, help="train on this many answer positions (nested subsets)")
-    ap.add_argument("--val-mod", type=int, default=20, help="--features: prompts with id %% this == 0 validate")
-    ap.add_argument("--val-rows", type=int, default=600, help="--features: at most this many validation answers")
+    ap.add_argument("--val-mod", type=int, default=20, help="prompts with id %% this == 0 validate")
+    ap.add_argument("--val-rows", type=int, default=600, help="at most this many validation answers")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--epochs", type=float, default=None, help="stop after this many passes over the data "
                     "(the learning-rate schedule then runs by epochs, so runs on nested subsets share a recipe)")
@@ -242,21 +230,14 @@ def main() -> None:
                     "warm-up and cosine schedule (a warm restart)")
     ap.add_argument("--unroll", type=int, default=2, help="training-time test: steps of the head's own predictions "
                     "fed back, counting the first from true features (2: the second draft's view; 3 adds the third's)")
-    ap.add_argument("--fused", action="store_true", help="--features: read every layer of the cache (EAGLE-3 "
+    ap.add_argument("--fused", action="store_true", help="read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     args = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     rng = random.Random(0)
-    layers = [-1]
-    if args.features:
-        val, train, layers = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows, rng,
-                                                args.fused)
-    else:
-        rows = load_rows(Path(args.data) if args.data else cache_root() / "draft_data")
-        rng.shuffle(rows)
-        n_val = max(1, int(len(rows) * args.holdout))
-        val, train = rows[:n_val], rows[n_val:]
+    val, train, layers = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows, rng,
+                                            args.fused)
     if args.positions:
         train = take_positions(train, args.positions)
     pair = load_pair("embedded", device="cpu")
@@ -338,7 +319,7 @@ def main() -> None:
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
             **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll,
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
-            "data": "draft_data features" if args.features else "make_draft_data shards",
+            "data": "draft_data features",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),
             "epochs_asked": args.epochs, "minutes_asked": args.minutes, "curve": curve,
             "init": init_meta}

@@ -13,7 +13,7 @@ from conftest import PROMPTS, perturbed_copy, tiny_llama
 from ears_core.draft.drafters import ModelDrafter
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
-from ears_core.model.kv_cache import drop_last_positions, keep_cache_positions, keep_tail_positions
+from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions
 from ears_core.decode.tree import keep_path, score_tree
 from ears_core.draft.trees import (
     DraftTree, TreeDraws, TreeSpec, accept_keys, accept_uniforms, ancestor_matrix, build_tree,
@@ -282,7 +282,9 @@ def test_keeping_the_tail_in_place_equals_gathering_every_position(target, start
     prompt = PROMPTS[2] + PROMPTS[0]  # 13 tokens: 12 cached positions
     a, b = prefilled(target, prompt), prefilled(target, prompt)
     idx = torch.tensor(keep, dtype=torch.long)
-    keep_cache_positions(a, torch.cat([torch.arange(start), idx]))
+    every = torch.cat([torch.arange(start), idx])  # the reference: gather every kept position
+    for layer in a.layers:
+        layer.keys, layer.values = layer.keys.index_select(-2, every), layer.values.index_select(-2, every)
     keep_tail_positions(b, start, idx)
     assert b.get_seq_length() == start + len(keep) == a.get_seq_length()
     for la, lb in zip(a.layers, b.layers):

@@ -38,13 +38,18 @@ def records():
     return events, steps
 
 
+def figure(spec, *args, **kwargs) -> go.Figure:
+    """The validated plotly figure of a spec function's output."""
+    return go.Figure(spec(*args, **kwargs))
+
+
 def by_name(fig: go.Figure) -> dict[str, go.BaseTraceType]:
     return {t.name: t for t in fig.data}
 
 
 def test_confidence_figure_traces(records):
     events, _ = records
-    t = by_name(viz.confidence_figure(events))
+    t = by_name(figure(viz.confidence_spec, events))
     assert list(t["max P_target"].y) == [0.9, 0.4, 0.7, 0.2]
     # the tolerance verify() applied; a bonus token had no test, so the band has a gap there
     assert list(t["tolerance applied"].y) == [0.01, 0.06, 0.03, None]
@@ -55,7 +60,7 @@ def test_confidence_figure_traces(records):
 
 def test_ratio_figure_band_and_cap(records):
     _, steps = records
-    t = by_name(viz.ratio_figure(steps, r_cap=1.5))
+    t = by_name(figure(viz.ratio_spec, steps, r_cap=1.5))
     band = t["pardon band"]
     assert list(band.x) == [0, 1, 2]
     assert list(band.base) == pytest.approx([0.29, 0.49, 0.4])  # max(U - tol, 0)
@@ -68,14 +73,14 @@ def test_ratio_figure_band_and_cap(records):
 
 def test_accept_length_histogram(records):
     _, steps = records
-    t = by_name(viz.accept_length_figure(steps, k=3))
+    t = by_name(figure(viz.accept_length_spec, steps, k=3))
     assert list(t["no pardon"].x) == [0, 1, 2, 3]
     assert list(t["no pardon"].y) == [1, 0, 1, 1]
     assert list(t["with a pardon"].y) == [0, 0, 1, 0]
 
 
 def test_throughput_figure_rates():
-    fig = viz.throughput_figure({"EARS": [(0.0, 0), (0.5, 4), (1.0, 10)], "target-only": [(0.0, 0), (2.0, 10)]})
+    fig = figure(viz.throughput_spec, {"EARS": [(0.0, 0), (0.5, 4), (1.0, 10)], "target-only": [(0.0, 0), (2.0, 10)]})
     t = by_name(fig)
     assert list(t["EARS"].x) == [0.5, 1.0] and list(t["EARS"].y) == [8.0, 10.0]
     assert list(t["target-only"].y) == [5.0] and t["target-only"].line.dash == "dash"
@@ -127,16 +132,16 @@ def test_figures_from_a_real_run():
     draft = perturbed_copy(target, 0.03, seed=1)
     res = generate(target, draft, [1, 5, 7, 9], rule=EARSRule(0.5), gamma=4, temperature=1.0, max_new_tokens=40, seed=3)
     drafts = [d for s in res.steps for d in s.drafts]
-    t = by_name(viz.ratio_figure(res.steps))
+    t = by_name(figure(viz.ratio_spec, res.steps))
     shown = sum(len(t[f"r ({k})"].x) for k in ("accepted", "pardoned", "rejected") if f"r ({k})" in t)
     assert shown == len(drafts) == sum(len(s.drafts) for s in res.steps) > 0
     for d in drafts:  # every pardoned ratio lies inside its band, every accepted one at or above U
         if d.kind == "pardoned":
             assert max(d.u - d.tolerance, 0) <= d.ratio < d.u
-    h = by_name(viz.accept_length_figure(res.steps, 4))
+    h = by_name(figure(viz.accept_length_spec, res.steps, 4))
     assert sum(h["no pardon"].y) + sum(h["with a pardon"].y) == len(res.steps)
     assert sum(x * (a + b) for x, a, b in zip(h["no pardon"].x, h["no pardon"].y, h["with a pardon"].y)) == res.stats.accepted
-    conf = by_name(viz.confidence_figure(res.events))
+    conf = by_name(figure(viz.confidence_spec, res.events))
     assert len(conf["max P_target"].y) == res.stats.new_tokens
     from ears_core.serve.summary import summary_markdown, summary_rows
     md = summary_markdown(summary_rows(res.stats, baseline_tps=res.stats.tokens_per_s / 2))
@@ -161,9 +166,9 @@ def test_price_and_rounds_figures():
 
 def test_the_beta_in_force_is_drawn_for_the_budget_rule(records):
     events, _ = records
-    plain = by_name(viz.confidence_figure(events))
+    plain = by_name(figure(viz.confidence_spec, events))
     assert "β in force" not in plain
-    beta = by_name(viz.confidence_figure(events, show_beta=True))["β in force"]
+    beta = by_name(figure(viz.confidence_spec, events, show_beta=True))["β in force"]
     assert list(beta.y) == pytest.approx([0.01 / 0.1, 0.06 / 0.6, 0.03 / 0.3, None])  # tolerance / (1 - max P)
 
 
@@ -207,7 +212,7 @@ def test_tree_figure_lays_out_by_depth_and_colours_nodes_as_the_stream():
     assert depth == [0, 1, 1, 2, 2, 3, 3]
     assert row == [2.125, 1.25, 3.0, 0.5, 2.0, 0.0, 1.0]
     labels = ["a", "b", "c", "d", "e"]
-    fig = viz.tree_figure(rec, labels, root_label="R", next_label="N")
+    fig = figure(viz.tree_spec, rec, labels, root_label="R", next_label="N")
     t = by_name(fig)
     assert list(t) == ["other branches", "accepted path", "root", "accepted", "pardoned", "rejected", "untested",
                        "resampled"]
@@ -227,9 +232,9 @@ def test_tree_figure_lays_out_by_depth_and_colours_nodes_as_the_stream():
     assert len(t["other branches"].x) == 3 * 3  # root -> b, a -> d, c -> e
     assert "Round 5: 5 nodes, 2 stood" in fig.layout.title.text
     # a dict (the app's state) draws the same; without labels, token ids
-    same = by_name(viz.tree_figure(rec.to_dict(), labels, "R", "N"))
+    same = by_name(figure(viz.tree_spec, rec.to_dict(), labels, "R", "N"))
     assert [tr.to_plotly_json() for tr in same.values()] == [tr.to_plotly_json() for tr in t.values()]
-    plain = by_name(viz.tree_figure(rec.to_dict()))
+    plain = by_name(figure(viz.tree_spec, rec.to_dict()))
     assert plain["accepted"].text == ("10",) and plain["resampled"].text == ("31",) and plain["root"].text == ("root",)
 
 
@@ -237,5 +242,5 @@ def test_an_empty_tree_is_the_root_and_the_target_token():
     from ears_core.decode.tree import TreeRecord
 
     rec = TreeRecord(0, 0, [], [], [], [], [], [], [], [], 7, "target")
-    t = by_name(viz.tree_figure(rec))
+    t = by_name(figure(viz.tree_spec, rec))
     assert list(t["target"].x) == [1] and list(t["root"].x) == [0] and list(t["accepted path"].x) == [0, 1, None]

@@ -19,7 +19,7 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["drop_last_positions", "keep_cache_positions", "keep_tail_positions"]
+__all__ = ["drop_last_positions", "keep_tail_positions"]
 
 
 def drop_last_positions(cache: DynamicCache, n: int) -> None:
@@ -42,14 +42,6 @@ def _filled_layers(cache: DynamicCache) -> Iterator[Any]:
             raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
         if layer.is_initialized:
             yield layer
-
-
-def keep_cache_positions(cache: DynamicCache, keep: Tensor) -> None:
-    """Keep only the cache positions ``keep`` (in that order), in every layer, in place."""
-    for layer in _filled_layers(cache):
-        idx = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, idx)  # (B, H, len(keep), D)
-        layer.values = layer.values.index_select(-2, idx)
 
 
 def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.output_head import PlannedLinear, kernel_file, machine_tag, read_cached, write_cached
+from ears_core.model.pass_times import measure_pass_ms
 
 __all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
            "pack_linears", "set_packed", "unpack_linears"]
@@ -127,7 +128,7 @@ def pack_linears(model: nn.Module) -> int:
 
 def set_packed(model: nn.Module, active: bool) -> None:
     """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode for the price
-    profile's key (costs.profile_key)."""
+    profile's key (policy/costs.py: profile_key)."""
     n = 0
     for m in model.modules():
         if isinstance(m, PackedLinear):
@@ -168,18 +169,16 @@ def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> 
 
     Modes alternate round by round (each round measures a full price curve per mode), so a slow
     minute of the machine hits both."""
-    from ears_core.policy.costs import measure_prices
-
     best: dict[str, dict[str, float]] = {"packed": {}, "loaded": {}}
     top = max(MEASURED_M)
     try:
         for r in range(rounds):
             for mode in (("packed", "loaded") if r % 2 == 0 else ("loaded", "packed")):
                 set_packed(model, mode == "packed")
-                curve = measure_prices(model, max_m=top, cache_len=cache_len, repeats=2)
+                verify = measure_pass_ms(model, max_m=top, cache_len=cache_len, repeats=2)  # V(1) .. V(top)
                 for m in MEASURED_M:
                     old = best[mode].get(str(m), float("inf"))
-                    best[mode][str(m)] = min(old, curve.verify(m))
+                    best[mode][str(m)] = min(old, verify[m - 1])
     finally:
         set_packed(model, True)
     return best

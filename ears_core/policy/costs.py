@@ -39,7 +39,9 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "expected_tokens", "round_value", "best_k",
+from ears_core.model.pass_times import measure_pass_ms
+
+__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "expected_tokens", "round_value",
            "measure_prices", "load_or_measure", "profile_key", "break_even_acceptance", "describe"]
 
 
@@ -98,12 +100,6 @@ def expected_tokens(a: Sequence[float]) -> list[float]:
 def round_value(a: Sequence[float], prices: PriceCurve) -> list[float]:
     """[value(0), ..., value(len(a))]: expected tokens per millisecond for each k."""
     return [e / prices.round_ms(k) for k, e in enumerate(expected_tokens(a))]
-
-
-def best_k(a: Sequence[float], prices: PriceCurve) -> int:
-    """The k in 0..len(a) with the highest expected tokens per millisecond (the smallest on ties)."""
-    values = round_value(a, prices)
-    return max(range(len(values)), key=lambda k: (values[k], -k))
 
 
 def break_even_acceptance(prices: PriceCurve, k: int) -> float:
@@ -289,7 +285,7 @@ class DraftPolicy:
     """Each round: how many drafts to send. ``keep_going(a_known)`` is asked before drawing draft
     i = len(a_known) (with a_known[-1] the estimate for it); it says whether verifying position i
     can still pay: the best value over k >= i, with ``prior`` for the positions not seen yet,
-    beats stopping at i - 1. With every a known this reaches exactly ``best_k``.
+    beats stopping at i - 1. Asked with every estimate known, it stops at the best k (tests/test_costs.py).
 
     looked: the drafter has already run the draft step that computed position i (a head's
     forward after draft i - 1, needed to know its confidence), so stopping at i - 1 no longer
@@ -341,13 +337,6 @@ class DraftPolicy:
             return float(self.prior)
         return float(self.prior[min(position, len(self.prior)) - 1])
 
-    def choose(self, a: Sequence[float]) -> int:
-        """k for fully known estimates: the stopping rule run to its end (equals ``best_k``)."""
-        k, n = 0, min(len(a), self.max_k)
-        while k < n and self.keep_going(a[: k + 1], n, future=a[k + 1 : n]):
-            k += 1
-        return k
-
 
 # ---------------------------------------------------------------------------- measuring
 
@@ -362,38 +351,12 @@ def profile_key(model: torch.nn.Module, extra: str = "") -> str:
             f"{'|' + kernels if kernels else ''}{extra}")
 
 
-@torch.inference_mode()
 def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
                    repeats: int = 5, vocab: int | None = None, key: str = "") -> PriceCurve:
-    """V(1) .. V(max_m) of ``target`` on a cache of ``cache_len`` tokens, the fastest of ``repeats``
-    (interleaved over m, after a warm-up: another job on the cores only ever adds time), in ms. ``drafter_ms``: a measured draft
-    step (else 5 % of a step until the rounds measure it)."""
-    from transformers import DynamicCache
-
-    from ears_core.timing import StepClock
-
-    dev = next(target.parameters()).device
-    v = vocab or int(target.config.get_text_config().vocab_size)
-    g = torch.Generator().manual_seed(0)
-    ctx = torch.randint(0, v, (1, cache_len), generator=g).to(dev)
-    new = torch.randint(0, v, (1, max_m), generator=g).to(dev)
-    cache = DynamicCache(config=target.config)
-    target(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    clock = StepClock(dev)
-    times: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
-    for r in range(repeats + 1):
-        for m in range(1, max_m + 1):
-            t0 = clock.mark()
-            target(new[:, :m], past_key_values=cache, use_cache=True, logits_to_keep=m)
-            t1 = clock.mark()
-            cache.crop(-m)
-            if r > 0:  # the first pass over every m is the warm-up
-                times[m].append(clock.ms(t0, t1))
-    # Kept as measured, even where a longer pass is cheaper than a shorter one: CPU matmul kernels
-    # change with the number of rows (on this project's 2-core machine a pass over 5 tokens costs
-    # 1.3 steps and one over 3 costs 2.0), and the policy must see that a 4-draft round is cheaper
-    # than a 2-draft one there. (Forcing the curve up to be non-decreasing hid exactly that.)
-    verify = [min(times[m]) for m in range(1, max_m + 1)]
+    """A price curve whose V(1) .. V(max_m) are ``target``'s fastest passes over m new tokens
+    (model/pass_times.py). ``drafter_ms``: a measured draft step (else 5 % of a step until the
+    rounds measure it)."""
+    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab)
     return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,
                       time.strftime("%Y-%m-%d %H:%M:%S"))
 

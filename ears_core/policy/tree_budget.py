@@ -38,8 +38,8 @@ stopping rule  ``TreeBudget(priority, nodes, depth)``, the ``keep`` hook of ``tr
                the expansion order is nearly best-first) and the rule never stops while more nodes
                could still pay. When the estimates do not grow and T is convex in N (no node costs
                less than the one before: no draft pass to amortise, a convex V) it stops at exactly
-               the best N; otherwise it may draft a few nodes past it. ``choose`` (every estimate
-               known) finds the best N on any curve.
+               the best N; otherwise it may draft a few nodes past it, never fewer than the best N
+               (tests/test_tree_policy.py).
 learning       ``observe_round(record)`` teaches the calibration from a finished round (a
                ``TreeRecord``): every node whose parent stood (or that hangs from the root) is one
                observation at its level confidence, its priority over its parent's score (the
@@ -58,7 +58,7 @@ from typing import Any, Sequence
 
 from ears_core.policy.costs import Calibration, DepthCalibration, PriceCurve
 
-__all__ = ["TreeBudget", "TreeCalibration", "node_estimate", "tree_round_ms", "tree_value"]
+__all__ = ["TreeBudget", "TreeCalibration", "node_estimate", "tree_round_ms"]
 
 
 OUTLIER_FLOOR = 0.02  # observe_cost: a node's price is never learnt above 3x max(its price, this many steps)
@@ -106,17 +106,6 @@ def node_estimate(priority: float, depth: int, calibration: Calibration | DepthC
 def tree_round_ms(prices: PriceCurve, nodes: int, depth: int, node_ms: float = 0.0) -> float:
     """T(N, D) = D d + V(N + 1) + o + N n, in milliseconds."""
     return depth * prices.draft_ms + prices.verify(nodes + 1) + prices.overhead_ms + nodes * node_ms
-
-
-def tree_value(estimates: Sequence[float], depths: Sequence[int], prices: PriceCurve, node_ms: float = 0.0
-               ) -> list[float]:
-    """[value(0), ..., value(N)] for nodes with these estimates and depths, in their drawing order."""
-    out, e, deepest = [1.0 / tree_round_ms(prices, 0, 0)], 1.0, 0
-    for n, (p, d) in enumerate(zip(estimates, depths), start=1):
-        e += p
-        deepest = max(deepest, d)
-        out.append(e / tree_round_ms(prices, n, deepest, node_ms))
-    return out
 
 
 class TreeBudget:
@@ -179,16 +168,6 @@ class TreeBudget:
         self.estimates.append(p)
         self.depth = max(self.depth, depth)
         return True
-
-    def choose(self, nodes: Sequence[tuple[float, int]]) -> int:
-        """The tree size for fully known nodes ((priority, depth) in drawing order): the stopping
-        rule run with the true later estimates, which is the N of the best value(N)."""
-        est = [(self.estimate(pr, d), d) for pr, d in nodes][: self.budget]
-        n, deepest = 0, 0
-        while n < len(est) and self._pays(1.0 + sum(p for p, _ in est[:n]), n, deepest, est[n:]):
-            deepest = max(deepest, est[n][1])
-            n += 1
-        return n
 
     def observe_cost(self, nodes: int, depth: int, round_ms: float, verify_ms: float | None = None) -> None:
         """A finished round's measured time (drafting, the target pass and the round's work, ms)

@@ -1,6 +1,7 @@
 """Plotly figures and HTML for the EARS Studio UI, built from a generation's records.
 
-Pure functions: records in, ``go.Figure`` (or an HTML / Markdown string) out. No gradio here, so
+Pure functions: records in, a figure spec (a dict ``go.Figure`` takes; ``spec_json`` sends it to the app
+unvalidated), a ``go.Figure``, or an HTML / Markdown string out. No gradio here, so
 the same figures work in a notebook, a report or the app.
 
 Terms (see events.py and metrics.py)
@@ -35,11 +36,9 @@ from ears_core.events import DraftRecord, StepRecord, TokenEvent
 from ears_core.metrics import expected_tokens_per_step, theoretical_speedup
 
 __all__ = [
-    "KIND_COLOURS", "KIND_LABELS", "confidence_figure", "ratio_figure", "throughput_figure", "price_figure",
-    "confidence_spec", "ratio_spec", "throughput_spec", "accept_length_spec", "spec_json",
-    "rounds_figure", "tree_spec", "tree_figure", "tree_layout",
-    "accept_length_figure", "theory_figure", "tokens_html", "legend_html",
-    "first_divergence",
+    "KIND_COLOURS", "KIND_LABELS", "confidence_spec", "ratio_spec", "throughput_spec", "accept_length_spec",
+    "tree_spec", "tree_layout", "spec_json", "price_figure", "rounds_figure", "theory_figure", "tokens_html",
+    "legend_html", "first_divergence",
 ]
 
 # Strong colours for chart markers; the token HTML uses the same hues as backgrounds.
@@ -78,7 +77,7 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
 
 # ----------------------------------------------------------------------------- figure specs
 # The charts a run redraws while it decodes are built as plain dicts ("specs": {"data": [...],
-# "layout": {...}}): ``go.Figure(spec)`` validates one (what the *_figure functions return), while
+# "layout": {...}}): ``go.Figure(spec)`` validates one (tests and notebooks), while
 # ``spec_json`` turns it into plotly JSON about a hundred times faster, which is what the app sends
 # a few times a second without taking the interpreter from the decode thread.
 
@@ -108,7 +107,11 @@ def spec_json(spec: Mapping[str, Any]) -> str:
 
 
 def confidence_spec(events: Sequence[TokenEvent], show_beta: bool = False) -> dict[str, Any]:
-    """The spec of ``confidence_figure``."""
+    """Max P_target per position, the tolerance the rule applied there (``TokenEvent.tolerance``,
+    from verify) shaded below it, and the emitted token's p as markers coloured by kind.
+    Positions without a test (bonus and target tokens) leave a gap in the band. ``show_beta``
+    adds the beta in force at each position, tolerance / (1 - max P) (for a rule that sets beta
+    each round, the distortion budget). Traces: [max P, tolerance, one per kind, beta]."""
     xs = [e.position for e in events]
     data = [dict(type="scatter", x=xs, y=[e.max_p for e in events], name="max P_target", mode="lines",
                  line=dict(color="#111827", width=2)),
@@ -128,21 +131,14 @@ def confidence_spec(events: Sequence[TokenEvent], show_beta: bool = False) -> di
                                           yaxis=dict(range=[0, 1.05])))
 
 
-def confidence_figure(events: Sequence[TokenEvent], show_beta: bool = False) -> go.Figure:
-    """max P_target per position, the tolerance the rule applied there (``TokenEvent.tolerance``,
-    from verify) shaded below it, and the emitted token's p as markers coloured by kind.
-    Positions without a test (bonus and target tokens) leave a gap in the band. ``show_beta``
-    adds the beta in force at each position, tolerance / (1 - max P) (for a rule that sets beta
-    each round, the distortion budget). Traces: [max P, tolerance, one per kind, beta]."""
-    return go.Figure(confidence_spec(events, show_beta))
-
-
 def _drafts(steps: Sequence[StepRecord]) -> list[DraftRecord]:
     return [d for s in steps for d in s.drafts]
 
 
 def ratio_spec(steps: Sequence[StepRecord], r_cap: float = 1.5) -> dict[str, Any]:
-    """The spec of ``ratio_figure``."""
+    """Ratio r = p/q against the uniform U for every drafted token, with the pardon band
+    [max(U - tol, 0), U) drawn as a shaded bar at each token. r is drawn capped at ``r_cap``
+    (the hover shows the true value). Traces: [pardon band, U, one r trace per draft kind]."""
     drafts = _drafts(steps)
     xs = [d.position for d in drafts]
     lows = [max(d.u - d.tolerance, 0.0) for d in drafts]
@@ -163,18 +159,12 @@ def ratio_spec(steps: Sequence[StepRecord], r_cap: float = 1.5) -> dict[str, Any
                                           barmode="overlay", yaxis=dict(range=[0, r_cap + 0.05])))
 
 
-def ratio_figure(steps: Sequence[StepRecord], r_cap: float = 1.5) -> go.Figure:
-    """Ratio r = p/q against the uniform U for every drafted token, with the pardon band
-    [max(U - tol, 0), U) drawn as a shaded bar at each token. r is drawn capped at ``r_cap``
-    (the hover shows the true value). Traces: [pardon band, U, one r trace per draft kind]."""
-    return go.Figure(ratio_spec(steps, r_cap))
-
-
 # ----------------------------------------------------------------------------- run-level charts
 
 
 def throughput_spec(runs: Mapping[str, Sequence[tuple[float, int]]]) -> dict[str, Any]:
-    """The spec of ``throughput_figure``."""
+    """Tokens/s so far (tokens_so_far / elapsed_s) against elapsed time, one line per run, e.g.
+    {"EARS": samples, "target-only": samples}. Samples with elapsed_s <= 0 are skipped."""
     palette = ["#e6007e", "#0284c7", "#6b7280", "#2e7d32"]
     data = []
     for i, (name, samples) in enumerate(runs.items()):
@@ -185,14 +175,9 @@ def throughput_spec(runs: Mapping[str, Sequence[tuple[float, int]]]) -> dict[str
     return dict(data=data, layout=_layout("Throughput: tokens/s so far", "elapsed (s)", "tokens / s"))
 
 
-def throughput_figure(runs: Mapping[str, Sequence[tuple[float, int]]]) -> go.Figure:
-    """Tokens/s so far (tokens_so_far / elapsed_s) against elapsed time, one line per run, e.g.
-    {"EARS": samples, "target-only": samples}. Samples with elapsed_s <= 0 are skipped."""
-    return go.Figure(throughput_spec(runs))
-
-
 def accept_length_spec(steps: Sequence[StepRecord], k: int) -> dict[str, Any]:
-    """The spec of ``accept_length_figure``."""
+    """Histogram of drafts that stood per round (0..K), split into rounds with and without a
+    pardon (stacked). Traces: [without pardon, with pardon], x = 0..K, y = round counts."""
     top = max([k] + [s.accepted for s in steps])
     xs = list(range(top + 1))
     plain, pardoned = [0] * (top + 1), [0] * (top + 1)
@@ -202,12 +187,6 @@ def accept_length_spec(steps: Sequence[StepRecord], k: int) -> dict[str, Any]:
             dict(type="bar", x=xs, y=pardoned, name="with a pardon", marker=dict(color=KIND_COLOURS["pardoned"]))]
     return dict(data=data, layout=_layout("Drafts that stood per round", "drafts accepted in the round", "rounds",
                                           barmode="stack", xaxis=dict(dtick=1)))
-
-
-def accept_length_figure(steps: Sequence[StepRecord], k: int) -> go.Figure:
-    """Histogram of drafts that stood per round (0..K), split into rounds with and without a
-    pardon (stacked). Traces: [without pardon, with pardon], x = 0..K, y = round counts."""
-    return go.Figure(accept_length_spec(steps, k))
 
 
 def theory_figure(k: int, c: float, measured: tuple[float, float | None, float | None] | None = None,
@@ -306,7 +285,12 @@ def tree_layout(parents: Sequence[int], ranks: Sequence[int], path: Sequence[int
 
 def tree_spec(record: Any, labels: Sequence[str] | None = None, root_label: str | None = None,
               next_label: str | None = None) -> dict[str, Any]:
-    """The spec of ``tree_figure``."""
+    """One round's tree (a ``TreeRecord`` or its dict): entries laid out by depth (``tree_layout``),
+    edges to parents (the accepted path thick and dark), nodes coloured as the token stream colours
+    tokens (accepted, pardoned; rejected red, untested grey), the emitted token after the path as a
+    diamond of its kind, token text beside each node (``labels``, else a record's ``labels``, else
+    token ids). Traces: [other edges, path edges, then one per kind present: root, accepted,
+    pardoned, rejected, untested, resampled, bonus, target]."""
     get = (lambda k, d=None: record.get(k, d)) if isinstance(record, Mapping) else (lambda k, d=None: getattr(record, k, d))
     tokens, parents, path = list(get("tokens")), list(get("parents")), list(get("path"))
     n, kinds = len(tokens), ["root"] + [k or "untested" for k in get("kinds")] + [get("next_kind")]
@@ -337,17 +321,6 @@ def tree_spec(record: Any, labels: Sequence[str] | None = None, root_label: str 
     return dict(data=data, layout=_layout(f"Round {get('step', 0)}: {n} nodes, {len(path)} stood", "depth", "",
                                           xaxis=dict(dtick=1, range=[-0.3, max(depth) + 1.2]),
                                           yaxis=dict(showticklabels=False, zeroline=False, showgrid=False)))
-
-
-def tree_figure(record: Any, labels: Sequence[str] | None = None, root_label: str | None = None,
-                next_label: str | None = None) -> go.Figure:
-    """One round's tree (a ``TreeRecord`` or its dict): entries laid out by depth (``tree_layout``),
-    edges to parents (the accepted path thick and dark), nodes coloured as the token stream colours
-    tokens (accepted, pardoned; rejected red, untested grey), the emitted token after the path as a
-    diamond of its kind, token text beside each node (``labels``, else a record's ``labels``, else
-    token ids). Traces: [other edges, path edges, then one per kind present: root, accepted,
-    pardoned, rejected, untested, resampled, bonus, target]."""
-    return go.Figure(tree_spec(record, labels, root_label, next_label))
 
 
 # ----------------------------------------------------------------------------- HTML and text

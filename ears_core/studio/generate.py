@@ -14,7 +14,7 @@ outputs    ``OUT``: what ``/generate`` returns, in order (the ``state`` holds th
            the export and the theory tab, and the ``tree_panel`` shows or hides the tree's column:
            neither is part of the API).
 tree run   with the tree box ticked each round drafts a tree (``session``: draft shape "tree");
-           beside the tokens the plot draws a round's tree (``viz.tree_figure``): the latest one
+           beside the tokens the plot draws a round's tree (``viz.tree_spec``): the latest one
            while decoding, then any round chosen with the round slider (``/tree_round``, from the
            run record's ``trees``, each with its tokens' text). The panel of plot and slider shows
            for tree runs only: a chain run hides it (as the page does before any run).

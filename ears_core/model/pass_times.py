@@ -1,0 +1,47 @@
+"""How long a target's forward pass over m new tokens takes on this machine: what the price curve
+(policy/costs.py) and the kernel choice (packed_linear.py) are measured from.
+
+Terms
+-----
+pass over m   one forward of m new tokens on a KV cache of ``cache_len`` random tokens, keeping the
+              logits of all m (a verify pass over m - 1 drafts and the token before them).
+fastest       each m is timed ``repeats`` times, interleaved over m after one warm-up round, and the
+              fastest kept: another job on the cores only ever adds time.
+"""
+from __future__ import annotations
+
+import torch
+
+__all__ = ["measure_pass_ms"]
+
+
+@torch.inference_mode()
+def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int = 64, repeats: int = 5,
+                    vocab: int | None = None) -> list[float]:
+    """[V(1), ..., V(max_m)]: the fastest pass of ``target`` over m = 1..max_m new tokens, in ms."""
+    from transformers import DynamicCache
+
+    from ears_core.timing import StepClock
+
+    dev = next(target.parameters()).device
+    v = vocab or int(target.config.get_text_config().vocab_size)
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, v, (1, cache_len), generator=g).to(dev)
+    new = torch.randint(0, v, (1, max_m), generator=g).to(dev)
+    cache = DynamicCache(config=target.config)
+    target(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    clock = StepClock(dev)
+    times: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
+    for r in range(repeats + 1):
+        for m in range(1, max_m + 1):
+            t0 = clock.mark()
+            target(new[:, :m], past_key_values=cache, use_cache=True, logits_to_keep=m)
+            t1 = clock.mark()
+            cache.crop(-m)
+            if r > 0:  # the first pass over every m is the warm-up
+                times[m].append(clock.ms(t0, t1))
+    # Kept as measured, even where a longer pass is cheaper than a shorter one: CPU matmul kernels
+    # change with the number of rows (on this project's 2-core machine a pass over 5 tokens costs
+    # 1.3 steps and one over 3 costs 2.0), and the policy must see that a 4-draft round is cheaper
+    # than a 2-draft one there. (Forcing the curve up to be non-decreasing hid exactly that.)
+    return [min(times[m]) for m in range(1, max_m + 1)]
