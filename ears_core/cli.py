@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 
 from ears_core.rules import RULES
-from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, RunConfig, Session
+from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_K, MAX_TREE_NODES, RunConfig, Session
 from ears_core.serve.summary import summary_rows, summary_text
 
 COLOURS = {"accepted": "\033[32m", "pardoned": "\033[1;35m", "resampled": "\033[33m", "bonus": "\033[36m", "target": ""}
@@ -33,7 +33,8 @@ def rule_params() -> dict[str, tuple[float, str]]:
     out: dict[str, tuple[float, str]] = {}
     for spec in RULES.values():
         for p in spec.params:
-            out.setdefault(p.name, (p.default, f"{p.help} ({spec.name}; default {p.default:g})"))
+            out.setdefault(p.name, (p.default, f"{p.help} ({spec.name}; default {p.default:g}; the app offers "
+                                               f"{p.low:g}-{p.high:g})"))
     return out
 
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, text) in rule_params().items():
         p.add_argument(f"--{name}", type=float, default=None, help=text)
     p.add_argument("--temperature", type=float, default=0.9, help=">= 0; 0 is greedy decoding")
-    p.add_argument("--gamma", "-K", type=int, default=4, help="draft tokens per round at most (K), 1-8")
+    p.add_argument("--gamma", "-K", type=int, default=4, help=f"draft tokens per round at most (K), 1-{MAX_K}")
     p.add_argument("--draft-length", choices=DRAFT_LENGTHS, default="policy",
                    help="policy: each round drafts what this machine's measured prices say pays (0..K); "
                    "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     shape.add_argument("--tree", action="store_true", help="the same as --shape tree")
     shape.add_argument("--chain", action="store_true", help="the same as --shape chain")
     p.add_argument("--tree-budget", type=int, default=8, help="a tree's nodes per round (at most: policy; exactly: "
-                   "fixed), 1-16")
+                   f"fixed), 1-{MAX_TREE_NODES}")
     p.add_argument("--tree-width", type=int, default=None, help="a tree node's children at most (default: no limit)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate, >= 1")
     p.add_argument("--seed", type=int, default=0, help="seed of the counter-based random draws")

@@ -85,7 +85,7 @@ class GenerationStats:
     target_ms: float
     mean_distortion: float
     total_distortion: float
-    gamma: int
+    max_drafts: int  # the most drafts a round could send: K for a chain, the node budget for a tree
     cost_ratio: float | None  # draft step / target verify pass
     theory_tokens_per_step: float | None
     theory_speedup: float | None
@@ -99,7 +99,7 @@ def summarize(
     events: Sequence[TokenEvent],
     steps: Sequence[StepRecord],
     wall_s: float,
-    gamma: int,
+    max_drafts: int,
 ) -> GenerationStats:
     """Fold a generation's events and step records into its metrics."""
     n_tok = len(events)
@@ -133,7 +133,7 @@ def summarize(
         target_ms=target_ms,
         mean_distortion=total_dist / n_tok if n_tok else 0.0,
         total_distortion=total_dist,
-        gamma=gamma,
+        max_drafts=max_drafts,
         cost_ratio=cost,
         theory_tokens_per_step=theory_e,
         theory_speedup=theory_s,

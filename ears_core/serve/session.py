@@ -55,17 +55,18 @@ from ears_core.metrics import GenerationStats
 from ears_core.model.hub import describe_device
 from ears_core.pair import ModelPair
 from ears_core.model.passing import in_passing_thread
-from ears_core.rules import AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
+from ears_core.rules import BETA, AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
 from ears_core.serve.runs import ACTIVITY, ActivityLog, Background, Tracked
 
-__all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "DRAFT_LENGTHS", "DRAFT_SHAPES"]
+__all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "DRAFT_LENGTHS", "DRAFT_SHAPES", "MAX_K",
+           "MAX_TREE_NODES"]
 
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 DRAFT_SHAPES = ("auto", "chain", "tree")
 TREE_WIDTH_M, TREE_MAX_STEPS = 5, 1.3  # "auto" drafts a tree only where V(5) <= 1.3 steps (module terms: shape)
-MAX_TREE_NODES = 16
+MAX_TREE_NODES = 16  # a tree's nodes per round at most: the app's slider, the CLI and RunConfig read it
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
-MAX_K = 8
+MAX_K = 8  # K (drafts per round, a tree's depth) at most: the app's slider and checks, the CLI and RunConfig read it
 TREE_NODE_STEPS = 0.035  # a tree node's price beyond the chain's, in target steps, before any tree round (tree_policy)
 DRIFT_MEMORY = 64.0  # verified drafts per depth the shipped calibration's drift ratio follows (costs.DepthCalibration)
 STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
@@ -108,8 +109,8 @@ class RunConfig:
         for name, value in self.params.items():
             if value is None or value != value:
                 raise ValueError(f"the rule parameter {name} must be a number, got {value!r}")
-        if self.params.get("beta") is not None and self.params["beta"] < 0:
-            raise ValueError(f"beta must be >= 0 (0 is the ordinary lossless rule), got {self.params['beta']!r}")
+        if self.params.get("beta") is not None and self.params["beta"] < BETA.low:
+            raise ValueError(f"beta must be >= {BETA.low:g} (0 is the ordinary lossless rule), got {self.params['beta']!r}")
         if self.temperature is None or self.temperature != self.temperature or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy decoding), got {self.temperature!r}")
         if not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_K:

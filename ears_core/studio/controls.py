@@ -25,8 +25,8 @@ from typing import Any, Sequence
 
 import gradio as gr
 
-from ears_core.rules import RULES, Param
-from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_TREE_NODES, RunConfig
+from ears_core.rules import BETA, RULES, Param
+from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_K, MAX_TREE_NODES, RunConfig
 from ears_core.serve.settings import Settings
 
 from .errors import Request, check_params, resolve_rule
@@ -37,7 +37,6 @@ EXAMPLES = [
     ["A train travels 120 km in 1.5 hours. What is its average speed? Explain step by step."],  # math
 ]
 DEFAULT_RULE = "ears"
-_BETA = Param("beta", 0.1, 0.0, 1.0, "tolerance scale, >= 0 (0 = the ordinary rule)")
 
 
 def rule_choices() -> list[tuple[str, str]]:
@@ -54,7 +53,7 @@ def param_sliders_spec() -> list[Param]:
             by_name.setdefault(p.name, []).append(p)
     out = []
     for name, ps in by_name.items():
-        ps = ps or [_BETA]
+        ps = ps or [BETA]
         out.append(Param(name, ps[0].default, min(p.low for p in ps), max(p.high for p in ps), ps[0].help,
                          min(p.step for p in ps)))
     return out
@@ -119,7 +118,7 @@ def build_controls(settings: Settings) -> Controls:
                                          visible=p.name in shown)
                        for p in param_sliders_spec()}
             temperature = gr.Slider(0, 2, value=0.9, step=0.05, label="temperature (0 = greedy)", elem_id="temperature")
-            k = gr.Slider(1, 8, value=4, step=1, label="K (drafts per round)", elem_id="k")
+            k = gr.Slider(1, MAX_K, value=4, step=1, label="K (drafts per round)", elem_id="k")
             with gr.Row():
                 max_new = gr.Number(64, label="max new tokens", precision=0, minimum=1,
                                     maximum=settings.max_new_tokens, elem_id="max_new")

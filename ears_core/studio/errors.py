@@ -23,6 +23,7 @@ import gradio as gr
 
 from ears_core.pair import is_out_of_memory
 from ears_core.rules import RULES, RuleSpec, rule_spec
+from ears_core.serve.session import MAX_K
 
 LOG = logging.getLogger("ears_studio")
 
@@ -101,7 +102,7 @@ def check_request(prompt: Any, temperature: Any, k: Any, max_new: Any, seed: Any
     if len(str(prompt)) > max_prompt_chars:
         raise InputError(f"The prompt has {len(str(prompt))} characters; this server accepts at most "
                          f"{max_prompt_chars}. Shorten it.")
-    return Request(str(prompt), _number("temperature", temperature, 0.0, 2.0), int(_number("K", k, 1, 8, True)),
+    return Request(str(prompt), _number("temperature", temperature, 0.0, 2.0), int(_number("K", k, 1, MAX_K, True)),
                    int(_number("max new tokens", max_new, 1, max_new_tokens, True)),
                    int(_number("seed", seed, 0, 2**31 - 1, True)))
 
