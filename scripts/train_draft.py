@@ -206,7 +206,7 @@ def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) 
     return None
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "embedded_draft"))
     ap.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (default: "
@@ -232,63 +232,41 @@ def main() -> None:
                     "fed back, counting the first from true features (2: the second draft's view; 3 adds the third's)")
     ap.add_argument("--fused", action="store_true", help="read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    torch.set_num_threads(args.threads)
-    rng = random.Random(0)
-    val, train, layers = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows, rng,
-                                            args.fused)
-    if args.positions:
-        train = take_positions(train, args.positions)
-    pair = load_pair("embedded", device="cpu")
-    target, tok = pair.target, pair.tokenizer
-    for p in target.parameters():
-        p.requires_grad_(False)
-    vocab_ids, coverage = run_vocab(train, args.vocab, [tok.eos_token_id], args.init)
-    positions = sum(len(r["ids"]) - r["prompt_len"] for r in train)
-    print(f"{len(train)} train / {len(val)} val answers, {positions} answer positions; "
-          f"vocab {len(vocab_ids)} covers {coverage:.3f} of answer tokens", flush=True)
+    return ap.parse_args()
 
-    n_layers = target.config.num_hidden_layers
-    if layers[-1] not in (-1, n_layers):
-        sys.exit(f"the feature cache's last layer is {layers[-1]}, not the final one ({n_layers} = 'last')")
-    head = DraftHead(head_config_from_target(target.config), vocab_ids, tuple(layers[:-1]) + (-1,))
-    init_meta = start_head(head, target, len(layers), args.init)
-    embed = target.get_input_embeddings()
-    w_sub = target.get_output_embeddings().weight.detach()[vocab_ids]  # (N, d)
-    params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
+
+def evaluate(head: DraftHead, embed, w_sub: torch.Tensor, val: list[dict], batch_tokens: int, unroll: int
+             ) -> list[float]:
+    """Validation top-1 agreement per unroll step (at least two), the head left in training mode."""
+    head.eval()
+    accs = [[] for _ in range(max(2, unroll))]
+    with torch.no_grad():
+        for b in batches(val, batch_tokens, random.Random(1)):
+            for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b), noise=0.0,
+                                                         unroll=max(2, unroll))):
+                accs[i].append(float(top1))
+    head.train()
+    return [sum(a) / len(a) for a in accs]  # val top-1 per unroll step
+
+
+def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows: list[dict], val: list[dict],
+          args: argparse.Namespace, rng: random.Random) -> tuple[int, int, list[dict]]:
+    """AdamW with warm-up then cosine until the time or epoch budget runs out ->
+    (steps, batches per epoch, the learning curve [(step, positions seen, val top-1)] if asked)."""
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
-
-    def evaluate() -> list[float]:
-        head.eval()
-        accs = [[] for _ in range(max(2, args.unroll))]
-        with torch.no_grad():
-            for b in batches(val, args.batch_tokens, random.Random(1)):
-                for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b), noise=0.0,
-                                                             unroll=max(2, args.unroll))):
-                    accs[i].append(float(top1))
-        head.train()
-        return [sum(a) / len(a) for a in accs]  # val top-1 per unroll step
-
-    print(f"before training: val top-1 agreement step1 {evaluate()[0]:.3f}", flush=True)
     t0, step, epoch = time.perf_counter(), 0, 0
     budget = time_budget_s(args.epochs, args.minutes)
-    per_epoch = len(batches(train, args.batch_tokens, random.Random(0)))  # the same count every epoch
+    per_epoch = len(batches(train_rows, args.batch_tokens, random.Random(0)))  # the same count every epoch
     total_steps = math.ceil(args.epochs * per_epoch) if args.epochs else None
-
-    def progress(el: float) -> float:
-        """Share of the run done: by steps when --epochs is given, else by the time budget."""
-        return step / total_steps if total_steps else el / budget
-
     done = False
     seen, curve = 0, []  # answer positions trained on so far (repeats counted); [(step, seen, val top-1)]
     while not done:
-        for b in batches(train, args.batch_tokens, rng):
+        for b in batches(train_rows, args.batch_tokens, rng):
             el = time.perf_counter() - t0
             if el > budget or (total_steps and step >= total_steps):
                 done = True
                 break
-            frac = min(1.0, progress(el))
+            frac = min(1.0, step / total_steps if total_steps else el / budget)  # by steps with --epochs, else time
             for g in opt.param_groups:  # warm-up then cosine
                 g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
             losses = step_losses(head, embed, w_sub, *collate(b), noise=args.noise, unroll=args.unroll)
@@ -300,8 +278,9 @@ def main() -> None:
             opt.step()
             seen += sum(len(r["ids"]) - r["prompt_len"] for r in b)
             if args.curve_every and (step + 1) % args.curve_every == 0:
+                top1 = evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll)[0]
                 curve.append({"step": step + 1, "positions_seen": seen, "epoch": round((step + 1) / per_epoch, 3),
-                              "val_top1_step1": round(evaluate()[0], 4)})
+                              "val_top1_step1": round(top1, 4)})
                 print(f"curve: {curve[-1]}", flush=True)
             if step % 25 == 0:
                 c1, c2, r1, r2 = (float(x.detach()) for x in (c1, c2, r1, r2))
@@ -310,11 +289,45 @@ def main() -> None:
             step += 1
         else:
             epoch += 1
-    vals = evaluate()
+    return step, per_epoch, curve
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    rng = random.Random(0)
+    val, train_rows, layers = split_feature_rows(Path(args.features).expanduser(), args.val_mod, args.val_rows,
+                                                 rng, args.fused)
+    if args.positions:
+        train_rows = take_positions(train_rows, args.positions)
+    pair = load_pair("embedded", device="cpu")
+    target, tok = pair.target, pair.tokenizer
+    for p in target.parameters():
+        p.requires_grad_(False)
+    vocab_ids, coverage = run_vocab(train_rows, args.vocab, [tok.eos_token_id], args.init)
+    positions = sum(len(r["ids"]) - r["prompt_len"] for r in train_rows)
+    print(f"{len(train_rows)} train / {len(val)} val answers, {positions} answer positions; "
+          f"vocab {len(vocab_ids)} covers {coverage:.3f} of answer tokens", flush=True)
+
+    n_layers = target.config.num_hidden_layers
+    if layers[-1] not in (-1, n_layers):
+        sys.exit(f"the feature cache's last layer is {layers[-1]}, not the final one ({n_layers} = 'last')")
+    head = DraftHead(head_config_from_target(target.config), vocab_ids, tuple(layers[:-1]) + (-1,))
+    init_meta = start_head(head, target, len(layers), args.init)
+    embed = target.get_input_embeddings()
+    w_sub = target.get_output_embeddings().weight.detach()[vocab_ids]  # (N, d)
+    params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
+
+    print(f"before training: val top-1 agreement step1 "
+          f"{evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll)[0]:.3f}", flush=True)
+    t0 = time.perf_counter()
+    step, per_epoch, curve = train(head, embed, w_sub, params, train_rows, val, args, rng)
+    vals = evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll)
     v1, v2 = vals[0], vals[1]
     minutes = (time.perf_counter() - t0) / 60
     print(f"done: {step} steps, {step / per_epoch:.2f} epochs, {minutes:.1f} min; val top-1 agreement step1 {v1:.3f} step2 {v2:.3f}")
-    meta = {"train_answers": len(train), "val_answers": len(val), "answer_positions": positions,
+    meta = {"train_answers": len(train_rows), "val_answers": len(val), "answer_positions": positions,
             "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": round(step / per_epoch, 2),
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
             **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll,
