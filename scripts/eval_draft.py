@@ -33,7 +33,7 @@ from ears_core.model.hub import encode_prompt  # noqa: E402
 from ears_core.pair import load_pair  # noqa: E402
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=12, help="how many held-out prompts (spread over the tasks)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -46,7 +46,55 @@ def main() -> None:
                     "(implies --no-speed): the saturation curve's measure")
     ap.add_argument("--no-speed", action="store_true", help="skip target-only at T=0.9 (acceptance figures only; "
                     "target-only at T = 0 still runs, for the greedy check)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def add_run(t: dict[str, float], r) -> None:
+    """Add one generation's counts to a method's totals ``t``."""
+    s = r.stats
+    t["tokens"] += s.new_tokens
+    t["seconds"] += s.wall_s
+    t["drafted"] += s.drafted
+    t["stood"] += s.accepted
+    t["pardoned"] += s.pardoned
+    t["distortion"] += s.total_distortion
+    t["draft_ms"] += s.draft_ms
+    t["target_ms"] += s.target_ms
+    t["steps"] += s.steps
+    t["rounds_drafting"] += sum(1 for st in r.steps if st.drafted > 0)
+    t["first_stood"] += sum(1 for st in r.steps if st.drafted > 0 and st.accepted > 0)
+
+
+def add_task_run(pt: dict[str, float], r) -> None:
+    """The same counts per task type: which kind of text the head drafts worst."""
+    pt["rounds_drafting"] += sum(1 for st in r.steps if st.drafted > 0)
+    pt["first_stood"] += sum(1 for st in r.steps if st.drafted > 0 and st.accepted > 0)
+    pt["tokens"] += r.stats.new_tokens
+    pt["steps"] += r.stats.steps
+
+
+def report_row(t: dict[str, float], base: dict[str, float] | None, by_task: dict | None) -> dict:
+    """A method's figures from its totals; ``base``: the target-only totals at its temperature."""
+    tps = t["tokens"] / t["seconds"]
+    row = {"tokens_per_s": round(tps, 2)}
+    if base:
+        row["ratio_to_target_only"] = round(tps / (base["tokens"] / base["seconds"]), 3)
+    if t["drafted"]:
+        row.update(acceptance=round(t["stood"] / t["drafted"], 3),
+                   first_draft_acceptance=round(t["first_stood"] / max(1, t["rounds_drafting"]), 3),
+                   pardon_rate=round(t["pardoned"] / t["drafted"], 4),
+                   mean_accept_length=round(t["tokens"] / t["steps"], 3),
+                   mean_distortion=round(t["distortion"] / t["tokens"], 4),
+                   cost_ratio=round((t["draft_ms"] / t["drafted"]) / (t["target_ms"] / t["steps"]), 4))
+    if by_task is not None:
+        row["by_task"] = {task: {"first_draft_acceptance": round(c["first_stood"] / max(1, c["rounds_drafting"]), 3),
+                                 "mean_accept_length": round(c["tokens"] / max(1, c["steps"]), 3)}
+                          for task, c in sorted(by_task.items())}
+    return row
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_grad_enabled(False)
     torch.set_num_threads(2)
     pair = load_pair("embedded", args.draft, device="cpu")
@@ -79,45 +127,16 @@ def main() -> None:
             else:
                 r = generate(pair.target, pair.draft.fresh(), ids, rule=rule, gamma=args.gamma, temperature=temp, **kw)
             outs[name] = r
-            s, t = r.stats, tot[name]
-            t["tokens"] += s.new_tokens
-            t["seconds"] += s.wall_s
-            t["drafted"] += s.drafted
-            t["stood"] += s.accepted
-            t["pardoned"] += s.pardoned
-            t["distortion"] += s.total_distortion
-            t["draft_ms"] += s.draft_ms
-            t["target_ms"] += s.target_ms
-            t["steps"] += s.steps
-            t["rounds_drafting"] += sum(1 for st in r.steps if st.drafted > 0)
-            t["first_stood"] += sum(1 for st in r.steps if st.drafted > 0 and st.accepted > 0)
-            if name in per_task:  # the same counts per task type: which kind of text the head drafts worst
-                pt = per_task[name][task_of[text]]
-                pt["rounds_drafting"] += sum(1 for st in r.steps if st.drafted > 0)
-                pt["first_stood"] += sum(1 for st in r.steps if st.drafted > 0 and st.accepted > 0)
-                pt["tokens"] += s.new_tokens
-                pt["steps"] += s.steps
+            add_run(tot[name], r)
+            if name in per_task:
+                add_task_run(per_task[name][task_of[text]], r)
         mismatches += outs["greedy spec T=0"].token_ids != outs["target T=0"].token_ids
         print(f"[{i + 1}/{len(chosen)}] greedy acceptance so far "
               f"{tot['greedy spec T=0']['stood'] / max(1, tot['greedy spec T=0']['drafted']):.3f}", flush=True)
     report = {}
     for name, t in tot.items():
         base = tot.get("target T=0" if name.endswith("T=0") else "target T=0.9")
-        tps = t["tokens"] / t["seconds"]
-        row = {"tokens_per_s": round(tps, 2)}
-        if base:
-            row["ratio_to_target_only"] = round(tps / (base["tokens"] / base["seconds"]), 3)
-        if t["drafted"]:
-            row.update(acceptance=round(t["stood"] / t["drafted"], 3),
-                       first_draft_acceptance=round(t["first_stood"] / max(1, t["rounds_drafting"]), 3),
-                       pardon_rate=round(t["pardoned"] / t["drafted"], 4),
-                       mean_accept_length=round(t["tokens"] / t["steps"], 3),
-                       mean_distortion=round(t["distortion"] / t["tokens"], 4),
-                       cost_ratio=round((t["draft_ms"] / t["drafted"]) / (t["target_ms"] / t["steps"]), 4))
-        if name in per_task:
-            row["by_task"] = {task: {"first_draft_acceptance": round(c["first_stood"] / max(1, c["rounds_drafting"]), 3),
-                                     "mean_accept_length": round(c["tokens"] / max(1, c["steps"]), 3)}
-                              for task, c in sorted(per_task[name].items())}
+        row = report_row(t, base, per_task[name] if name in per_task else None)
         report[name] = row
         print(f"{name:22s} {row}")
     report["greedy_mismatches"] = mismatches
