@@ -13,11 +13,12 @@ spec        how a caller names a model: ``"embedded"``, a Hugging Face hub id
             (``"Qwen/Qwen2.5-0.5B-Instruct"``) or a local folder in Hugging Face format
             (config.json, weights, tokenizer files).
 embedded    the offline default target, SmolLM2-135M-Instruct, from a GGUF prepared once into a
-            safetensors cache (model/embedded.py). The embedded draft is an EAGLE-style head in ``assets/embedded_draft/`` (eagle.py).
+            safetensors cache (model/embedded.py). The embedded draft is an EAGLE-style head in
+            ``assets/embedded_draft/`` (draft/eagle.py).
 vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
             are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
             to ``[..., :vocab_size]``.
-draft dtype the dtype and kernels an EAGLE-style head computes with (``head_kernels.py``): on a CPU
+draft dtype the dtype and kernels an EAGLE-style head computes with (draft/head_kernels.py): on a CPU
             with native bfloat16 (AVX512-BF16 or AMX) and a float32 target, float32 and bfloat16, each
             packed and as loaded, are timed once per machine when the pair loads and the fastest is kept
             (cached); ``EARS_DRAFT_DTYPE=float32|bfloat16`` fixes the dtype. The head's weights are

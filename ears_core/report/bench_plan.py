@@ -11,7 +11,7 @@ cost model picks 0..K drafts each round; the default), ``fixed`` (always K; the 
 them on the same prompts at T = 0 and T = 0.9: the policy, fixed K = 1..4 and the threshold.
 Every speculative config also has a draft shape: ``chain`` (K drafts in a row) or ``tree`` (a tree of
 depth K, ``budget`` nodes: exactly with a fixed draft length, at most with the policy, which is then
-``tree_policy.TreeBudget``). The tree section compares them on the policy section's prompts,
+policy/tree_budget.py: ``TreeBudget``). The tree section compares them on the policy section's prompts,
 temperatures and length: at the same verify price (a tree of N nodes against a chain of K = N drafts,
 both N + 1 tokens a target pass, for N in ``--tree-budgets``) and each with the cost model (the
 chain's policy against a tree sized by the cost model, at most ``--tree-max-nodes`` nodes, depth K0).

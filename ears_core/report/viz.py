@@ -15,7 +15,7 @@ pardon band  U - tolerance <= r < U: a ratio r in this band fails the ordinary t
              accepts it
 samples      throughput samples ``[(elapsed_s, tokens_so_far), ...]`` recorded while a run streams
 E, S         expected tokens per round and theoretical speedup (metrics.py)
-tree round   a ``tree_decoding.TreeRecord`` (or its dict): the nodes one round drafted, their
+tree round   a ``TreeRecord`` (decode/tree.py) (or its dict): the nodes one round drafted, their
              parents, the kind each got (accepted, pardoned, rejected, or untested: never tried
              because the walk went another way), the accepted path and the token the round
              emitted after it (resampled, bonus or target)

@@ -4,33 +4,27 @@ Terms
 -----
 RunConfig   one request's settings: rule name and its parameters (from the registry in
             ``rules``), temperature, K, length, seed, top-k / top-p. ``validate()`` refuses bad
-            values with a message naming the fix; ``rule()`` builds the rule (T = 0 or the
-            greedy rule: GreedyRule at T = 0, the target's own greedy output).
+            values with a message naming the fix; ``rule_and_temperature()`` builds the rule
+            (T = 0 or the greedy rule: GreedyRule at T = 0, the target's own greedy output).
 Session     a loaded ``ModelPair`` and what runs on it: ``speculative()`` and ``baseline()``
-            return ``decoding.Generation`` objects (a fresh drafter per generation, the decode
+            return ``Generation`` objects (decode/generation.py) (a fresh drafter per generation, the decode
             clock, an optional deadline); clean target-only baselines are cached per request.
-contended   a run that overlapped another decode (``runs``): labelled, its baseline never cached.
-policy      how many drafts each round sends (``costs.DraftPolicy``): from this machine's price
+contended   a run that overlapped another decode (serve/runs.py): labelled, its baseline never cached.
+policy      how many drafts each round sends (policy/costs.py: ``DraftPolicy``): from this machine's price
             curve (measured once per model, device, dtype and threads, cached, and kept current
             from every finished run) and a confidence calibration per rule and temperature (also
             learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
             K) or "threshold" (stop when the draft's confidence falls below 0.35).
 shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). ``Session.resolved()``
             makes "auto" concrete: a tree when the draft length is "policy", the drafter can branch (a
-            head or a draft model; not n-gram lookup) and the rule is lossless and a ratio rule: greedy
-            at T = 0, the ordinary rule (or EARS at beta 0) at T > 0; else a chain. On the embedded
-            pair at T = 0 the cost-model tree was ahead of the chain policy in every bench (eight
-            runs; 1.48x against 1.32-1.35x on the latest machine). At T = 0.9, since tree rounds walk
-            their route on the host, it was ahead with the ordinary rule in three runs of four (1.29-
-            1.35x against 1.25-1.30x, a tie in the fourth) but 2-3 % behind with EARS 0.1 in three of
-            four (docs/benchmarks.md), so a lossy rule keeps a chain. And only where a wide verify pass
-            is cheap on this machine: V(5) <= 1.3 steps on the session's price curve. Where the
-            tree won, V(5) read 1.00-1.14 steps; on an Intel Xeon whose curve read 1.00 / 1.04 / 1.10 /
-            1.45 / 1.53, the cost-model tree was 2-6 % behind the chain policy in all three settings
-            (its rounds paid for passes over 4-5 tokens), so there "auto" is a chain.
-tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (``tree_decoding``)
+            head or a draft model; not n-gram lookup), the rule is lossless and a ratio rule (greedy
+            at T = 0, the ordinary rule or EARS at beta 0 at T > 0; a lossy rule keeps a chain) and a
+            wide verify pass is cheap on this machine: V(5) <= 1.3 steps on the session's price curve
+            (``TREE_WIDTH_M``, ``TREE_MAX_STEPS``); else a chain. docs/benchmarks.md gives the
+            measurements this rule follows.
+tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (decode/)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
-            (``tree_policy.TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
+            (policy/tree_budget.py: ``TreeBudget``, draft length "policy"), or exactly ("fixed"). Its calibration
             is learnt apart from the chain's (per rule and temperature); its rounds teach the running
             prices the verify price only (a tree's draft passes are per level, not per node).
 
@@ -67,7 +61,7 @@ TREE_WIDTH_M, TREE_MAX_STEPS = 5, 1.3  # "auto" drafts a tree only where V(5) <=
 MAX_TREE_NODES = 16  # a tree's nodes per round at most: the app's slider, the CLI and RunConfig read it
 THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each draw
 MAX_K = 8  # K (drafts per round, a tree's depth) at most: the app's slider and checks, the CLI and RunConfig read it
-TREE_NODE_STEPS = 0.035  # a tree node's price beyond the chain's, in target steps, before any tree round (tree_policy)
+TREE_NODE_STEPS = 0.035  # a tree node's price beyond the chain's, in target steps, before any tree round (policy/tree_budget.py)
 DRIFT_MEMORY = 64.0  # verified drafts per depth the shipped calibration's drift ratio follows (costs.DepthCalibration)
 STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
 
