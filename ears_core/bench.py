@@ -53,9 +53,9 @@ from transformers import PreTrainedModel
 
 from ears_core.report import bench_report
 from ears_core.report.bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
-from ears_core.decode.chain import autoregressive, stream
+from ears_core.decode.api import autoregressive, stream
 from ears_core.rules import RULES
-from ears_core.decode.tree import tree_stream
+from ears_core.decode.api import tree_stream
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
 
@@ -110,7 +110,7 @@ class Bench:
             if self.session is not None:
                 self.session.absorb(gen, rule, cfg.temperature, extra.get("calibration"))
         s = res.stats
-        return dict(token_ids=res.token_ids, text=res.text, new_tokens=s.new_tokens, wall_s=s.wall_s,
+        return dict(token_ids=res.token_ids, text=res.text, new_tokens=s.new_tokens, wall_s=s.decode_s,
                     steps=s.steps, drafted=s.drafted, accepted=s.accepted, pardoned=s.pardoned,
                     draft_ms=s.draft_ms, target_ms=s.target_ms, total_distortion=s.total_distortion)
 

@@ -79,7 +79,7 @@ class GenerationStats:
     acceptance_rate: float | None
     pardon_rate: float | None
     mean_accept_length: float
-    wall_s: float
+    decode_s: float  # seconds on the decode clock (Generation: time inside next() only)
     tokens_per_s: float
     draft_ms: float
     target_ms: float
@@ -98,7 +98,7 @@ def summarize(
     method: str,
     events: Sequence[TokenEvent],
     steps: Sequence[StepRecord],
-    wall_s: float,
+    decode_s: float,
     max_drafts: int,
 ) -> GenerationStats:
     """Fold a generation's events and step records into its metrics."""
@@ -127,8 +127,8 @@ def summarize(
         acceptance_rate=rate,
         pardon_rate=pardoned / drafted if drafted else None,
         mean_accept_length=(1.0 + accepted / n_steps) if n_steps else 0.0,
-        wall_s=wall_s,
-        tokens_per_s=n_tok / wall_s if wall_s > 0 else 0.0,
+        decode_s=decode_s,
+        tokens_per_s=n_tok / decode_s if decode_s > 0 else 0.0,
         draft_ms=draft_ms,
         target_ms=target_ms,
         mean_distortion=total_dist / n_tok if n_tok else 0.0,

@@ -53,7 +53,7 @@ def add_run(t: dict[str, float], r) -> None:
     """Add one generation's counts to a method's totals ``t``."""
     s = r.stats
     t["tokens"] += s.new_tokens
-    t["seconds"] += s.wall_s
+    t["seconds"] += s.decode_s
     t["drafted"] += s.drafted
     t["stood"] += s.accepted
     t["pardoned"] += s.pardoned

@@ -1,0 +1,1 @@
+"""Drafters: what proposes tokens. The Drafter protocol, a Hugging Face draft model, the EAGLE-style head that reads the target's hidden states (and its measured kernels), n-gram lookup, and best-first tree building."""

@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ears_core.metrics import expected_tokens
 from ears_core.model.pass_times import measure_pass_ms
 
 __all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "expected_tokens", "round_value",
@@ -85,16 +86,6 @@ class PriceCurve:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def expected_tokens(a: Sequence[float]) -> list[float]:
-    """[E(0), E(1), ..., E(len(a))] for per-position acceptance a_1..a_n."""
-    out, run, e = [1.0], 1.0, 1.0
-    for x in a:
-        run *= min(max(float(x), 0.0), 1.0)
-        e += run
-        out.append(e)
-    return out
 
 
 def round_value(a: Sequence[float], prices: PriceCurve) -> list[float]:

@@ -1,0 +1,1 @@
+"""Reporting: plotly figures (never gradio) and the benchmark's plan and report."""

@@ -172,7 +172,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
             base_tps, base_note = cached.tokens_per_s, " (cached)"
             curves["target-only (cached)"] = steady_samples(cached)
         elif with_baseline and not res.timed_out:
-            base = runs.start(session.baseline(ids, cfg, deadline_s=max(settings.timeout_s - res.stats.wall_s, 0.0)))
+            base = runs.start(session.baseline(ids, cfg, deadline_s=max(settings.timeout_s - res.stats.decode_s, 0.0)))
             waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)) + \
                 "\n\n*measuring target-only…*"
             for _ in frames(base):

@@ -63,6 +63,6 @@ def snapshot(run: Background) -> tuple[list[Any], list[Any], list[tuple[float, i
 def steady_samples(stats: GenerationStats, points: int = 8) -> list[tuple[float, int]]:
     """Throughput samples of a cached baseline, of which only the totals are kept: a flat line at
     its mean rate (the chart marks it as cached)."""
-    if stats.wall_s <= 0:
+    if stats.decode_s <= 0:
         return []
-    return [(stats.wall_s * i / points, stats.new_tokens * i / points) for i in range(1, points + 1)]
+    return [(stats.decode_s * i / points, stats.new_tokens * i / points) for i in range(1, points + 1)]

@@ -87,7 +87,7 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
         html, curves, results, contended = [empty] * 3, {}, [], []
         budget = settings.timeout_s
         for i, name in enumerate(labels):
-            left = max(budget - sum(r.stats.wall_s for r in results), 0.0)
+            left = max(budget - sum(r.stats.decode_s for r in results), 0.0)
             tracked = session.speculative(ids, cfgs[i], left) if i < 2 else session.baseline(ids, base_cfg, left)
             run = runs.start(tracked)
             for _ in frames(run):

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import gradio as gr
 
 from ears_core.report import viz
+from ears_core.serve.session import MAX_K
 
 
 @dataclass
@@ -43,7 +44,7 @@ def build() -> TheoryTab:
                     "tokens on average at acceptance rate a, so the speedup is S = E/(Kc + 1), c = draft "
                     "step / target pass. EARS raises a; the star is the last run.")
         with gr.Row():
-            k = gr.Slider(1, 8, value=4, step=1, label="K")
+            k = gr.Slider(1, MAX_K, value=4, step=1, label="K")
             c = gr.Slider(0, 1, value=0.05, step=0.005, label="cost ratio c")
         plot = gr.Plot(viz.theory_figure(4, 0.05), label="theory", elem_id="theory_plot")
         gr.Markdown("On a CPU a verify pass over m tokens is not free: **this machine's price curve** below "
