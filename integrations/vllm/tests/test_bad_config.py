@@ -15,6 +15,7 @@ import pytest
 from conftest import HERE
 
 VENV_PY = sys.executable
+pytestmark = pytest.mark.timeout(900)  # vLLM starts take a minute on 2 busy cores (the repo's default: 300 s)
 
 
 def _start_llm(target, env_extra, tmp_path, extra_pythonpath=None):

@@ -20,6 +20,7 @@ import pytest
 from conftest import HERE, engine_kwargs
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+pytestmark = pytest.mark.timeout(900)  # vLLM starts take a minute on 2 busy cores (the repo's default: 300 s)
 
 import ears_vllm  # noqa: E402
 

@@ -17,6 +17,8 @@ import pytest
 
 from conftest import engine_kwargs
 
+pytestmark = pytest.mark.timeout(900)  # vLLM starts take a minute on 2 busy cores (the repo's default: 300 s)
+
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
