@@ -81,7 +81,7 @@ $(VLLM_VENV): $(VLLM_STAMP)
 # The plug-in's tests in .venv-vllm, on the embedded target `make install` prepares (CI runs `make
 # test` first). pytest's exit code 5 (no tests ran) fails here too.
 test-vllm: $(VLLM_STAMP)
-	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest integrations/vllm/tests -p no:cacheprovider -ra
+	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest integrations/vllm/tests -p no:cacheprovider -ra --durations=0 --junitxml=$(VLLM_VENV)/junit.xml
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
