@@ -156,3 +156,16 @@ def test_tolerance_matches_ears_rule():
         mine = ears_vllm.tolerance(ears_vllm.RuleConfig("ears", beta), probs)
         lib = EARSRule(beta).tolerance(probs.unsqueeze(1), probs.amax(-1).unsqueeze(1)).squeeze(1)
         assert torch.equal(mine, lib)
+
+
+def test_entropy_tolerance_matches_library():
+    import ears_core
+
+    rule_cls = getattr(ears_core, "EntropyEARSRule", None)
+    if rule_cls is None:
+        pytest.skip("ears_core no longer exports EntropyEARSRule at the top level")
+    gen = torch.Generator().manual_seed(6)
+    probs = torch.softmax(torch.randn(64, 50, generator=gen), dim=-1)
+    mine = ears_vllm.tolerance(ears_vllm.RuleConfig("ears-entropy", 0.2), probs)
+    lib = rule_cls(0.2).tolerance(probs.unsqueeze(1), probs.amax(-1).unsqueeze(1)).squeeze(1)
+    assert torch.allclose(mine, lib, rtol=0, atol=1e-7)
