@@ -102,6 +102,14 @@ def test_greedy_equals_target_only(llm, prompts, target, tmp_path):
     tokens, _, stats = run(llm, prompts, "ears", 0.3, temperature=0.0)
     assert tokens == reference
     assert stats["drafted"] > 0 and stats["plugin_drafted"] == 0  # speculation ran; greedy never reached the patch
+    # a mixed batch: the greedy requests next to sampling ones (whose uniforms EARS shifts) stay greedy
+    from vllm import SamplingParams
+
+    mixed = [SamplingParams(temperature=0.0 if i % 2 == 0 else 0.9, max_tokens=MAX_TOKENS, seed=100 + i)
+             for i in range(len(prompts))]
+    outs = llm.generate(prompts, mixed, use_tqdm=False)
+    for i in range(0, len(prompts), 2):
+        assert list(outs[i].outputs[0].token_ids) == reference[i]
 
 
 def test_unset_changes_nothing(llm, prompts):
