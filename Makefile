@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 TESTS_STAMP := $(VENV)/.installed-tests
 
-.PHONY: install browser test test-fast screenshots demo demo-cli bench clean
+.PHONY: install browser test test-fast screenshots demo demo-cli bench clean test-vllm .venv-vllm
 
 # What the app runs on: the Dockerfile runs these same steps, in this order (tests/test_dockerfile.py).
 $(STAMP): requirements.txt pyproject.toml
@@ -60,5 +60,28 @@ demo-cli: install
 bench: install
 	$(PY) -m ears_core.bench --out bench_out $(ARGS)
 
+# The vLLM plug-in's own environment (integrations/vllm): vLLM pins an older transformers than the
+# app, so never in .venv or the Docker image. torch first (the CPU wheel), then every pinned package
+# with --no-deps (pip would add CUDA torchvision / torchaudio that break `from vllm import LLM`).
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_REQS  := integrations/vllm/requirements.txt
+
+$(VLLM_STAMP): $(VLLM_REQS) integrations/vllm/pyproject.toml pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install $(if $(wildcard /opt/wheels),--find-links /opt/wheels) torch==2.13.0
+	$(VLLM_PY) -m pip install --no-deps -r $(VLLM_REQS)
+	$(VLLM_PY) -m pip install --no-deps -e . -e integrations/vllm
+	$(VLLM_PY) -c "from vllm import LLM; from ears_core import verify, EARSRule; import ears_vllm"
+	touch $(VLLM_STAMP)
+
+$(VLLM_VENV): $(VLLM_STAMP)
+
+# The plug-in's tests in .venv-vllm, on the embedded target `make install` prepares (CI runs `make
+# test` first). pytest's exit code 5 (no tests ran) fails here too.
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 $(VLLM_PY) -m pytest integrations/vllm/tests -p no:cacheprovider -ra --durations=0 --junitxml=$(VLLM_VENV)/junit.xml
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
