@@ -26,9 +26,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model import EventDist
+from .model import ASSET_DIR, EventDist
 
-__all__ = ["TransformerConfig", "TransformerTPP", "KVCache", "save_transformer", "load_transformer"]
+__all__ = ["TransformerConfig", "TransformerTPP", "KVCache", "save_transformer", "load_transformer", "load_pair"]
 
 
 @dataclass
@@ -143,10 +143,10 @@ class TransformerTPP(nn.Module):
             s = int(cache.length[0])
             if s + L > cache.capacity:
                 raise ValueError(f"KV cache full ({cache.capacity} positions): give a larger capacity")
-            lo = max(0, s + L - W)
+            lo = max(0, s - W + 1)  # the first key the first query sees
             keys = slice(lo, s + L)
-            mask = None
-            if L > 1 or s + 1 - lo > W:
+            mask = None  # one query sees every key in [lo, s]
+            if L > 1:
                 qp = s + torch.arange(L).unsqueeze(1)  # (L, 1) query positions
                 kp = torch.arange(lo, s + L).unsqueeze(0)  # (1, S)
                 mask = ((kp <= qp) & (kp > qp - W)).view(1, 1, L, -1)
@@ -207,3 +207,11 @@ def load_transformer(folder: Path | str) -> TransformerTPP:
     model = TransformerTPP(TransformerConfig(**{k: raw[k] for k in TransformerConfig.__dataclass_fields__}))
     model.load_state_dict(load_file(str(folder / "model.safetensors")))
     return model.eval()
+
+
+def load_pair(process: str, folder: Path | str = ASSET_DIR) -> tuple[TransformerTPP, TransformerTPP]:
+    """The shipped (target, draft) trained on ``process`` (assets/tpp/<process>/{target,draft})."""
+    from .processes import PROCESSES
+    if process not in PROCESSES:
+        raise ValueError(f"unknown process {process!r}: choose one of {sorted(PROCESSES)}")
+    return load_transformer(Path(folder) / process / "target"), load_transformer(Path(folder) / process / "draft")
