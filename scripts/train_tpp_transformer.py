@@ -26,7 +26,7 @@ from ears_core.tpp.transformer import TransformerConfig, TransformerTPP, save_tr
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets" / "tpp"
 ROLES = {"target": dict(layers=16, d_model=32, heads=4, d_ff=64), "draft": dict(layers=1, d_model=32, heads=4, d_ff=64)}
-STEPS = {"target": 2500, "draft": 3000}
+STEPS = {"target": 1500, "draft": 2000}
 
 
 def make_data(proc, n_seq: int, n_events: int, seed: int):

@@ -52,8 +52,9 @@ def prices_for(method: str, target: TransformerTPP, draft: TransformerTPP | None
 
 def stream(target: TransformerTPP, draft: TransformerTPP | None = None, *, method: str = "draft", n_events: int,
            batch: int = 1, seed: int = 0, length: int | None = None, history=None, ratio: str = "joint",
-           prices: Prices | None = None) -> Iterator[tuple[TPPSampler, RoundRecord]]:
-    """Yield (sampler, record) after every round until every row has ``n_events`` events."""
+           prices: Prices | None = None, **self_kw) -> Iterator[tuple[TPPSampler, RoundRecord]]:
+    """Yield (sampler, record) after every round until every row has ``n_events`` events. ``self_kw``: eps,
+    widen, cells, z of the self-proposal sampler."""
     if isinstance(n_events, bool) or int(n_events) != n_events or n_events < 1:
         raise ValueError(f"n_events must be a positive integer, got {n_events}")
     if length is not None and (isinstance(length, bool) or int(length) != length or length < 1):
@@ -66,7 +67,7 @@ def stream(target: TransformerTPP, draft: TransformerTPP | None = None, *, metho
     if spec and length is None:
         prices = prices or prices_for(method, target, draft)
     s = make_sampler(method, target, draft, batch=batch, capacity=int(n_events) + max_len + 4, gen=gen,
-                     history=history, ratio=ratio)
+                     history=history, ratio=ratio, **self_kw)
     s.ev.limit = s.n_history + int(n_events)
     tracker = AcceptanceTracker(max_len)
     since_probe = 0

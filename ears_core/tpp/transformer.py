@@ -9,7 +9,7 @@ event features   mark embedding + THP temporal encoding of the absolute time t (
 encoder          ``layers`` pre-norm blocks of causal self-attention (each position sees itself and the
                  ``window - 1`` positions before it) and a GELU MLP; output h_k (D,) per position
 next-event law   p(tau, x | h_k) for event k + 1: the log-normal mixture x categorical ``EventDist`` of model.py
-KV cache         per layer keys and values (B, heads, capacity, D / heads); row b holds ``length[b]`` valid
+KV cache         per layer keys and values in one tensor (2, B, heads, capacity, D / heads); row b holds ``length[b]`` valid
                  positions. ``forward`` writes L new positions at each row's own offset and returns their
                  outputs (one pass over L positions); rolling back is setting ``length`` (nothing is erased:
                  positions past ``length`` are masked out and later overwritten).
@@ -57,8 +57,7 @@ class KVCache:
 
     def __init__(self, cfg: TransformerConfig, batch: int, capacity: int, dtype=torch.float32):
         dh = cfg.d_model // cfg.heads
-        self.k = [torch.zeros(batch, cfg.heads, capacity, dh, dtype=dtype) for _ in range(cfg.layers)]
-        self.v = [torch.zeros(batch, cfg.heads, capacity, dh, dtype=dtype) for _ in range(cfg.layers)]
+        self.kv = [torch.zeros(2, batch, cfg.heads, capacity, dh, dtype=dtype) for _ in range(cfg.layers)]
         self.length = torch.zeros(batch, dtype=torch.long)  # (B,)
         self.capacity = capacity
 
@@ -78,20 +77,18 @@ class _Block(nn.Module):
         self.ff1, self.ff2 = nn.Linear(D, cfg.d_ff), nn.Linear(cfg.d_ff, D)
 
     def forward(self, h, mask, kv=None, write=None, keys=None):
-        """h (B, L, D); mask (B or 1, 1, L, S) bool; kv = (k_cache, v_cache) (B, H, cap, dh) or None (training).
-        write: int offset (one row) or (B, L) long positions; keys: slice of cache positions to attend to."""
+        """h (B, L, D); mask (B or 1, 1, L, S) additive float or bool; kv: the layer's cache (2, B, H, cap, dh) or
+        None (training). write: int offset (one row) or (B, L) long positions; keys: slice of cache positions."""
         B, L, D = h.shape
-        q, k, v = self.qkv(self.ln1(h)).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)
-        if kv is not None:  # q, k, v (B, H, L, dh)
-            kc, vc = kv
+        qkv = self.qkv(self.ln1(h)).view(B, L, 3, self.heads, D // self.heads).permute(2, 0, 3, 1, 4)  # (3, B, H, L, dh)
+        q, k, v = qkv
+        if kv is not None:
             if isinstance(write, int):
-                kc[:, :, write:write + L] = k
-                vc[:, :, write:write + L] = v
+                kv[:, :, :, write:write + L] = qkv[1:]
             else:
                 rows = torch.arange(B).unsqueeze(1)  # (B, 1)
-                kc[rows, :, write] = k.transpose(1, 2)  # (B, L, H, dh) at (B, L) positions
-                vc[rows, :, write] = v.transpose(1, 2)
-            k, v = kc[:, :, keys], vc[:, :, keys]  # (B, H, S, dh)
+                kv[:, rows, :, write] = qkv[1:].permute(1, 3, 0, 2, 4)  # (B, L, 2, H, dh) at (B, L) positions
+            k, v = kv[0, :, :, keys], kv[1, :, :, keys]  # (B, H, S, dh)
         a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, L, dh)
         h = h + self.proj(a.transpose(1, 2).reshape(B, L, D))
         return h + self.ff2(F.gelu(self.ff1(self.ln2(h))))
@@ -108,7 +105,9 @@ class TransformerTPP(nn.Module):
         self.y_in = nn.Linear(1, D)
         self.time_in = nn.Linear(2 * cfg.num_freqs, D, bias=False)
         freqs = torch.exp(torch.linspace(math.log(0.2), math.log(20.0), cfg.num_freqs)) / cfg.t_scale
-        self.register_buffer("freqs", freqs, persistent=False)  # (F,)
+        self.register_buffer("freqs", freqs.repeat(2), persistent=False)  # (2F,): sin(t w), cos(t w) = sin(t w + pi/2)
+        self.register_buffer("phase", torch.cat([torch.zeros(cfg.num_freqs), torch.full((cfg.num_freqs,), math.pi / 2)]),
+                             persistent=False)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(D)
         self.head = nn.Linear(D, 3 * K + C)
@@ -116,11 +115,10 @@ class TransformerTPP(nn.Module):
     # --- features and decoder -------------------------------------------------------------------------
     def embed(self, t: torch.Tensor, tau: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """t absolute times, tau inter-event times, x marks (C = start), each (B, L) -> (B, L, D)."""
-        ang = t.unsqueeze(-1) * self.freqs  # (B, L, F)
+        ang = torch.addcmul(self.phase, t.unsqueeze(-1), self.freqs)  # (B, L, 2F)
         y = (torch.log(tau) - self.cfg.y_mean) / self.cfg.y_std
-        y = torch.where(x == self.cfg.num_types, torch.zeros_like(y), y)  # the start has no gap
-        return (self.mark_emb(x) + self.y_in(y.unsqueeze(-1))
-                + self.time_in(torch.cat([torch.sin(ang), torch.cos(ang)], -1)))
+        y = torch.where(x == self.cfg.num_types, 0.0, y)  # the start has no gap
+        return self.mark_emb(x) + self.y_in(y.unsqueeze(-1)) + self.time_in(torch.sin(ang))
 
     def decode(self, h: torch.Tensor) -> EventDist:
         """Outputs (..., D) -> next-event laws with leading shape (...)."""
@@ -149,7 +147,7 @@ class TransformerTPP(nn.Module):
             if L > 1:
                 qp = s + torch.arange(L).unsqueeze(1)  # (L, 1) query positions
                 kp = torch.arange(lo, s + L).unsqueeze(0)  # (1, S)
-                mask = ((kp <= qp) & (kp > qp - W)).view(1, 1, L, -1)
+                mask = torch.zeros(1, 1, L, s + L - lo).masked_fill_(~((kp <= qp) & (kp > qp - W)), -math.inf)
             write = s
         else:
             qp = cache.length.unsqueeze(1) + torch.arange(L)  # (B, L) positions written
@@ -162,8 +160,8 @@ class TransformerTPP(nn.Module):
             qq = qp.unsqueeze(-1)  # (B, L, 1)
             mask = ((kp <= qq) & (kp > qq - W)).unsqueeze(1)  # (B, 1, L, S')
             write = qp
-        for blk, kc, vc in zip(self.blocks, cache.k, cache.v):
-            h = blk(h, mask, (kc, vc), write, keys)
+        for blk, kv in zip(self.blocks, cache.kv):
+            h = blk(h, mask, kv, write, keys)
         cache.length = cache.length + L
         return h
 
