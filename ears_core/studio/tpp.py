@@ -60,7 +60,8 @@ def _outputs(process, sampler, run, base, rounds, spent, base_eps, done):
                  baseline_events_per_s=round(base_eps, 1), ratio=round(eps / base_eps, 3) if base_eps else None,
                  acceptance=None if st["acceptance"] != st["acceptance"] else round(st["acceptance"], 4),
                  events_per_round=None if st["events_per_round"] != st["events_per_round"] else round(st["events_per_round"], 3),
-                 autoregressive_rounds=st["ar_rounds"], rounds=st["rounds"], lengths_used=st["lengths"])
+                 autoregressive_rounds=st["ar_rounds"], rounds=st["rounds"],
+                 lengths_used={("ar" if k == 0 else str(k)): v for k, v in st["lengths"].items()})
     summary = (f"**{SAMPLERS[sampler]}** on **{PROCESSES[process]}**: {n} events, **{eps:.0f} events/s** against "
                f"{base_eps:.0f} for autoregressive sampling of the same target: **{stats['ratio']}×**"
                + (f"; acceptance {stats['acceptance']}, {stats['events_per_round']} events per round"

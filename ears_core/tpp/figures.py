@@ -30,7 +30,7 @@ def timeline_figure(times: list[float], types: list[int], kinds: list[str], num_
     t, x, k = np.asarray(times), np.asarray(types), np.asarray(kinds)
     for kind in KINDS:
         sel = k == kind
-        fig.add_trace(go.Scatter(x=t[sel], y=x[sel], mode="markers", name=kind,
+        fig.add_trace(go.Scatter(x=t[sel].tolist(), y=x[sel].tolist(), mode="markers", name=kind,
                                  marker=dict(color=KIND_COLOURS[kind], size=7, line=dict(width=0))))
     fig.update_layout(title=f"{len(t)} events (rows: marks)", xaxis_title="time t", **_LAYOUT)
     fig.update_yaxes(tickvals=list(range(num_types)), ticktext=[f"mark {c}" for c in range(num_types)],
@@ -66,7 +66,7 @@ def qq_figure(samples: dict[str, np.ndarray]) -> go.Figure:
     fig = go.Figure()
     for (name, lam), c in zip(samples.items(), colours):
         if len(lam):
-            fig.add_trace(go.Scatter(x=ref, y=np.quantile(lam, qs), mode="markers", name=name,
+            fig.add_trace(go.Scatter(x=ref.tolist(), y=np.quantile(lam, qs).tolist(), mode="markers", name=name,
                                      marker=dict(color=c, size=6)))
     top = float(ref[-1])
     fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", name="Exp(1)", line=dict(color="#9ca3af", dash="dot")))
