@@ -61,7 +61,11 @@ class TPPSampler:
     def _target_pass(self, tau: torch.Tensor, x: torch.Tensor) -> EventDist:
         """Feed [event n, tau / x (B, m)]: p* for events n+1..n+m+1, leading (B, m+1)."""
         t0, tau0, x0 = self.ev.tail(1)  # (B, 1)
-        t = torch.cat([t0, t0 + torch.cumsum(tau, 1)], 1) if tau.shape[1] else t0
+        if tau.shape[1]:  # times in float64 as the event buffer computes them, then float32 like its reads
+            last = self.ev.last_time().unsqueeze(1)  # (B, 1)
+            t = torch.cat([t0, (last + torch.cumsum(tau.double(), 1)).float()], 1)
+        else:
+            t = t0
         self.tc.length = self.ev.n
         return self.target.decode(self.target(t, torch.cat([tau0, tau], 1), torch.cat([x0, x], 1), self.tc))
 
@@ -122,14 +126,14 @@ class DraftSampler(TPPSampler):
             t, tau, x = self.ev.tail(self.d_pending)  # (B, k) the positions the draft has not read
             self.dc.length = self.ev.n + 1 - self.d_pending
             h = self.draft(t, tau, x, self.dc)[:, -1]  # (B, D)
-            t_cur, laws, taus, xs = t[:, -1], [], [], []
+            t_cur, laws, taus, xs = self.ev.last_time(), [], [], []  # (B,) float64
             for i in range(g):
                 q = self.draft.decode(h)  # leading (B,)
                 tau_i, x_i = q.sample(1, gen)  # (B, 1)
                 laws.append(q), taus.append(tau_i), xs.append(x_i)
                 if i < g - 1:
-                    t_cur = t_cur + tau_i[:, 0]
-                    h = self.draft(t_cur.unsqueeze(1), tau_i, x_i, self.dc)[:, -1]
+                    t_cur = t_cur + tau_i[:, 0].double()
+                    h = self.draft(t_cur.unsqueeze(1).float(), tau_i, x_i, self.dc)[:, -1]
             d_tau, d_x = torch.cat(taus, 1), torch.cat(xs, 1)  # (B, g)
             q = stack_laws(laws)  # (B, g)
             p = self._target_pass(d_tau, d_x)  # (B, g+1)
