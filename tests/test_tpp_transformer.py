@@ -165,3 +165,12 @@ def test_history_is_continued_and_runs_are_reproducible():
     assert all(t > 0 for t in a.taus[0])
     recs = [rec for _, rec in stream(target, draft, method="self", n_events=20, length=4, seed=1)]
     assert sum(sum(r.committed) for r in recs) >= 20 and all(r.mode == "self" for r in recs)
+
+
+def test_the_lean_single_draw_is_the_same_draw_as_the_general_one():
+    g = torch.Generator().manual_seed(0)
+    d = EventDist(torch.randn(50, 4, generator=g), torch.randn(50, 4, generator=g), torch.rand(50, 4, generator=g) + 0.1,
+                  torch.randn(50, 3, generator=g))
+    a = d.sample1(torch.Generator().manual_seed(5))
+    b = d.sample(1, torch.Generator().manual_seed(5))
+    assert torch.allclose(a[0], b[0]) and torch.equal(a[1], b[1])

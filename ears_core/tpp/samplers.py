@@ -74,7 +74,7 @@ class TPPSampler:
         with torch.inference_mode():
             empty = torch.zeros(self.B, 0)
             p = self._target_pass(empty, empty.long())[:, 0]  # (B,)
-            tau, x = p.sample(1, self.gen)  # (B, 1)
+            tau, x = p.sample1(self.gen)  # (B, 1)
             one = torch.ones(self.B, dtype=torch.long)
             self.ev.append(tau, x, one, torch.full((self.B, 1), TARGET))
         self._after_ar()
@@ -129,7 +129,7 @@ class DraftSampler(TPPSampler):
             t_cur, laws, taus, xs = self.ev.last_time(), [], [], []  # (B,) float64
             for i in range(g):
                 q = self.draft.decode(h)  # leading (B,)
-                tau_i, x_i = q.sample(1, gen)  # (B, 1)
+                tau_i, x_i = q.sample1(gen)  # (B, 1)
                 laws.append(q), taus.append(tau_i), xs.append(x_i)
                 if i < g - 1:
                     t_cur = t_cur + tau_i[:, 0].double()
