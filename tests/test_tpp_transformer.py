@@ -129,10 +129,10 @@ def test_cost_model_falls_back_when_drafting_does_not_pay_and_drafts_long_when_c
 def test_cost_model_run_uses_autoregressive_rounds_when_told_drafting_is_dear():
     target, draft = _tiny(), _tiny(layers=1, seed=1)
     dear = Prices(ar=1e-3, rounds={L: 1.0 for L in (1, 2, 4)})
-    run = sample(target, draft, method="draft", n_events=40, seed=0, prices=dear)
+    run = sample(target, draft, method="draft", n_events=80, seed=0, prices=dear)
     modes = [r.mode for r in run.rounds]
-    assert modes.count("ar") >= 30 and "draft" in modes  # mostly fallback, plus the acceptance probes
-    assert len(run.times[0]) == 40
+    assert modes.count("ar") >= 60 and "draft" in modes  # mostly fallback, plus the acceptance probes
+    assert len(run.times[0]) == 80
 
 
 def test_bad_input_is_refused_with_a_clear_message():

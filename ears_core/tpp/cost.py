@@ -10,7 +10,7 @@ a_j           acceptance at position j of a round: drafts kept at j / rounds tha
 events/round  draft sampler: E(gamma) = 1 + sum_{i<=gamma} prod_{j<=i} a_j (the replacement or bonus is the 1);
               self-proposal: E(l) = sum_{i<=l} prod_{j<=i} a_j (a rejected position is retried next round)
 choice        the length with the most events per second E / price; if that is below 1 / price(ar), the round
-              is an autoregressive step, and every ``probe_every`` such steps one speculative round runs anyway
+              is an autoregressive step, and every ``PROBE_EVERY`` (run.py) such steps one speculative round runs anyway
               so the acceptance estimate stays current
 """
 

@@ -25,7 +25,7 @@ __all__ = ["METHODS", "make_sampler", "prices_for", "stream", "sample", "collect
 
 METHODS = ("autoregressive", "self", "draft")
 _PRICES: dict = {}
-PROBE_EVERY = 16
+PROBE_EVERY = 32
 
 
 def make_sampler(method: str, target: TransformerTPP, draft: TransformerTPP | None, *, batch: int, capacity: int,
