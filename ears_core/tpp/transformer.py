@@ -118,12 +118,16 @@ class TransformerTPP(nn.Module):
         ang = torch.addcmul(self.phase, t.unsqueeze(-1), self.freqs)  # (B, L, 2F)
         y = (torch.log(tau) - self.cfg.y_mean) / self.cfg.y_std
         y = torch.where(x == self.cfg.num_types, 0.0, y)  # the start has no gap
-        return self.mark_emb(x) + self.y_in(y.unsqueeze(-1)) + self.time_in(torch.sin(ang))
+        # functional calls: the same maths as the modules, without their per-call overhead (hot path)
+        return (F.embedding(x, self.mark_emb.weight) + F.linear(y.unsqueeze(-1), self.y_in.weight, self.y_in.bias)
+                + F.linear(torch.sin(ang), self.time_in.weight))
 
     def decode(self, h: torch.Tensor) -> EventDist:
         """Outputs (..., D) -> next-event laws with leading shape (...)."""
         K, s = self.cfg.num_components, self.cfg.y_std
-        out = self.head(self.ln_f(h))  # (..., 3K + C)
+        ln = self.ln_f
+        out = F.linear(F.layer_norm(h, ln.normalized_shape, ln.weight, ln.bias, ln.eps), self.head.weight,
+                       self.head.bias)  # (..., 3K + C)
         w, m, ls, tl = out[..., :K], out[..., K:2 * K], out[..., 2 * K:3 * K], out[..., 3 * K:]
         return EventDist(w, self.cfg.y_mean + s * m, s * (F.softplus(ls) + 0.05), tl)
 

@@ -66,6 +66,9 @@ def residual_draw(p: EventDist, q: EventDist, bonus: torch.Tensor, gen: torch.Ge
     """One event per row from max(0, p - q) / Z, or from p where bonus[b] (every draft stood).
     p, q: leading (B,); bonus (B,) bool. Returns tau (B,), x (B,) long and the candidates drawn per row (B,)."""
     B = bonus.shape[0]
+    if bool(bonus.all()):  # every row draws its bonus: one draw from p each
+        tau, x = p.sample1(gen)
+        return tau[..., 0], x[..., 0], torch.ones(B, dtype=torch.long)
     tau_out, x_out = torch.empty(B), torch.empty(B, dtype=torch.long)
     drawn = torch.zeros(B, dtype=torch.long)
     todo = torch.arange(B)
