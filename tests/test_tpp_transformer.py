@@ -174,3 +174,11 @@ def test_the_lean_single_draw_is_the_same_draw_as_the_general_one():
     a = d.sample1(torch.Generator().manual_seed(5))
     b = d.sample(1, torch.Generator().manual_seed(5))
     assert torch.allclose(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+def test_price_smoothing_is_a_line_that_ignores_a_single_spike():
+    from ears_core.tpp.cost import fit_line
+    line = fit_line({1: 2.0, 2: 2.5, 3: 3.0, 4: 3.5})
+    assert all(abs(line[L] - (1.5 + 0.5 * L)) < 1e-12 for L in line)
+    spiky = fit_line({1: 2.0, 2: 9.0, 3: 3.0, 4: 3.5, 6: 4.5, 8: 5.5})
+    assert spiky[2] < 5.0 and spiky[8] > spiky[1]

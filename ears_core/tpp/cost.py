@@ -4,14 +4,15 @@ Terms
 -----
 prices        measured on this machine, once per model pair: seconds of one autoregressive round (one
               target step and a draw) and of one speculative round of each candidate length (for the draft
-              sampler: gamma draft steps + one target pass over gamma + 1 positions + the verification)
+              sampler: gamma draft steps + one target pass over gamma + 1 positions + the verification),
+              smoothed by a least-squares line in the length (robust to a load spike on a shared machine)
 a_j           acceptance at position j of a round: drafts kept at j / rounds that evaluated j (positions up
               to and including the first rejection), decayed so that it follows the sequence
 events/round  draft sampler: E(gamma) = 1 + sum_{i<=gamma} prod_{j<=i} a_j (the replacement or bonus is the 1);
               self-proposal: E(l) = sum_{i<=l} prod_{j<=i} a_j (a rejected position is retried next round)
 choice        the length with the most events per second E / price; if that is below 1 / price(ar), the round
-              is an autoregressive step, and every ``PROBE_EVERY`` (run.py) such steps one speculative round runs anyway
-              so the acceptance estimate stays current
+              is an autoregressive step, and every ``PROBE_EVERY`` (run.py) such steps one speculative round of
+              length min(best, 4) runs anyway so the acceptance estimate stays current
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["Prices", "AcceptanceTracker", "expected_events", "choose", "measure_prices"]
+__all__ = ["Prices", "AcceptanceTracker", "expected_events", "choose", "measure_prices", "fit_line"]
 
 
 @dataclass
@@ -89,4 +90,17 @@ def measure_prices(factory, lengths, reps: int = 5) -> Prices:
                 rounds[L].append(time.perf_counter() - t0)
     finally:
         torch.set_num_threads(threads)
-    return Prices(statistics.median(ar), {L: statistics.median(v) for L, v in rounds.items()})
+    return Prices(statistics.median(ar), fit_line({L: statistics.median(v) for L, v in rounds.items()}))
+
+
+def fit_line(costs: dict[int, float]) -> dict[int, float]:
+    """Least-squares a + b L through the measured round prices (b >= 0): a load spike during one length's
+    measurement then moves every price a little instead of one a lot."""
+    Ls, ys = list(costs), list(costs.values())
+    if len(Ls) < 2:
+        return dict(costs)
+    mL, my = sum(Ls) / len(Ls), sum(ys) / len(ys)
+    var = sum((L - mL) ** 2 for L in Ls)
+    b = max(0.0, sum((L - mL) * (y - my) for L, y in zip(Ls, ys)) / var)
+    a = my - b * mL
+    return {L: max(a + b * L, 1e-9) for L in Ls}

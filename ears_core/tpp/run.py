@@ -26,6 +26,7 @@ __all__ = ["METHODS", "make_sampler", "prices_for", "stream", "sample", "collect
 METHODS = ("autoregressive", "self", "draft")
 _PRICES: dict = {}
 PROBE_EVERY = 32
+PROBE_LENGTH = 4
 
 
 def make_sampler(method: str, target: TransformerTPP, draft: TransformerTPP | None, *, batch: int, capacity: int,
@@ -80,8 +81,9 @@ def stream(target: TransformerTPP, draft: TransformerTPP | None = None, *, metho
             best, pays, _ = choose(prices, tracker.rates(), method)
             since_probe += 1
             if pays or since_probe > PROBE_EVERY:
-                rec, since_probe = s.round(best), 0
-                tracker.update(best, rec.num_accepted)
+                L = best if pays else min(best, PROBE_LENGTH)  # a probe only refreshes the acceptance estimate
+                rec, since_probe = s.round(L), 0
+                tracker.update(L, rec.num_accepted)
             else:
                 rec = s.ar_round()
         yield s, rec
