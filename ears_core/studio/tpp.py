@@ -86,6 +86,7 @@ def sample_events(process="hawkes", sampler="draft", length_mode="cost model", l
     try:
         if sampler != "autoregressive" and fixed is None:
             prices_for(sampler, target, draft)  # measured once per model pair, before any clock runs
+        yield (f"Timing the autoregressive baseline ({n_events} events)…", None, None, None, None)
         base = sample(target, method="autoregressive", n_events=n_events, seed=seed)
         base_eps = n_events / sum(r.seconds for r in base.rounds)
         rounds, spent, last = [], 0.0, time.perf_counter()

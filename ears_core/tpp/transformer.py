@@ -162,7 +162,7 @@ class TransformerTPP(nn.Module):
             keys = slice(lo, S)
             kp = torch.arange(lo, S).view(1, 1, -1)  # (1, 1, S')
             qq = qp.unsqueeze(-1)  # (B, L, 1)
-            mask = ((kp <= qq) & (kp > qq - W)).unsqueeze(1)  # (B, 1, L, S')
+            mask = torch.zeros(B, 1, L, S - lo).masked_fill_(~((kp <= qq) & (kp > qq - W)).unsqueeze(1), -math.inf)
             write = qp
         for blk, kv in zip(self.blocks, cache.kv):
             h = blk(h, mask, kv, write, keys)
