@@ -1,17 +1,17 @@
-"""Events/s of speculative vs autoregressive event sampling with the shipped neural TPP.
+"""Events/s of the two exact speculative samplers against autoregressive sampling of the same transformer target.
 
-    .venv/bin/python scripts/bench_tpp.py                 # l in 1 2 4 8 16, markdown table on stdout
-    .venv/bin/python scripts/bench_tpp.py --events 3000 --repeats 5 --json docs/tpp_bench.json
-    .venv/bin/python scripts/bench_tpp.py --tolerance          # the optional EARS-style tolerance, beyond the seed
-    .venv/bin/python scripts/bench_tpp.py --model assets/tpp/renewal --json docs/tpp_bench_renewal.json
+    .venv/bin/python scripts/bench_tpp.py --json docs/results/tpp_bench.json        # every process, 1,000 events
+    .venv/bin/python scripts/bench_tpp.py --process hawkes --events 200 --repeats 1  # a quick look
+    .venv/bin/python scripts/bench_tpp.py --from-json docs/results/tpp_bench.json   # reprint a saved table
 
-Both samplers draw the same number of events from the same model, on one CPU thread, interleaved
-round by round (autoregressive, then every l) so that load from other processes hits all of them
-alike; each figure is the median over ``--repeats`` rounds with different seeds. Acceptance rate =
-kept proposals / proposal positions evaluated (positions up to and including the first rejection);
-mean accepted per step = kept proposals per step (= events per step: a step emits its kept proposals;
-a rejected position is drawn at the start of the next step); ratio = speculative events/s / autoregressive;
-``--from-json`` reprints a saved table.
+For each process (assets/tpp/<process>/{target,draft}), one sequence of ``--events`` events per sampler and
+repeat, on one CPU thread, interleaved within each repeat (autoregressive, self-proposal with the cost model,
+draft model with the cost model, then the draft model at each ``--fixed`` length) so that load from other
+processes hits them alike. Each row reports the median over repeats of: events/s, the ratio to the
+autoregressive run of the same repeat, acceptance (drafts kept / drafts evaluated, up to and including the
+first rejection), events per speculative round, the share of autoregressive fallback rounds and the draft
+lengths the cost model chose. The cost model's one-off price measurement runs before the timed runs and is
+reported apart (``calibration_s``).
 """
 
 from __future__ import annotations
@@ -21,96 +21,99 @@ import json
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from scipy import stats
 
-from ears_core.tpp.model import ASSET_DIR, load_model
-from ears_core.tpp.sampler import SpecConfig, autoregressive_sample, speculative_sample
+from ears_core.tpp.processes import PROCESSES
+from ears_core.tpp.run import prices_for, sample
+from ears_core.tpp.transformer import load_pair
 
 
-def run(events: int, repeats: int, ls: list[int], folder: Path = ASSET_DIR) -> dict:
-    model = load_model(folder)
-    ar, spec = [], {l: [] for l in ls}
-    speculative_sample(model, l=4, n_events=200, seed=999)  # warm-up
-    autoregressive_sample(model, n_events=200, seed=999)
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def bench_process(name: str, events: int, repeats: int, fixed: list[int]) -> dict:
+    target, draft = load_pair(name)
+    t0 = time.perf_counter()
+    prices = {m: prices_for(m, target, draft) for m in ("self", "draft")}
+    calibration = time.perf_counter() - t0
+    settings = [("autoregressive", None), ("self", None), ("draft", None), *[("draft", g) for g in fixed]]
+    for method, length in settings:  # warm-up
+        sample(target, draft, method=method, length=length, n_events=50, seed=999)
+    runs: dict = {s: [] for s in settings}
     for r in range(repeats):
-        ar.append(autoregressive_sample(model, n_events=events, seed=r).events_per_second)
-        for l in ls:
-            spec[l].append(speculative_sample(model, l=l, n_events=events, seed=r).stats())
-    ar_eps = statistics.median(ar)
+        for method, length in settings:
+            runs[(method, length)].append(sample(target, draft, method=method, length=length, n_events=events, seed=r))
+    ar_eps = [run.events_per_second for run in runs[("autoregressive", None)]]
     rows = []
-    for l in ls:
-        med = lambda k: statistics.median(s[k] for s in spec[l])  # noqa: E731
-        rows.append(dict(l=l, spec_events_per_s=med("events_per_s"), ar_events_per_s=ar_eps,
-                         ratio=med("events_per_s") / ar_eps, acceptance_rate=med("acceptance_rate"),
-                         mean_accepted_per_step=med("mean_accepted_per_step"),
-                         events_per_step=med("events_per_step"), max_mass_outside=max(s["max_mass_outside"] for s in spec[l])))
-    return dict(model=str(folder.relative_to(folder.parents[1])) if folder.is_absolute() else str(folder),
-                events=events, repeats=repeats, device="cpu", threads=torch.get_num_threads(),
-                cpu=platform.processor() or platform.machine(), cores=os.cpu_count(), rows=rows)
+    for (method, length), rs in runs.items():
+        st = [run.stats() for run in rs]
+        med = lambda k: statistics.median(s[k] for s in st)  # noqa: E731
+        lengths: dict = {}
+        for s in st:
+            for k, v in s["lengths"].items():
+                lengths[k] = lengths.get(k, 0) + v
+        rows.append(dict(process=name, sampler=method, length="cost model" if length is None else length,
+                         events_per_s=med("events_per_s"),
+                         ratio=statistics.median(run.events_per_second / a for run, a in zip(rs, ar_eps)),
+                         acceptance=med("acceptance"), events_per_round=med("events_per_round"),
+                         ar_fallback_share=statistics.median(s["ar_rounds"] / s["rounds"] for s in st),
+                         lengths_used={str(k): v for k, v in lengths.items()}))
+    return dict(rows=rows, calibration_s=round(calibration, 2),
+                prices_ms={m: dict(ar=round(p.ar * 1e3, 3), rounds={str(k): round(v * 1e3, 3) for k, v in p.rounds.items()})
+                           for m, p in prices.items()},
+                target_layers=target.cfg.layers, draft_layers=draft.cfg.layers)
 
 
 def markdown(res: dict) -> str:
-    out = ["| l | speculative events/s | autoregressive events/s | ratio | acceptance rate | mean accepted / step "
-           "| ms / step | ms / autoregressive event |",
-           "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in res["rows"]:
-        out.append(f"| {r['l']} | {r['spec_events_per_s']:.0f} | {r['ar_events_per_s']:.0f} | {r['ratio']:.2f}x | "
-                   f"{r['acceptance_rate']:.3f} | {r['mean_accepted_per_step']:.2f} | "
-                   f"{1e3 * r['events_per_step'] / r['spec_events_per_s']:.2f} | {1e3 / r['ar_events_per_s']:.2f} |")
-    return "\n".join(out)
-
-
-def tolerance(betas: list[float], l: int = 4, n_seq: int = 400, n_events: int = 8) -> str:
-    """Speed, acceptance and distortion of the EARS-style tolerance against the exact autoregressive sampler.
-    Distortion: KS distance (and p-value) of pooled log inter-event times of events 2..n, and total variation
-    of pooled type frequencies, from n_seq sequences each; beta = 0 gives the noise floor of the comparison."""
-    model = load_model()
-    for beta in betas:  # warm-up: the first runs of a process are slower
-        speculative_sample(model, l=l, n_events=200, seed=999, cfg=SpecConfig(beta=beta))
-    autoregressive_sample(model, n_events=200, seed=999)
-    ar = [autoregressive_sample(model, n_events=n_events, seed=100_000 + i) for i in range(n_seq)]
-    ar_gaps = np.log([t for r in ar for t in r.taus[1:]])
-    ar_types = np.bincount([x for r in ar for x in r.types], minlength=3) / (n_seq * n_events)
-    ar_eps = n_seq * n_events / sum(r.seconds for r in ar)
-    out = ["| beta | events/s | ratio to autoregressive | acceptance rate | mean accepted / step | KS distance (p) | type TV |",
-           "|---:|---:|---:|---:|---:|---:|---:|"]
-    for beta in betas:
-        runs = [speculative_sample(model, l=l, n_events=n_events, seed=i, cfg=SpecConfig(beta=beta)) for i in range(n_seq)]
-        steps = [s for r in runs for s in r.steps]
-        evaluated = sum(min(s.num_accepted + 1, l) for s in steps)
-        acc = sum(s.num_accepted for s in steps)
-        eps = n_seq * n_events / sum(r.seconds for r in runs)
-        ks = stats.ks_2samp(np.log([t for r in runs for t in r.taus[1:]]), ar_gaps)
-        types = np.bincount([x for r in runs for x in r.types], minlength=3) / (n_seq * n_events)
-        out.append(f"| {beta} | {eps:.0f} | {eps / ar_eps:.2f}x | {acc / evaluated:.3f} | {acc / len(steps):.2f} | "
-                   f"{ks.statistic:.3f} ({ks.pvalue:.2g}) | {0.5 * np.abs(types - ar_types).sum():.3f} |")
+    out = [f"Machine: {res['cpu']} ({res['cores']} cores), 1 torch thread, {res['events']} events per run, "
+           f"median of {res['repeats']} interleaved repeats.", "",
+           "| process | sampler | draft length | events/s | ratio vs autoregressive | acceptance | events / round "
+           "| autoregressive fallback | lengths used |", "|---|---|---|---:|---:|---:|---:|---:|---|"]
+    for p in res["processes"].values():
+        for r in p["rows"]:
+            f = lambda v, d=2: "" if v != v else f"{v:.{d}f}"  # noqa: E731  (nan -> blank)
+            used = ", ".join(f"{'ar' if k == '0' else k}: {v}" for k, v in r["lengths_used"].items())
+            out.append(f"| {r['process']} | {r['sampler']} | {r['length'] if r['sampler'] != 'autoregressive' else ''} "
+                       f"| {r['events_per_s']:.0f} | {r['ratio']:.2f}x | {f(r['acceptance'], 3)} | "
+                       f"{f(r['events_per_round'])} | {r['ar_fallback_share']:.0%} | {used} |")
     return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--events", type=int, default=2000)
+    ap.add_argument("--process", choices=[*PROCESSES, "all"], default="all")
+    ap.add_argument("--events", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--l", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--model", type=Path, default=ASSET_DIR, help="weights folder (assets/tpp/renewal: renewal model)")
-    ap.add_argument("--from-json", type=Path, default=None, help="reprint the table of a saved --json run")
-    ap.add_argument("--tolerance", action="store_true", help="measure the optional EARS-style tolerance instead")
+    ap.add_argument("--fixed", type=int, nargs="*", default=[4, 8], help="fixed draft lengths to run as well")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--from-json", type=Path)
     args = ap.parse_args()
-    torch.set_num_threads(1)
     if args.from_json:
         print(markdown(json.loads(args.from_json.read_text())))
         return
-    if args.tolerance:
-        print(tolerance([0.0, 0.1, 0.3, 0.5]))
-        return
-    res = run(args.events, args.repeats, args.l, args.model)
+    if args.events < 1 or args.repeats < 1 or any(g < 1 for g in args.fixed):
+        raise SystemExit("--events, --repeats and every --fixed length must be >= 1")
+    torch.set_num_threads(1)
+    names = list(PROCESSES) if args.process == "all" else [args.process]
+    res = dict(cpu=_cpu_name(), cores=os.cpu_count(), threads=1, torch=torch.__version__, events=args.events,
+               repeats=args.repeats, processes={})
+    for name in names:
+        res["processes"][name] = bench_process(name, args.events, args.repeats, args.fixed)
+        print(markdown({**res, "processes": {name: res["processes"][name]}}), flush=True)
+    print()
     print(markdown(res))
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(res, indent=2) + "\n")
 
 

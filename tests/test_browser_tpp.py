@@ -1,8 +1,10 @@
-"""The "Point processes" tab in a real browser (Debian chromium via Python playwright).
+"""The "Point processes" tab in a real browser (Debian chromium via Python playwright), and its API.
 
-Never `playwright install`: the browser is the system one. Skipped only when /usr/bin/chromium is
-missing outside CI. Opening the tab needs only the shipped TPP (assets/tpp), not the language models.
-The screenshot goes to a temporary folder; `make screenshots` saves it as assets/tpp/screenshot.png.
+Never `playwright install`: the browser is the system one. Skipped only when /usr/bin/chromium is missing
+outside CI. Opening the tab needs only the shipped transformer pairs (assets/tpp/<process>), not the language
+models. The screenshot goes to a temporary folder; `make screenshots` saves it as assets/tpp/screenshot.png.
+The ratio to autoregressive sampling is read through the API with gradio_client (``/tpp_sample``, every
+parameter named), as a user's script would.
 """
 
 from __future__ import annotations
@@ -20,22 +22,27 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 
 @pytest.fixture(scope="module")
-def page():
+def app_url():
     from ears_core.studio import LAUNCH_KW, build_app
     demo = build_app()  # the language models load lazily, on a first Generate: not needed here
     port = free_port()
     demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
     try:
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            pg = browser.new_page(viewport={"width": 1280, "height": 1000})
-            pg.goto(f"http://127.0.0.1:{port}/")
-            pg.get_by_role("tab", name="Point processes").click()
-            pg.wait_for_selector("#tpp_sample", timeout=30_000)
-            yield pg
-            browser.close()
+        yield f"http://127.0.0.1:{port}/"
     finally:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pg = browser.new_page(viewport={"width": 1280, "height": 1200})
+        pg.goto(app_url)
+        pg.get_by_role("tab", name="Point processes").click()
+        pg.wait_for_selector("#tpp_sample", timeout=30_000)
+        yield pg
+        browser.close()
 
 
 def _set_number(page, elem_id: str, value: str) -> None:
@@ -44,46 +51,56 @@ def _set_number(page, elem_id: str, value: str) -> None:
     box.press("Tab")
 
 
-def test_sampling_draws_timeline_laws_qq_and_throughput(page, tmp_path):
-    _set_number(page, "tpp_n", "150")
+def _wait_done(page, text: str) -> str:
+    page.wait_for_function(
+        "t => { const e = document.querySelector('#tpp_summary'); return e && e.innerText.includes(t) && "
+        "e.innerText.includes('×') && !e.innerText.includes('running'); }", arg=text, timeout=180_000)
+    return page.locator("#tpp_summary").inner_text()
+
+
+def test_draft_model_run_streams_a_coloured_timeline_acceptance_and_qq(page, tmp_path):
+    _set_number(page, "tpp_n", "300")
     page.locator("#tpp_sample").click()
-    page.wait_for_function("document.querySelector('#tpp_summary') && "
-                           "document.querySelector('#tpp_summary').innerText.includes('Speedup')", timeout=90_000)
-    for plot in ("#tpp_timeline", "#tpp_laws", "#tpp_qq", "#tpp_tput"):
+    summary = _wait_done(page, "TPP-SD draft model")
+    assert re.search(r"\b300 events\b", summary) and re.search(r"\d+(\.\d+)?×", summary)
+    for plot in ("#tpp_timeline", "#tpp_accept", "#tpp_qq"):
         page.wait_for_selector(f"{plot} .js-plotly-plot .main-svg", timeout=30_000)
     names = page.eval_on_selector("#tpp_timeline .js-plotly-plot", "e => e.data.map(t => t.name)")
-    assert {"speculative: accepted", "speculative: resampled", "autoregressive"} <= set(names)
-    # every event of both runs is on the timeline: 150 speculative + 150 autoregressive markers
-    n_points = page.eval_on_selector("#tpp_timeline .js-plotly-plot", "e => e.data.map(t => t.x.length)")
-    assert sum(n_points) == 300
-    laws = page.eval_on_selector("#tpp_laws .js-plotly-plot", "e => e.data.map(t => t.name)")
-    assert laws == ["proposal q", "target p*", "envelope M·q"]
-    title = page.eval_on_selector("#tpp_laws .js-plotly-plot", "e => e.layout.title.text")
-    assert re.search(r"M_time = \d+\.\d+", title)
-    # the envelope lies above the target everywhere on the drawn grid
-    above = page.eval_on_selector("#tpp_laws .js-plotly-plot",
-                                  "e => { const p = Array.from(e._fullData[1].y), m = Array.from(e._fullData[2].y);"
-                                  " return p.length > 100 && m.every((v, i) => v >= p[i] * (1 - 1e-9)); }")
-    assert above
-    summary = page.locator("#tpp_summary").inner_text()
-    assert "speculative (l=4)" in summary and "autoregressive" in summary and "×" in summary
-    assert re.search(r"\b150\b", summary)
+    assert names == ["accepted", "resampled", "bonus", "target"]
+    counts = page.eval_on_selector("#tpp_timeline .js-plotly-plot", "e => e.data.map(t => t.x.length)")
+    assert sum(counts) == 300 and counts[0] > 0 and counts[1] + counts[2] > 0  # drafted, replaced or bonus
+    qq = page.eval_on_selector("#tpp_qq .js-plotly-plot", "e => e.data.map(t => t.name)")
+    assert qq == ["autoregressive", "TPP-SD draft model", "Exp(1)"]
     shot = screenshot_path(tmp_path, "tpp/screenshot.png")
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000
 
 
-def test_moving_l_reaches_the_sampler(page):
-    rng = page.locator("#tpp_l input[type=range]")
+def test_choosing_process_sampler_and_a_fixed_length_reaches_the_sampler(page):
+    page.locator("#tpp_process").get_by_text("multivariate Hawkes").click()
+    page.locator("#tpp_sampler").get_by_text("seed 001 self-proposal").click()
+    page.locator("#tpp_length_mode").get_by_text("fixed").click()
+    rng = page.locator("#tpp_length input[type=range]")
     rng.focus()
-    for _ in range(4):  # 4 -> 8 with the keyboard, as a person would
+    for _ in range(2):  # 4 -> 6 with the keyboard, as a person would
         rng.press("ArrowRight")
-    assert page.locator("#tpp_l input[type=number]").input_value() == "8"
+    assert page.locator("#tpp_length input[type=number]").input_value() == "6"
+    _set_number(page, "tpp_n", "150")
     page.locator("#tpp_sample").click()
-    page.wait_for_function("document.querySelector('#tpp_summary').innerText.includes('l=8')", timeout=90_000)
-    # the renewal model: its law does not move with the history, so nearly every proposal stands (>= 0.85)
-    page.locator("#tpp_model").get_by_text("renewal").click()
-    page.locator("#tpp_sample").click()
-    page.wait_for_function("document.querySelector('#tpp_summary').innerText.includes('l=8') && "
-                           "/\\b0\\.(8[5-9]|9\\d)\\d\\b/.test(document.querySelector('#tpp_summary').innerText)",
-                           timeout=90_000)
+    summary = _wait_done(page, "seed 001 self-proposal")
+    assert "multivariate Hawkes" in summary and re.search(r"\b150 events\b", summary)
+    lengths = page.eval_on_selector("#tpp_accept .js-plotly-plot", "e => Array.from(e.data[1].y)")
+    assert lengths and set(lengths) == {6}
+    marks = page.eval_on_selector("#tpp_timeline .js-plotly-plot", "e => e.data.flatMap(t => Array.from(t.y))")
+    assert set(marks) <= {0, 1, 2} and len(set(marks)) >= 2
+
+
+def test_the_ratio_is_readable_through_the_api(app_url):
+    from gradio_client import Client
+    client = Client(app_url, verbose=False)
+    out = client.predict(process="hawkes", sampler="draft", length_mode="fixed", length=6, n_events=300, seed=0,
+                         api_name="/tpp_sample")
+    stats = out[1]
+    assert stats["done"] and stats["events"] == 300 and stats["sampler"] == "draft"
+    assert stats["ratio"] > 0 and stats["events_per_s"] > 0 and 0 < stats["acceptance"] <= 1
+    assert stats["lengths_used"] == {"6": stats["rounds"]}

@@ -12,6 +12,11 @@ thinning       (Ogata) between events the total Hawkes intensity only falls, so 
                the last event (or candidate) bounds it from above; draw a candidate from a Poisson
                process with that bound, keep it with probability lambda(t) / bound, else move on.
 renewal        i.i.d. inter-event times (here log-normal) and i.i.d. types: the history does not matter.
+self-correcting lambda(t) = exp(mu t - alpha N(t)): the rate grows steadily and every event lowers it,
+               so events come more regularly than Poisson (one type). Between events the compensator is
+               closed form, so a gap is drawn exactly by inverting it.
+compensator    Lambda_i = integral of the total intensity over (t_{i-1}, t_i]; under the true process the
+               Lambda_i are i.i.d. Exp(1) (time-rescaling theorem): the QQ plot of the app's tab.
 
 Simulators use numpy's seeded ``Generator`` and return lists of (times, types) arrays.
 """
@@ -22,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["HawkesProcess", "RenewalProcess", "Sequence"]
+__all__ = ["HawkesProcess", "RenewalProcess", "SelfCorrectingProcess", "Sequence", "PROCESSES", "make_process"]
 
 
 @dataclass
@@ -96,6 +101,16 @@ class HawkesProcess:
             prev = t
         return float(ll)
 
+    def compensators(self, seq: Sequence) -> np.ndarray:
+        """Lambda_i of each gap (n,): integral of the total intensity from t_{i-1} to t_i."""
+        out, exc, prev = np.empty(len(seq.times)), np.zeros(self.num_types), 0.0
+        for i, (t, c) in enumerate(zip(seq.times, seq.types)):
+            dt = t - prev
+            out[i] = self._mu.sum() * dt + exc.sum() * (1 - np.exp(-self.beta * dt)) / self.beta
+            exc = exc * np.exp(-self.beta * dt) + self._alpha[:, c] * self.beta
+            prev = t
+        return out
+
 
 @dataclass
 class RenewalProcess:
@@ -116,7 +131,61 @@ class RenewalProcess:
         p = np.asarray(self.probs) / sum(self.probs)
         return float(ll.sum() + np.log(p[seq.types]).sum())
 
+    def compensators(self, seq: Sequence) -> np.ndarray:
+        """Cumulative hazard of each gap: -log(1 - F(tau_i)) (n,)."""
+        from scipy.stats import norm
+        return -norm.logsf((np.log(seq.taus) - self.mu) / self.sigma)
+
     def simulate(self, n_events: int, rng: np.random.Generator) -> Sequence:
         taus = np.exp(rng.normal(self.mu, self.sigma, n_events))
         types = rng.choice(len(self.probs), size=n_events, p=np.asarray(self.probs) / sum(self.probs))
         return Sequence(np.cumsum(taus), types.astype(np.int64))
+
+
+@dataclass
+class SelfCorrectingProcess:
+    """lambda(t) = exp(mu t - alpha N(t)), one event type (see module docstring)."""
+
+    mu: float = 1.0
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.mu <= 0 or self.alpha <= 0:
+            raise ValueError("self-correcting process needs mu > 0 and alpha > 0")
+
+    num_types = 1
+
+    def compensators(self, seq: Sequence) -> np.ndarray:
+        """Lambda_i = e^{-alpha (i-1)} (e^{mu t_i} - e^{mu t_{i-1}}) / mu, computed stably (n,)."""
+        prev = np.concatenate([[0.0], seq.times[:-1]])
+        n_before = np.arange(len(seq.times))
+        return np.exp(self.mu * prev - self.alpha * n_before) * np.expm1(self.mu * (seq.times - prev)) / self.mu
+
+    def log_likelihood(self, seq: Sequence) -> float:
+        n_before = np.arange(len(seq.times))
+        return float((self.mu * seq.times - self.alpha * n_before).sum() - self.compensators(seq).sum())
+
+    def simulate(self, n_events: int, rng: np.random.Generator) -> Sequence:
+        """Exact inversion: Lambda_i ~ Exp(1) gives t_i = t_{i-1} + log(1 + mu E e^{alpha (i-1) - mu t_{i-1}}) / mu."""
+        times, t = np.empty(n_events), 0.0
+        for i in range(n_events):
+            e = rng.exponential()
+            t = t + np.log1p(self.mu * e * np.exp(self.alpha * i - self.mu * t)) / self.mu
+            times[i] = t
+        return Sequence(times, np.zeros(n_events, dtype=np.int64))
+
+
+# the processes the transformer TPPs are trained on (assets/tpp/<name>/{target,draft})
+PROCESSES = {
+    "hawkes": lambda: HawkesProcess(mu=[0.5], alpha=[[0.7]], beta=2.0),
+    "multi_hawkes": HawkesProcess,
+    "self_correcting": SelfCorrectingProcess,
+    "renewal": RenewalProcess,
+}
+
+
+def make_process(name: str):
+    """A fresh instance of one named process in ``PROCESSES``."""
+    if name not in PROCESSES:
+        raise ValueError(f"unknown process {name!r}: choose one of {sorted(PROCESSES)}")
+    return PROCESSES[name]()

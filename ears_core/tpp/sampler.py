@@ -30,7 +30,7 @@ central range and that step's ``mass_outside`` bounds the distortion; it is reco
 Beyond the seed (optional, off by default, NOT exact): ``SpecConfig(beta > 0)`` keeps proposal j when
 u < a_j + beta * (1 - max_c p*_j(c)), an EARS-style tolerance relaxed by the target's own uncertainty
 over event types (seed 000's rule carried over to events). It raises acceptance and distorts the law;
-scripts/bench_tpp.py --tolerance measures by how much against the exact samplers (docs/tpp.md).
+its distortion was measured against the exact samplers when this GRU sampler was benchmarked (docs/tpp.md).
 """
 
 from __future__ import annotations
