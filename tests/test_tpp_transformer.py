@@ -123,7 +123,11 @@ def test_cost_model_falls_back_when_drafting_does_not_pay_and_drafts_long_when_c
     assert not choose(dear, [0.3] * 12, "draft")[1]
     tr = AcceptanceTracker(4, prior=0.5, weight=1.0, decay=1.0)
     tr.update(4, [0, 4, 2])  # evaluated: pos1 x3, pos2 x2, pos3 x2, pos4 x1; kept: 2, 2, 1, 1
-    assert np.allclose(tr.rates(), [(0.5 + 2) / 4, (0.5 + 2) / 3, (0.5 + 1) / 3, (0.5 + 1) / 2])
+    pooled = (6 + 0.5) / (8 + 1)  # every position's kept and seen, with the prior's one pseudo-observation
+    assert np.allclose(tr.rates(), [(2 + pooled) / 4, (2 + pooled) / 3, (1 + pooled) / 3, (1 + pooled) / 2])
+    deep = AcceptanceTracker(8, prior=0.5, weight=1.0, decay=1.0)
+    deep.update(2, [2] * 50)  # only positions 1-2 ever evaluated, always kept
+    assert deep.rates()[7] > 0.95  # an unexplored deeper position reads the pooled rate, not the prior
 
 
 def test_cost_model_run_uses_autoregressive_rounds_when_told_drafting_is_dear():

@@ -11,7 +11,7 @@ a_j           acceptance at position j of a round: drafts kept at j / rounds tha
 events/round  draft sampler: E(gamma) = 1 + sum_{i<=gamma} prod_{j<=i} a_j (the replacement or bonus is the 1);
               self-proposal: E(l) = sum_{i<=l} prod_{j<=i} a_j (a rejected position is retried next round)
 choice        the length with the most events per second E / price; if that is below 1 / price(ar), the round
-              is an autoregressive step, and every ``PROBE_EVERY`` (run.py) such steps one speculative round of
+              is an autoregressive step, and after ``PROBE_EVERY`` (run.py) such steps one speculative round of
               length min(best, 4) runs anyway so the acceptance estimate stays current
 """
 
@@ -32,12 +32,16 @@ class Prices:
 
 
 class AcceptanceTracker:
-    """Decayed per-position counts of drafts kept and evaluated (positions 1..max_len)."""
+    """Decayed per-position counts of drafts kept and evaluated (positions 1..max_len).
+
+    rate_j = (kept_j + w * pooled) / (seen_j + w), pooled = (sum kept + w * prior) / (sum seen + w): a position
+    the rounds rarely reach (deeper than the lengths chosen so far) reads the acceptance seen at the others,
+    not the prior; without it the choice would never try a longer round than it has tried."""
 
     def __init__(self, max_len: int, prior: float = 0.6, weight: float = 4.0, decay: float = 0.97):
-        self.kept = [prior * weight] * max_len
-        self.seen = [weight] * max_len
-        self.decay = decay
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.kept = [0.0] * max_len
+        self.seen = [0.0] * max_len
 
     def update(self, length: int, num_accepted: list[int]) -> None:
         d = self.decay
@@ -49,7 +53,9 @@ class AcceptanceTracker:
                 self.kept[j] += 1.0 if j < a else 0.0
 
     def rates(self) -> list[float]:
-        return [k / s for k, s in zip(self.kept, self.seen)]
+        w = self.weight
+        pooled = (sum(self.kept) + w * self.prior) / (sum(self.seen) + w)
+        return [(k + w * pooled) / (s + w) for k, s in zip(self.kept, self.seen)]
 
 
 def expected_events(mode: str, rates: list[float], length: int) -> float:

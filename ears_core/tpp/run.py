@@ -25,7 +25,9 @@ __all__ = ["METHODS", "make_sampler", "prices_for", "stream", "sample", "collect
 
 METHODS = ("autoregressive", "self", "draft")
 _PRICES: dict = {}
-PROBE_EVERY = 32
+PROBE_EVERY = 32  # autoregressive rounds before the first probe; doubled after each probe that did not pay
+MAX_PROBE_EVERY = 512
+LONG_STREAK = 8  # speculative rounds in a row after which a fallback probes soon again
 PROBE_LENGTH = 4
 
 
@@ -71,7 +73,7 @@ def stream(target: TransformerTPP, draft: TransformerTPP | None = None, *, metho
                      history=history, ratio=ratio, **self_kw)
     s.ev.limit = s.n_history + int(n_events)
     tracker = AcceptanceTracker(max_len)
-    since_probe = 0
+    since_probe, probe_every, streak = 0, PROBE_EVERY, 0
     while int(s.ev.n.min()) < n_events:
         if not spec:
             rec = s.ar_round()
@@ -79,12 +81,18 @@ def stream(target: TransformerTPP, draft: TransformerTPP | None = None, *, metho
             rec = s.round(length)
         else:
             best, pays, _ = choose(prices, tracker.rates(), method)
-            since_probe += 1
-            if pays or since_probe > PROBE_EVERY:
+            if pays or since_probe >= probe_every:
                 L = best if pays else min(best, PROBE_LENGTH)  # a probe only refreshes the acceptance estimate
-                rec, since_probe = s.round(L), 0
+                rec = s.round(L)
                 tracker.update(L, rec.num_accepted)
+                if not pays:  # each probe waits twice as long as the last (at most MAX_PROBE_EVERY) ...
+                    probe_every, streak = min(2 * probe_every, MAX_PROBE_EVERY), 0
+                streak += pays
+                since_probe = 0
             else:
+                if streak >= LONG_STREAK:  # ... unless drafting paid for a while before this fallback
+                    probe_every = PROBE_EVERY
+                since_probe, streak = since_probe + 1, 0
                 rec = s.ar_round()
         yield s, rec
 
