@@ -122,26 +122,29 @@ def run_vllm(args: argparse.Namespace) -> dict:
 
 
 def run_ears_core(args: argparse.Namespace) -> dict:
+    """ears_core's own session on the embedded pair, as the app and the CLI run it: the draft-length policy
+    on this machine's measured prices (K at most 4), the shape ``auto``; target-only, the ordinary rule and
+    EARS 0.1, one request at a time."""
     sys.path.insert(0, str(REPO))
     import torch
-    from ears_core import EARSRule, StandardRule, autoregressive, generate, load_pair
+    from ears_core import RunConfig, Session, load_pair
 
-    pair = load_pair()
+    session = Session(load_pair())
+    session.warm_up()
     prompts = load_prompts(args.prompts)
-    encoded = [pair.encode(p) for p in prompts]
-    generate(*pair, encoded[0], rule=StandardRule(), temperature=0.9, max_new_tokens=8, seed=0)  # warm-up
+    encoded = [session.encode(p) for p in prompts]
     rows = []
-    for name, rule in (("target", None), ("standard", StandardRule()), ("ears-0.1", EARSRule(0.1))):
+    for name, rule, params in (("target", None, {}), ("standard", "ordinary", {}), ("ears-0.1", "ears", {"beta": 0.1})):
         tokens = drafted = accepted = pardoned = 0
         per_request = []
         wall = 0.0
         for i, ids in enumerate(encoded):
+            cfg = RunConfig(rule=rule or "ordinary", params=params, temperature=0.9, max_new_tokens=args.max_tokens,
+                            seed=1000 + i)
+            run = session.baseline(ids, cfg) if rule is None else session.speculative(ids, cfg)
             t = time.perf_counter()
             with torch.inference_mode():
-                if rule is None:
-                    out = autoregressive(pair.target, ids, temperature=0.9, max_new_tokens=args.max_tokens, seed=1000 + i)
-                else:
-                    out = generate(*pair, ids, rule=rule, temperature=0.9, max_new_tokens=args.max_tokens, seed=1000 + i)
+                out = run.result()
             s = time.perf_counter() - t
             wall += s
             k = len(out.token_ids)
@@ -157,10 +160,18 @@ def run_ears_core(args: argparse.Namespace) -> dict:
                      "drafted": drafted, "accepted": accepted, "pardoned": pardoned,
                      "acceptance": round(accepted / drafted, 4) if drafted else None})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-    return {"setting": "ears_core", "draft": "embedded pair (target + trained draft head)", "rows": rows}
+    return {"setting": "ears_core", "draft": "embedded pair (target + trained draft head), Session with the draft-length policy",
+            "profile": session.profile_text(), "rows": rows}
 
 
 # ----------------------------------------------------------------------------- orchestration
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return os.uname().machine
 
 
 def table(rows: list[dict]) -> str:
@@ -204,7 +215,7 @@ def orchestrate(args: argparse.Namespace) -> int:
     rows = [r for p in parts for r in p["rows"]]
     result = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "max_tokens": args.max_tokens,
               "prompts": len(load_prompts(args.prompts)), "temperature": 0.9, "concurrency": args.concurrency,
-              "machine": os.uname().machine + f", {os.cpu_count()} cores", "parts": parts, "failures": failures,
+              "machine": _cpu_name() + f", {os.cpu_count()} cores", "parts": parts, "failures": failures,
               "rows": rows, "table_markdown": table(rows)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
