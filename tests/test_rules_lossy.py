@@ -472,3 +472,21 @@ def test_budget_keeps_the_mean_distortion_on_a_tiny_pair(tiny_pair):
     b, o = totals["budget"], totals["ordinary"]
     assert b[2] / b[3] <= eps + 1e-6 and b[2] / b[3] > 0.5 * eps  # within budget, and the budget is used
     assert b[1] / b[0] >= o[1] / o[0] + 0.02
+
+
+def test_fly_reports_the_same_distortion_with_emitted_only_as_without():
+    """FLy's acceptance at a position looks at the drafts after it: verify's CPU path (emitted_only), which
+    computes the distortion only where tokens are emitted, must still see the whole row."""
+    g = torch.Generator().manual_seed(3)
+    v, k = 12, 5
+    tp = torch.softmax(torch.randn(1, k + 1, v, generator=g) * 0.3, dim=-1)  # an uncertain target: the gate opens
+    dp = torch.softmax(torch.randn(1, k, v, generator=g), dim=-1)
+    toks = tp[0, :k].argmin(dim=-1)[None]  # drafts the target finds unlikely: the first is rejected, n = 0
+    rule = FLyRule(gate=0.0, window=2)
+    kw = dict(uniforms=torch.full((1, k), 0.999), sample_uniforms=torch.full((1, k + 1), 0.5), with_distortion=True)
+    full = verify(tp, dp, toks, rule, **kw)
+    cpu = verify(tp, dp, toks, rule, emitted_only=True, **kw)
+    n = int(full.num_accepted[0])
+    assert n < k and float(full.distortion[0, n]) > 0  # FLy distorts at the emitted position
+    assert torch.allclose(cpu.distortion[0, : n + 1], full.distortion[0, : n + 1])
+    assert not cpu.distortion[0, n + 1:].any()

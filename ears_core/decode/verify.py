@@ -34,7 +34,7 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
-from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs, is_ratio_rule
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftKind", "KIND_NAMES", "Verdict", "verify", "argmax_path", "check_enabled", "check_drafts"]
@@ -244,11 +244,12 @@ def _distortion(rule: AcceptanceRule, judged: Tensor, draft_probs: Tensor, toler
     """(B, K) TV(emitted, P_target) per drafted position; with ``ns`` (emitted_only) at positions 0 .. n (< K)
     only, 0 after them."""
     b, k = tolerance.shape
-    m = min(max(ns) + 1, k) if ns is not None else k
+    # a rule whose acceptance looks ahead along the row (FLy) needs every position for the ones that emit
+    m = min(max(ns) + 1, k) if ns is not None and is_ratio_rule(rule) else k
     distortion = rule.exact_distortion(judged[:, :m], draft_probs[:, :m], tolerance[:, :m], draft_support)
     if m < k:
         distortion = torch.cat([distortion, distortion.new_zeros(b, k - m)], dim=1)
-    if ns is not None and b > 1:  # rows that stopped earlier than the longest: 0 after their n
+    if ns is not None:  # 0 after each row's n (rows that stopped earlier; every row for a look-ahead rule)
         pos = torch.arange(k, device=tolerance.device).unsqueeze(0)  # (1, K)
         distortion = distortion.masked_fill(pos > num_accepted.unsqueeze(-1), 0.0)
     return distortion
