@@ -13,22 +13,31 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports(path: Path) -> set[str]:
-    """Every module of the package that ``path`` imports, at the top or inside a function."""
+def from_imports(path: Path) -> list[tuple[str, ast.ImportFrom]]:
+    """Each ``from X import ...`` of ``path`` with X resolved to an absolute module name."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out: set[str] = set()
+    out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
+        if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
                 anchor = anchor[: len(anchor) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}
+            out.append((base, node))
+    return out
+
+
+def imports(path: Path) -> set[str]:
+    """Every module of the package that ``path`` imports, at the top or inside a function."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    for base, node in from_imports(path):
+        out.add(base)
+        out |= {f"{base}.{a.name}" for a in node.names}
     return out
 
 
@@ -114,19 +123,12 @@ def test_every_import_inside_the_package_points_down_the_layers():
 def private_imports(path: Path) -> list[str]:
     """``from X import _name`` where X is another module of the package (a private name crossing modules)."""
     name = module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - (node.level - 1)]
-                base = ".".join(anchor + ([node.module] if node.module else []))
-            if base.split(".")[0] != "ears_core" or base == name:
-                continue
-            out += [f"{name}: from {base} import {a.name}" for a in node.names
-                    if a.name.startswith("_") and not a.name.startswith("__")]
+    for base, node in from_imports(path):
+        if base.split(".")[0] != "ears_core" or base == name:
+            continue
+        out += [f"{name}: from {base} import {a.name}" for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")]
     return out
 
 
