@@ -34,7 +34,7 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
-from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs, is_ratio_rule
+from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftKind", "KIND_NAMES", "Verdict", "verify", "argmax_path", "check_enabled", "check_drafts"]
@@ -245,7 +245,7 @@ def _distortion(rule: AcceptanceRule, judged: Tensor, draft_probs: Tensor, toler
     only, 0 after them."""
     b, k = tolerance.shape
     # a rule whose acceptance looks ahead along the row (FLy) needs every position for the ones that emit
-    m = min(max(ns) + 1, k) if ns is not None and is_ratio_rule(rule) else k
+    m = min(max(ns) + 1, k) if ns is not None and not rule.looks_ahead else k
     distortion = rule.exact_distortion(judged[:, :m], draft_probs[:, :m], tolerance[:, :m], draft_support)
     if m < k:
         distortion = torch.cat([distortion, distortion.new_zeros(b, k - m)], dim=1)

@@ -71,6 +71,7 @@ class AcceptanceRule:
     name: str = "standard"
     lossless: bool = True
     argmax_only: bool = False  # decides and emits by the target's argmax alone (verify's greedy path)
+    looks_ahead: bool = False  # a position's decision and acceptance read the drafts after it (FLy)
 
     def tolerance(self, target_probs: Tensor, max_p: Tensor) -> Tensor:
         """(B, K, V), (B, K) -> (B, K) tolerance subtracted from U."""

@@ -134,6 +134,7 @@ class FLyRule(AcceptanceRule):
     """
 
     name = "fly"
+    looks_ahead = True  # a rejection is deferred when the next drafts stand
 
     def __init__(self, gate: float = 0.3, window: float = 2, top_n: float = 3) -> None:
         if not isinstance(gate, (int, float)) or gate != gate or gate < 0:
