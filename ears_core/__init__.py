@@ -2,7 +2,7 @@
 
     from ears_core import load_pair, generate, EARSRule
     pair = load_pair()                                  # the embedded target with its draft
-    out = generate(*pair, pair.encode("Hi!"), rule=EARSRule(beta=0.1), gamma=4, temperature=0.9)
+    out = generate(*pair, pair.encode("Hi!"), rule=EARSRule(beta=0.1), k=4, temperature=0.9)
     out.token_ids, out.events, out.stats
 
 The README gives the decision rule and the public API; each subpackage's modules define their terms

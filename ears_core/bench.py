@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from ears_core.deprecated import add_renamed_option
 from ears_core.report import bench_report
 from ears_core.report.bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
 from ears_core.decode.api import autoregressive, stream
@@ -96,7 +97,7 @@ class Bench:
         elif cfg.shape == "tree":  # depth K, a budget of nodes: exactly (fixed) or sized by the cost model
             rule = cfg.rule()
             extra = self.session.tree_policy_for(rule, cfg.temperature, cfg.budget, cfg.draft) if self.session else {}
-            gen = tree_stream(self.target, self.drafter(), ids, rule=rule, budget=cfg.budget, depth=cfg.gamma, **kw,
+            gen = tree_stream(self.target, self.drafter(), ids, rule=rule, budget=cfg.budget, depth=cfg.k, **kw,
                               **extra)
             res = gen.result()
             if self.session is not None:
@@ -104,8 +105,8 @@ class Bench:
                 self.session.absorb(gen, rule, cfg.temperature, calib, shape="tree")
         else:
             rule = cfg.rule()
-            extra = self.session.policy_for(rule, cfg.temperature, cfg.gamma, cfg.draft) if self.session else {}
-            gen = stream(self.target, self.drafter(), ids, rule=rule, gamma=cfg.gamma, **kw, **extra)
+            extra = self.session.policy_for(rule, cfg.temperature, cfg.k, cfg.draft) if self.session else {}
+            gen = stream(self.target, self.drafter(), ids, rule=rule, k=cfg.k, **kw, **extra)
             res = gen.result()
             if self.session is not None:
                 self.session.absorb(gen, rule, cfg.temperature, extra.get("calibration"))
@@ -115,9 +116,9 @@ class Bench:
                     draft_ms=s.draft_ms, target_ms=s.target_ms, total_distortion=s.total_distortion)
 
     def _assisted(self, cfg: Config, ids: torch.Tensor, seed: int, max_new: int) -> dict[str, Any]:
-        extra: dict[str, Any] = ({"assistant_model": self.draft, "num_assistant_tokens": cfg.gamma,
+        extra: dict[str, Any] = ({"assistant_model": self.draft, "num_assistant_tokens": cfg.k,
                                   "num_assistant_tokens_schedule": "constant"}
-                                 if isinstance(self.draft, PreTrainedModel) else {"prompt_lookup_num_tokens": cfg.gamma})
+                                 if isinstance(self.draft, PreTrainedModel) else {"prompt_lookup_num_tokens": cfg.k})
         torch.manual_seed(seed)
         eos = self.tokenizer.eos_token_id
         t0 = time.perf_counter()
@@ -238,11 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     p.add_argument("--fidelity-tokens", type=int, default=d.fidelity_tokens, help="max new tokens for math answers")
     p.add_argument("--temperature", type=float, default=d.temperature, help="T0 of the main, k and fidelity sections")
-    p.add_argument("--gamma", "-K", type=int, default=d.gamma, help="K0: drafts per round")
+    p.add_argument("--k", "-K", type=int, default=d.k, help="K0: drafts per round at most")
+    add_renamed_option(p, "--gamma", "--k", "k", int)
     p.add_argument("--betas", type=_floats, default=d.betas, help="EARS betas, comma-separated")
     p.add_argument("--headline-beta", type=float, default=d.headline_beta, help="EARS beta of the k section")
     p.add_argument("--temperatures", type=_floats, default=d.temperatures, help="the sweep's temperatures")
-    p.add_argument("--gammas", type=_ints, default=d.gammas, help="the k section's K values")
+    p.add_argument("--ks", type=_ints, default=d.ks, help="the k section's K values")
+    add_renamed_option(p, "--gammas", "--ks", "ks", _ints)
     p.add_argument("--fidelity-seeds", type=int, default=d.fidelity_seeds)
     p.add_argument("--fidelity-betas", type=_floats, default=d.fidelity_betas)
     p.add_argument("--sections", default=",".join(d.sections), help=f"any of {', '.join(SECTIONS)}")
@@ -255,13 +258,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "measured prices pick 0..K each round), fixed (always K) or threshold (confidence 0.35)")
     p.add_argument("--policy-temperatures", type=_floats, default=d.policy_temperatures,
                    help="the policy and tree sections' temperatures (0 = greedy)")
-    p.add_argument("--policy-gammas", type=_ints, default=d.policy_gammas, help="the policy section's fixed K values")
+    p.add_argument("--policy-ks", type=_ints, default=d.policy_ks, help="the policy section's fixed K values")
+    add_renamed_option(p, "--policy-gammas", "--policy-ks", "policy_ks", _ints)
     p.add_argument("--policy-tokens", type=int, default=d.policy_tokens,
                    help="max new tokens in the policy and tree sections")
     p.add_argument("--tree-budgets", type=_ints, default=d.tree_budgets,
                    help="the tree section's fixed tree budgets N, each against a chain of K = N drafts")
     p.add_argument("--tree-max-nodes", type=int, default=d.tree_max_nodes,
-                   help="the tree section's cost-model tree: nodes per round at most (its depth is --gamma)")
+                   help="the tree section's cost-model tree: nodes per round at most (its depth is --k)")
     p.add_argument("--rules", default=d.rules,
                    help="the main section's rules, comma-separated, each with optional parameters "
                    "(name:param=value); registered: " + ", ".join(
@@ -278,12 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     s = BenchSettings(target=a.target, draft=a.draft, device=a.device, prompts_file=a.prompts_file, prompts=a.prompts,
                       sweep_prompts=a.sweep_prompts, max_new_tokens=a.max_new_tokens, fidelity_tokens=a.fidelity_tokens,
-                      temperature=a.temperature, gamma=a.gamma, betas=a.betas, headline_beta=a.headline_beta,
-                      temperatures=a.temperatures, gammas=a.gammas, fidelity_seeds=a.fidelity_seeds,
+                      temperature=a.temperature, k=a.k, betas=a.betas, headline_beta=a.headline_beta,
+                      temperatures=a.temperatures, ks=a.ks, fidelity_seeds=a.fidelity_seeds,
                       fidelity_betas=a.fidelity_betas, sections=tuple(x.strip() for x in a.sections.split(",") if x.strip()),
                       assisted=not a.no_assisted, out=a.out, threads=a.threads, images=a.images,
                       draft_length=a.draft_length, policy_temperatures=a.policy_temperatures,
-                      policy_gammas=a.policy_gammas, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
+                      policy_ks=a.policy_ks, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
                       tree_max_nodes=a.tree_max_nodes, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)})
     from ears_core.model.hub import ModelLoadError

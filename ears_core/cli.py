@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from ears_core.deprecated import add_renamed_option
 from ears_core.rules import RULES
 from ears_core.serve.session import DRAFT_LENGTHS, DRAFT_SHAPES, MAX_K, MAX_TREE_NODES, RunConfig, Session
 from ears_core.serve.summary import summary_rows, summary_text
@@ -51,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (_, text) in rule_params().items():
         p.add_argument(f"--{name}", type=float, default=None, help=text)
     p.add_argument("--temperature", type=float, default=0.9, help=">= 0; 0 is greedy decoding")
-    p.add_argument("--gamma", "-K", type=int, default=4, help=f"draft tokens per round at most (K), 1-{MAX_K}")
+    p.add_argument("--k", "-K", type=int, default=4, help=f"draft tokens per round at most (K), 1-{MAX_K}")
+    add_renamed_option(p, "--gamma", "--k", "k", int)
     p.add_argument("--draft-length", choices=DRAFT_LENGTHS, default="policy",
                    help="policy: each round drafts what this machine's measured prices say pays (0..K); "
                    "fixed: always K; threshold: stop when the draft's confidence falls below 0.35")
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     params = {name: getattr(args, name) for name in rule_params() if getattr(args, name) is not None}
-    return RunConfig(rule=args.rule, params=params, temperature=args.temperature, gamma=args.gamma,
+    return RunConfig(rule=args.rule, params=params, temperature=args.temperature, k=args.k,
                      max_new_tokens=args.max_new_tokens, seed=args.seed, top_k=args.top_k, top_p=args.top_p,
                      draft_length=args.draft_length, draft_shape="tree" if args.tree else "chain" if args.chain else args.shape,
                      tree_budget=args.tree_budget, tree_width=args.tree_width).validate()
@@ -105,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    shape = f"; a tree of depth {cfg.gamma}, {cfg.tree_budget} nodes" if cfg.draft_shape == "tree" else ""
+    shape = f"; a tree of depth {cfg.k}, {cfg.tree_budget} nodes" if cfg.draft_shape == "tree" else ""
     print(f"[{session.pair.name}; {session.pair.device}; draft length: {cfg.draft_length}{shape}]", file=sys.stderr)
     if cfg.draft_length == "policy":
         print(f"[this machine: {session.profile_text()}]", file=sys.stderr)

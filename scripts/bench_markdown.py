@@ -96,8 +96,14 @@ def _target(rows: list[dict[str, Any]], t: float) -> dict[str, Any] | None:
     return next((r for r in rows if r["method"] == "target" and r["temperature"] == t), None)
 
 
-def _pick(rows: list[dict[str, Any]], draft: str, shape: str = "chain", gamma: int | None = None) -> dict[str, Any] | None:
-    return next((r for r in rows if _draft(r) == draft and _shape(r) == shape and (gamma is None or r["gamma"] == gamma)),
+def k_of(row: dict[str, Any]) -> int:
+    """A row's K (drafts per round at most): "k" in summaries written now, "gamma" in those written before the
+    rename (docs/results keeps both kinds)."""
+    return int(row["k"] if "k" in row else row["gamma"])
+
+
+def _pick(rows: list[dict[str, Any]], draft: str, shape: str = "chain", k: int | None = None) -> dict[str, Any] | None:
+    return next((r for r in rows if _draft(r) == draft and _shape(r) == shape and (k is None or k_of(r) == k)),
                 None)
 
 
@@ -135,7 +141,7 @@ def view_headline(s: dict[str, Any]) -> str:
         best = max(fixed, key=lambda r: r["ratio"] or 0, default=None)
         tr = _pick([r for r in tree if _setting(r) == name], "policy", "tree")
         values = [chain and chain["ratio"], best and best["ratio"], tr and tr["ratio"]]
-        cells = [_x(values[0]), f"{_x(values[1])} (K = {best['gamma']})" if best else "", _x(values[2])]
+        cells = [_x(values[0]), f"{_x(values[1])} (K = {k_of(best)})" if best else "", _x(values[2])]
         rows.append([name, f"{base['tokens_per_s']:.1f} tokens/s" if base else "", *_bold_best(cells, values),
                      _f(chain and chain.get("accept_length"))])
     return _table(head, rows)
@@ -143,13 +149,13 @@ def view_headline(s: dict[str, Any]) -> str:
 
 def view_policy(s: dict[str, Any]) -> str:
     pol = s["sections"]["policy"]
-    ks = sorted({r["gamma"] for r in pol if _draft(r) == "fixed"})
+    ks = sorted({k_of(r) for r in pol if _draft(r) == "fixed"})
     head = ["setting", "target-only tokens/s", "chain policy", *[f"fixed K = {k}" for k in ks], "threshold",
             "policy: drafts / tokens a round"]
     rows = []
     for name, rs in _settings(pol).items():
         base, chain = _target(pol, rs[0]["temperature"]), _pick(rs, "policy")
-        picked = [chain, *[_pick(rs, "fixed", gamma=k) for k in ks], _pick(rs, "threshold")]
+        picked = [chain, *[_pick(rs, "fixed", k=k) for k in ks], _pick(rs, "threshold")]
         values = [r and r["ratio"] for r in picked]
         extra = f"{chain['drafts_per_round']:.2f} / {chain['accept_length']:.2f}" if chain else ""
         rows.append([name, _f(base and base["tokens_per_s"], 1), *_bold_best([_x(v) for v in values], values), extra])
@@ -158,7 +164,7 @@ def view_policy(s: dict[str, Any]) -> str:
 
 def view_tree(s: dict[str, Any]) -> str:
     tree = s["sections"]["tree"]
-    ns = sorted({r["gamma"] for r in tree if _draft(r) == "fixed"})
+    ns = sorted({k_of(r) for r in tree if _draft(r) == "fixed"})
     head = ["setting"]
     for n in ns:
         head += [f"accepted a round: chain K = {n} / tree of {n}", f"speed: chain K = {n} / tree of {n}"]
@@ -190,7 +196,7 @@ COLUMNS: dict[str, list[Column]] = {
     "main": [LABEL, TPS, RATIO, ACCEPT, ROUND, PARDON, DIST, ("theory S", lambda r: _x(r.get("theory_S"))),
              ("cost-model S", lambda r: _x(r.get("cost_model_S"))), LOGP],
     "sweep": [("T", lambda r: f"{r['temperature']:g}"), LABEL, ACCEPT, PARDON, DIST, RATIO, LOGP],
-    "k": [("K", lambda r: str(r["gamma"])), LABEL, ACCEPT, ROUND, RATIO],
+    "k": [("K", lambda r: str(k_of(r))), LABEL, ACCEPT, ROUND, RATIO],
     "fidelity": [LABEL, ("math exact [95 % CI]", lambda r: _ci(r, "accuracy")),
                  ("same answer as target-only [95 % CI]", lambda r: _ci(r, "agreement")), LOGP],
     "frontier": [LABEL, ACCEPT, ROUND, DIST, RATIO],
@@ -203,7 +209,7 @@ def view_rows(s: dict[str, Any], section: str) -> str:
     if section == "sweep":
         rows = sorted(rows, key=lambda r: (r["temperature"], r["method"] != "target", r["beta"]))
     elif section == "k":
-        rows = sorted(rows, key=lambda r: (r["gamma"], r["label"]))
+        rows = sorted(rows, key=lambda r: (k_of(r), r["label"]))
     return _table([h for h, _ in cols], [[f(r) for _, f in cols] for r in rows])
 
 

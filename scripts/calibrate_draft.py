@@ -55,11 +55,11 @@ def main() -> None:
         # always K drafts, each position's confidence recorded: a policy that always keeps going
         policy = DraftPolicy(PriceCurve([1.0] * (a.k + 1), 0.0), a.k, fixed=True)
         for i, prompt in enumerate(prompts):
-            cfg = RunConfig(rule="standard", params={}, temperature=temperature, gamma=a.k, max_new_tokens=a.tokens,
+            cfg = RunConfig(rule="standard", params={}, temperature=temperature, k=a.k, max_new_tokens=a.tokens,
                             seed=i)
             rule, t = cfg.rule_and_temperature()
             gen = stream(session.pair.target, session.pair.new_drafter(), session.encode(prompt), rule=rule,
-                         gamma=a.k, tokenizer=session.pair.tokenizer, vocab_size=session.pair.vocab_size,
+                         k=a.k, tokenizer=session.pair.tokenizer, vocab_size=session.pair.vocab_size,
                          policy=policy, calibration=cal, **cfg.sampling_kwargs(t))
             with torch.inference_mode():
                 gen.result()
@@ -94,7 +94,7 @@ def siblings_table(session: Session, prompts: list[str], temperature: float, a: 
     first = DepthCalibration([Calibration(bins=BINS, prior_weight=0.0) for _ in range(a.k)])  # not kept
     learner = TreeBudget(PriceCurve([1.0], 0.0), a.tree_nodes, TreeCalibration(first, sib))
     for i, prompt in enumerate(prompts):
-        cfg = RunConfig(rule="standard", params={}, temperature=temperature, gamma=a.k, max_new_tokens=a.tokens, seed=i)
+        cfg = RunConfig(rule="standard", params={}, temperature=temperature, k=a.k, max_new_tokens=a.tokens, seed=i)
         rule, t = cfg.rule_and_temperature()
         gen = tree_stream(session.pair.target, session.pair.new_drafter(), session.encode(prompt), rule=rule,
                           budget=a.tree_nodes, depth=a.k, tokenizer=session.pair.tokenizer,

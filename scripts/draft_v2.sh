@@ -21,7 +21,7 @@ rm -f /tmp/ears_quiet
 $PY scripts/draft_data.py features --layers 3,15,last --threads 2 --nice 0 --minutes 600
 
 evaluate() {  # $1 head folder, $2 eval json
-  [ -f "$2" ] || $PY scripts/eval_draft.py --draft "$1" --quick --no-speed --prompts 16 --max-new-tokens 64 --gamma 4 --json "$2"
+  [ -f "$2" ] || $PY scripts/eval_draft.py --draft "$1" --quick --no-speed --prompts 16 --max-new-tokens 64 --k 4 --json "$2"
 }
 for n in $SIZES; do
   head="$OUT/head-$n"

@@ -6,7 +6,7 @@ and T = 0.9 (ordinary rule, EARS beta = 0.1). Acceptance is pooled over prompts 
 drafted); speed is total tokens / total decode time per method, as a ratio to target-only at the
 same temperature. Greedy speculative output is checked against target-only greedy output.
 
-    python scripts/eval_draft.py [--prompts 12] [--max-new-tokens 64] [--gamma 4] [--json out.json]
+    python scripts/eval_draft.py [--prompts 12] [--max-new-tokens 64] [--k 4] [--json out.json]
     python scripts/eval_draft.py --draft /tmp/head-500k --no-speed     # a trained head, before shipping it
 
 Reported per speculative method: acceptance (stood / drafted), first-draft acceptance (rounds
@@ -30,6 +30,7 @@ from draft_prompts import held_out_prompts  # noqa: E402
 
 from ears_core import EARSRule, GreedyRule, StandardRule, autoregressive, generate  # noqa: E402
 from ears_core.model.hub import encode_prompt  # noqa: E402
+from ears_core.deprecated import add_renamed_option  # noqa: E402
 from ears_core.pair import load_pair  # noqa: E402
 
 
@@ -37,7 +38,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=12, help="how many held-out prompts (spread over the tasks)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--k", "-K", type=int, default=4, help="drafts per round at most (K)")
+    add_renamed_option(ap, "--gamma", "--k", "k", int)
     ap.add_argument("--seed", type=int, default=0, help="sampling seed (T = 0.9 texts differ by seed: "
                     "average two or more seeds to compare heads there)")
     ap.add_argument("--json", default=None)
@@ -125,7 +127,7 @@ def main() -> None:
             if rule is None:
                 r = autoregressive(pair.target, ids, temperature=temp, **kw)
             else:
-                r = generate(pair.target, pair.draft.fresh(), ids, rule=rule, gamma=args.gamma, temperature=temp, **kw)
+                r = generate(pair.target, pair.draft.fresh(), ids, rule=rule, k=args.k, temperature=temp, **kw)
             outs[name] = r
             add_run(tot[name], r)
             if name in per_task:
@@ -142,7 +144,7 @@ def main() -> None:
     report["greedy_mismatches"] = mismatches
     report["prompts"] = len(chosen)
     report["draft"] = args.draft
-    report["settings"] = {"gamma": args.gamma, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
+    report["settings"] = {"k": args.k, "max_new_tokens": args.max_new_tokens, "seed": args.seed}
     print(f"greedy speculative == target greedy on {len(chosen) - mismatches}/{len(chosen)} prompts")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

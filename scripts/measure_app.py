@@ -121,7 +121,7 @@ def burst(client: gradio_client.Client, a: argparse.Namespace, session: Session,
 def main() -> None:
     a = parse_args()
     client, session, demo, server = start_app(a, free_port())
-    cfg = RunConfig(rule="ears", params={"beta": 0.1}, temperature=0.9, gamma=a.k, max_new_tokens=a.tokens,
+    cfg = RunConfig(rule="ears", params={"beta": 0.1}, temperature=0.9, k=a.k, max_new_tokens=a.tokens,
                     seed=0, draft_length=a.draft_length, draft_shape=a.shape, tree_budget=a.tree_budget)
     ids = session.encode(PROMPT)
 

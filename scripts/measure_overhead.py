@@ -21,7 +21,7 @@ print(f"warm-up {time.perf_counter() - t:.1f} s\n{describe(session.prices)}")
 ids = session.encode("Why do leaves change colour in autumn? Answer in a few sentences.")
 for mode, k, shape in (("fixed", 1, "chain"), ("fixed", 2, "chain"), ("policy", 4, "chain"), ("policy", 4, "tree")):
     for temperature in (0.0, 0.9):
-        run = session.speculative(ids, RunConfig(rule="standard", params={}, temperature=temperature, gamma=k,
+        run = session.speculative(ids, RunConfig(rule="standard", params={}, temperature=temperature, k=k,
                                                  max_new_tokens=64, draft_length=mode, draft_shape=shape))
         for _ in run:
             pass

@@ -40,7 +40,7 @@ def main() -> None:
         ids = session.encode(item["prompt"])
         order = modes[p % len(modes):] + modes[: p % len(modes)]
         for mode, k in order:
-            run = session.speculative(ids, RunConfig(rule="standard", params={}, temperature=a.temperature, gamma=k,
+            run = session.speculative(ids, RunConfig(rule="standard", params={}, temperature=a.temperature, k=k,
                                                      max_new_tokens=a.tokens, seed=p, draft_length=mode,
                                                      draft_shape="chain"))
             for _ in run:

@@ -58,7 +58,7 @@ def main() -> None:
             for seed in range(1 if temp == 0 else a.seeds):
                 kw = dict(temperature=temp, max_new_tokens=a.tokens, seed=seed, vocab_size=pair.vocab_size)
                 for n in budgets:
-                    chain = generate(pair.target, pair.new_drafter(), ids, rule=make(**params), gamma=n, **kw)
+                    chain = generate(pair.target, pair.new_drafter(), ids, rule=make(**params), k=n, **kw)
                     tree = tree_stream(pair.target, pair.new_drafter(), ids, rule=make(**params), budget=n, depth=n,
                                        **kw).result()
                     for shape, r in (("chain", chain), ("tree", tree)):

@@ -333,7 +333,7 @@ def test_overlapping_requests_are_contended_and_their_baselines_never_cached():
             results = [f.result(timeout=120) for f in futures]
         session = demo.ears_slot.loaded
         ids = session.encode("the water is long and the")
-        cfgs = {s: RunConfig(rule="ears", params={"beta": 0.5}, temperature=1.0, gamma=4, max_new_tokens=30, seed=s)
+        cfgs = {s: RunConfig(rule="ears", params={"beta": 0.5}, temperature=1.0, k=4, max_new_tokens=30, seed=s)
                 for s in (1, 2)}
         for seed, r in zip((1, 2), results):
             d = r["details"]

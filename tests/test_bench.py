@@ -39,8 +39,8 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     rc = bench.main(["--target", str(target), "--draft", str(draft), "--device", "cpu", "--prompts", "3",
                      "--sweep-prompts", "2", "--max-new-tokens", "10", "--fidelity-tokens", "10",
                      "--fidelity-seeds", "2", "--betas", "0.1,0.5", "--temperatures", "0.6,1.2",
-                     "--gammas", "1,2", "--out", str(out), "--frontier", FRONTIER_SMALL, "--draft-length", "fixed",
-                     "--policy-tokens", "10", "--policy-gammas", "1,2", "--tree-budgets", "2", "--tree-max-nodes", "4",
+                     "--ks", "1,2", "--out", str(out), "--frontier", FRONTIER_SMALL, "--draft-length", "fixed",
+                     "--policy-tokens", "10", "--policy-ks", "1,2", "--tree-budgets", "2", "--tree-max-nodes", "4",
                      *(["--images"] if HAS_CHROMIUM else [])])
     assert rc == 0 and torch.is_grad_enabled()  # no global side effect on later tests
     printed = capsys.readouterr().out
@@ -100,7 +100,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert main["ears 0.5 T=0.9 K=4"]["acceptance"] >= main["ordinary T=0.9 K=4"]["acceptance"]
     assert main["assisted T=0.9 K=4"]["ratio"] > 0
     assert {r["temperature"] for r in summary["sections"]["sweep"]} == {0.6, 1.2}
-    assert {r["gamma"] for r in summary["sections"]["k"]} == {0, 1, 2}
+    assert {r["k"] for r in summary["sections"]["k"]} == {0, 1, 2}
     fid = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["fidelity"]}
     assert fid["target T=0.9 K=0"]["agreement"] == 1.0  # target-only agrees with itself
     assert all(len(r["accuracy_ci"]) == 2 for r in fid.values())
@@ -162,7 +162,7 @@ def test_frontier_plan_sweeps_every_lossy_rule_beside_the_lossless_anchor() -> N
 def test_plan_shares_runs_between_sections_and_interleaves() -> None:
     prompts = load_prompts(PROMPTS_FILE)
     assert len(prompts) >= 30 and {p["task"] for p in prompts} == {"creative", "qa", "math"}
-    s = BenchSettings(prompts=6, sweep_prompts=3, betas=(0.1,), temperatures=(0.9, 1.2), gammas=(2, 4),
+    s = BenchSettings(prompts=6, sweep_prompts=3, betas=(0.1,), temperatures=(0.9, 1.2), ks=(2, 4),
                       fidelity_seeds=2, fidelity_betas=(0.1,))
     jobs, by_section = build_plan(s, prompts, assisted=False)
     assert len(jobs) == len(set(jobs))
@@ -171,9 +171,9 @@ def test_plan_shares_runs_between_sections_and_interleaves() -> None:
     assert all(ordinary in by_section[sec] for sec in ("main", "sweep", "frontier"))  # one run, three sections
     fixed = Job(Config("ordinary", 0.9, 4, draft="fixed"), spread(prompts, 3)[0]["id"], 0, s.max_new_tokens)
     assert fixed in by_section["k"] and ordinary not in by_section["k"]  # the k section is about fixed K
-    policy = {(j.config.temperature, j.config.draft, j.config.gamma) for j in by_section["policy"] if j.config.method == "ordinary"}
+    policy = {(j.config.temperature, j.config.draft, j.config.k) for j in by_section["policy"] if j.config.method == "ordinary"}
     assert policy == {(t, d, k) for t in (0.0, 0.9) for d, k in [("policy", 4), ("threshold", 4), *(("fixed", k) for k in (1, 2, 3, 4))]}
-    tree = {(j.config.temperature, j.config.method, j.config.draft, j.config.shape, j.config.gamma, j.config.budget)
+    tree = {(j.config.temperature, j.config.method, j.config.draft, j.config.shape, j.config.k, j.config.budget)
             for j in by_section["tree"] if j.config.method == "ordinary"}
     assert tree == {(t, "ordinary", d, shape, k, b) for t in (0.0, 0.9) for d, shape, k, b in
                     [("fixed", "chain", 2, 0), ("fixed", "tree", 2, 2), ("fixed", "chain", 4, 0), ("fixed", "tree", 4, 4),
@@ -244,7 +244,8 @@ def test_final_answer_is_the_last_number(text, answer) -> None:
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--sections", "main,nonsense"], "unknown section"), (["--gamma", "0"], "K must be >= 1"),
+    (["--sections", "main,nonsense"], "unknown section"), (["--k", "0"], "K must be >= 1"), (["--gamma", "0"], "K must be >= 1"),
+    (["--policy-gammas", "0"], "--policy-ks >= 1"),
     (["--temperatures", "0,0.9"], "temperatures must be > 0"), (["--betas", "-0.1"], "beta must be >= 0"),
     (["--max-new-tokens", "0"], "must be >= 1"), (["--tree-budgets", "0,2"], "--tree-budgets and --tree-max-nodes"),
 ])

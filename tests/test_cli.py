@@ -9,9 +9,16 @@ def test_help_explains_every_flag(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--prompt", "--rule", "--beta", "--temperature", "--gamma", "--max-new-tokens", "--seed",
+    for flag in ("--prompt", "--rule", "--beta", "--temperature", "--k", "-K", "--max-new-tokens", "--seed",
                  "--top-k", "--top-p", "--target", "--draft", "--no-baseline", "--no-color"):
         assert flag in text
+    assert "--gamma" not in text  # the old name works (below) but is not offered
+
+
+def test_the_old_flag_gamma_still_sets_k_and_says_it_was_renamed(capsys):
+    assert build_parser().parse_args(["--gamma", "3"]).k == 3
+    assert "--gamma is deprecated, use --k" in capsys.readouterr().err
+    assert build_parser().parse_args([]).k == 4 and build_parser().parse_args(["-K", "2"]).k == 2
 
 
 def test_bad_beta_is_reported_not_raised(capsys):
@@ -31,8 +38,8 @@ def test_demo_streams_an_answer_and_prints_the_metrics(capsys):
 
 
 @pytest.mark.slow
-def test_bad_gamma_is_reported(capsys):
-    assert main(["--gamma", "0", "--no-baseline"]) == 2
+def test_bad_k_is_reported(capsys):
+    assert main(["--k", "0", "--no-baseline"]) == 2
     assert "K (drafts per round) must be a whole number from 1 to 8" in capsys.readouterr().err
 
 

@@ -229,7 +229,7 @@ def test_the_decode_loop_counts_a_model_step_spent_on_a_later_position_and_none_
     prompt = PROMPTS[0] * 3  # repeats, so the n-gram drafter finds matches
     for drafter, sunk in ((ModelDrafter(draft), True), (NGramDrafter(target.config.vocab_size), False)):
         pol = _SpyPolicy(curve, 4)
-        generate(target, drafter, prompt, rule=StandardRule(), gamma=4, temperature=0, max_new_tokens=24,
+        generate(target, drafter, prompt, rule=StandardRule(), k=4, temperature=0, max_new_tokens=24,
                  policy=pol, calibration=Calibration(prior_weight=0.0))
         with_conf = [(i, looked) for i, looked in pol.asked if i >= 1]
         assert any(i >= 2 for i, _ in with_conf), type(drafter).__name__
@@ -391,7 +391,7 @@ def policy():
 
 def decode(rule, drafter, n=20_000, seed=0):
     t_table, _ = tables()
-    out = generate(Bigram(t_table), drafter, [0], rule=rule, gamma=2, temperature=T, max_new_tokens=n, seed=seed,
+    out = generate(Bigram(t_table), drafter, [0], rule=rule, k=2, temperature=T, max_new_tokens=n, seed=seed,
                    policy=policy(), calibration=Calibration(prior_weight=8.0))
     return out
 
@@ -440,7 +440,7 @@ def test_greedy_with_the_policy_equals_the_targets_greedy_output(tiny_pair):
     pol = DraftPolicy(PriceCurve([10.0, 10.5, 11.0, 11.5, 12.0], 0.3, 0.2), max_k=4)
     for prompt in PROMPTS:
         ref = autoregressive(target, prompt, temperature=0, max_new_tokens=24)
-        out = generate(target, ModelDrafter(draft), prompt, rule=GreedyRule(), gamma=4, temperature=0,
+        out = generate(target, ModelDrafter(draft), prompt, rule=GreedyRule(), k=4, temperature=0,
                        max_new_tokens=24, policy=pol, calibration=Calibration())
         assert out.token_ids == ref.token_ids
         assert all(len(s.estimates) == s.drafted and (s.expected is None) == (s.drafted > 0 and False) for s in out.steps)
@@ -454,7 +454,7 @@ def test_a_policy_that_never_drafts_is_target_only_draw_for_draw(tiny_pair):
     dear = DraftPolicy(PriceCurve([10.0 * m for m in range(1, 6)], 1.0, 0.0), max_k=4)
     for prompt, temperature in ((PROMPTS[0], 0.9), (PROMPTS[2], 1.3)):
         ref = autoregressive(target, prompt, temperature=temperature, max_new_tokens=20, seed=7)
-        out = generate(target, ModelDrafter(draft), prompt, rule=EARSRule(0.3), gamma=4, temperature=temperature,
+        out = generate(target, ModelDrafter(draft), prompt, rule=EARSRule(0.3), k=4, temperature=temperature,
                        max_new_tokens=20, seed=7, policy=dear, calibration=Calibration())
         assert out.token_ids == ref.token_ids and {e.kind for e in out.events} == {"target"}
         assert [e.p for e in out.events] == pytest.approx([e.p for e in ref.events], rel=1e-4)
@@ -495,7 +495,7 @@ def test_probes_back_off_only_while_an_average_first_draft_would_not_pay(tiny_pa
         inner = drafter.propose
         drafter.propose = lambda k, *a, **kw: calls.append(k) or inner(k, *a, **kw)
         cal = Calibration(bins=2, prior_weight=0.0, stood=[0.0, high_bin_stood], seen=[1000.0, 9000.0])
-        out = generate(target, drafter, PROMPTS[0], rule=StandardRule(), gamma=4, temperature=1.0,
+        out = generate(target, drafter, PROMPTS[0], rule=StandardRule(), k=4, temperature=1.0,
                        max_new_tokens=30, seed=3, policy=DraftPolicy(cheap, 4), calibration=cal)
         assert sum(s.drafted for s in out.steps) == 0  # every confidence fell in the hopeless bin
         return sum(1 for k in calls if k > 0), len(out.steps)

@@ -23,7 +23,7 @@ def hf_greedy(model, prompt, n):
 def test_greedy_equals_the_targets_own_greedy_decoding(tiny_pair, prompt, k):
     target, draft = tiny_pair
     ref = hf_greedy(target, prompt, 40)
-    out = generate(target, draft, prompt, rule=GreedyRule(), gamma=k, temperature=0, max_new_tokens=40)
+    out = generate(target, draft, prompt, rule=GreedyRule(), k=k, temperature=0, max_new_tokens=40)
     assert out.token_ids == ref
     assert 0 < out.stats.accepted < out.stats.drafted  # drafts were both kept and thrown away
 
@@ -31,7 +31,7 @@ def test_greedy_equals_the_targets_own_greedy_decoding(tiny_pair, prompt, k):
 @pytest.mark.parametrize("rule", [StandardRule(), EARSRule(0.3)], ids=repr)
 def test_any_rule_at_temperature_zero_is_greedy(tiny_pair, rule):
     target, draft = tiny_pair
-    out = generate(target, draft, PROMPTS[0], rule=rule, gamma=4, temperature=0, max_new_tokens=30)
+    out = generate(target, draft, PROMPTS[0], rule=rule, k=4, temperature=0, max_new_tokens=30)
     assert out.token_ids == hf_greedy(target, PROMPTS[0], 30)
     assert out.stats.pardoned == 0  # max P = 1 at T = 0, so the tolerance is 0
 
@@ -47,7 +47,7 @@ def test_autoregressive_greedy_equals_hf(tiny_pair):
 def test_a_draft_identical_to_the_target_is_always_accepted(tiny_pair):
     # Both KV caches must roll back and extend correctly, or P_draft drifts from P_target.
     target, _ = tiny_pair
-    out = generate(target, target, PROMPTS[2], rule=StandardRule(), gamma=4, temperature=0.9, max_new_tokens=41, seed=3)
+    out = generate(target, target, PROMPTS[2], rule=StandardRule(), k=4, temperature=0.9, max_new_tokens=41, seed=3)
     assert out.stats.acceptance_rate == 1.0
     assert [s.accepted for s in out.steps] == [4] * 8 + [0]  # the last round has k = 0
     assert [e.kind for e in out.events].count("bonus") == 8
@@ -57,7 +57,7 @@ def test_a_draft_identical_to_the_target_is_always_accepted(tiny_pair):
 
 def test_same_seed_same_tokens_other_seed_other_tokens(tiny_pair):
     target, draft = tiny_pair
-    kw = dict(rule=EARSRule(0.1), gamma=4, temperature=0.9, max_new_tokens=40)
+    kw = dict(rule=EARSRule(0.1), k=4, temperature=0.9, max_new_tokens=40)
     a = generate(target, draft, PROMPTS[0], seed=5, **kw)
     b = generate(target, draft, PROMPTS[0], seed=5, **kw)
     c = generate(target, draft, PROMPTS[0], seed=6, **kw)
@@ -66,10 +66,29 @@ def test_same_seed_same_tokens_other_seed_other_tokens(tiny_pair):
     assert a.token_ids != c.token_ids
 
 
+def test_the_old_keyword_gamma_warns_and_gives_the_same_result_as_k(tiny_pair):
+    from ears_core import RunConfig
+
+    target, draft = tiny_pair
+    kw = dict(rule=EARSRule(0.3), temperature=0.9, max_new_tokens=30, seed=2)
+    new = generate(target, draft, PROMPTS[0], k=3, **kw)
+    with pytest.warns(DeprecationWarning, match=r"gamma= is deprecated, use k=") as caught:
+        old = generate(target, draft, PROMPTS[0], gamma=3, **kw)
+    assert caught[0].filename == __file__  # the warning points at the caller's line, not into ears_core
+    assert old.token_ids == new.token_ids and [e.kind for e in old.events] == [e.kind for e in new.events]
+    assert old.stats.drafted == new.stats.drafted and max(s.drafted for s in old.steps) == 3
+    with pytest.warns(DeprecationWarning):
+        assert [e.token_id for e in stream(target, draft, PROMPTS[0], gamma=3, **kw)] == new.token_ids
+    with pytest.warns(DeprecationWarning, match="RunConfig"):
+        assert RunConfig(gamma=6).k == 6
+    with pytest.raises(TypeError, match="pass k= only"):
+        generate(target, draft, PROMPTS[0], k=2, gamma=3, **kw)
+
+
 def test_beta_zero_equals_the_ordinary_rule_token_for_token(tiny_pair):
     target, draft = tiny_pair
     for seed in range(3):
-        kw = dict(gamma=3, temperature=0.9, max_new_tokens=50, seed=seed)
+        kw = dict(k=3, temperature=0.9, max_new_tokens=50, seed=seed)
         a = generate(target, draft, PROMPTS[1], rule=EARSRule(0.0), **kw)
         b = generate(target, draft, PROMPTS[1], rule=StandardRule(), **kw)
         assert a.token_ids == b.token_ids
@@ -80,7 +99,7 @@ def test_the_first_divergence_between_ears_and_ordinary_is_a_pardon(tiny_pair):
     target, draft = tiny_pair
     diverged = 0
     for seed in range(6):
-        kw = dict(gamma=4, temperature=1.0, max_new_tokens=40, seed=seed)
+        kw = dict(k=4, temperature=1.0, max_new_tokens=40, seed=seed)
         e = generate(target, draft, PROMPTS[0], rule=EARSRule(0.5), **kw).events
         s = generate(target, draft, PROMPTS[0], rule=StandardRule(), **kw).events
         first = next((i for i, (x, y) in enumerate(zip(e, s)) if x.kind != y.kind), None)
@@ -98,7 +117,7 @@ def test_the_first_divergence_between_ears_and_ordinary_is_a_pardon(tiny_pair):
 @pytest.mark.parametrize("n", [1, 2, 5, 6, 7, 13])
 def test_max_new_tokens_is_exact(tiny_pair, n):
     target, draft = tiny_pair
-    out = generate(target, draft, PROMPTS[0], rule=EARSRule(0.2), gamma=5, temperature=0.9, max_new_tokens=n, seed=n)
+    out = generate(target, draft, PROMPTS[0], rule=EARSRule(0.2), k=5, temperature=0.9, max_new_tokens=n, seed=n)
     assert len(out.token_ids) == n
     assert [e.position for e in out.events] == list(range(n))
     assert all(s.drafted <= 5 for s in out.steps)
@@ -114,7 +133,7 @@ def test_an_eos_inside_an_accepted_block_stops_generation_there():
     ref = hf_greedy(target, PROMPTS[0], 30)
     assert ref == greedy[: first + 1]
     for k in (2, 5):
-        out = generate(target, draft, PROMPTS[0], rule=GreedyRule(), gamma=k, temperature=0, max_new_tokens=30)
+        out = generate(target, draft, PROMPTS[0], rule=GreedyRule(), k=k, temperature=0, max_new_tokens=30)
         assert out.token_ids == ref
         assert out.events[-1].token_id == eos
     ar = autoregressive(target, PROMPTS[0], temperature=0, max_new_tokens=30)
@@ -123,7 +142,7 @@ def test_an_eos_inside_an_accepted_block_stops_generation_there():
 
 def test_stream_yields_events_as_they_are_decided(tiny_pair):
     target, draft = tiny_pair
-    gen = stream(target, draft, PROMPTS[0], rule=EARSRule(0.1), gamma=4, temperature=0.9, max_new_tokens=20, seed=1)
+    gen = stream(target, draft, PROMPTS[0], rule=EARSRule(0.1), k=4, temperature=0.9, max_new_tokens=20, seed=1)
     first = next(gen)
     assert first.position == 0 and len(gen.steps) == 1  # one round decided, not the whole answer
     rest = list(gen)
@@ -140,7 +159,7 @@ def test_stream_yields_events_as_they_are_decided(tiny_pair):
 
 def test_event_fields_are_consistent(tiny_pair):
     target, draft = tiny_pair
-    out = generate(target, draft, PROMPTS[2], rule=EARSRule(0.3), gamma=4, temperature=0.9, max_new_tokens=60, seed=2)
+    out = generate(target, draft, PROMPTS[2], rule=EARSRule(0.3), k=4, temperature=0.9, max_new_tokens=60, seed=2)
     kinds = {e.kind for e in out.events}
     assert {"accepted", "resampled", "bonus"} <= kinds and "pardoned" in kinds
     for e in out.events:
@@ -181,7 +200,7 @@ def test_speculative_first_token_follows_the_target_distribution(small_vocab_pai
         q = logits_to_probs(draft(torch.tensor([prompt])).logits[0, -1], SamplingConfig(0.9)).double().numpy()
     assert 0.5 * np.abs(p - q).sum() > 0.05  # the draft really differs
     c = first_token_counts(
-        lambda s: generate(target, draft, prompt, rule=StandardRule(), gamma=2, temperature=0.9, max_new_tokens=3,
+        lambda s: generate(target, draft, prompt, rule=StandardRule(), k=2, temperature=0.9, max_new_tokens=3,
                            seed=s, with_distortion=False).token_ids[0],
         3000,
     )
@@ -213,11 +232,11 @@ class RepeatDrafter:
 def test_any_drafter_plugs_into_the_loop(tiny_pair):
     target, _ = tiny_pair
     drafter = RepeatDrafter(96)
-    out = generate(target, drafter, PROMPTS[0], rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=30)
+    out = generate(target, drafter, PROMPTS[0], rule=GreedyRule(), k=3, temperature=0, max_new_tokens=30)
     assert out.token_ids == hf_greedy(target, PROMPTS[0], 30)
     assert [n for n, _ in drafter.commits] == [s.accepted for s in out.steps]
     # At T > 0 with a one-hot draft the ordinary rule accepts token 7 with probability P_target(7).
-    out = generate(target, RepeatDrafter(96), PROMPTS[0], rule=StandardRule(), gamma=3, temperature=0.9, max_new_tokens=30)
+    out = generate(target, RepeatDrafter(96), PROMPTS[0], rule=StandardRule(), k=3, temperature=0.9, max_new_tokens=30)
     for e in out.events:
         if e.kind == "accepted":
             assert e.token_id == 7 and e.q == 1.0 and e.ratio == pytest.approx(e.p)
@@ -237,6 +256,6 @@ def test_ngram_drafter_copies_repeats_and_keeps_greedy_output(tiny_pair):
     assert d.propose(3, None, torch.zeros(1, 3))[0].shape == (1, 0)
     # In the loop: greedy output unchanged; rounds with no match draft nothing.
     prompt = [3, 4, 5, 3, 4, 5, 3, 4]
-    out = generate(target, NGramDrafter(96), prompt, rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
+    out = generate(target, NGramDrafter(96), prompt, rule=GreedyRule(), k=4, temperature=0, max_new_tokens=30)
     assert out.token_ids == hf_greedy(target, prompt, 30)
     assert out.stats.drafted > 0

@@ -26,14 +26,14 @@ def hf_greedy(model, prompt, n):
 def test_greedy_output_is_the_targets_with_a_head_draft(target_and_head, k):
     target, head = target_and_head
     for prompt in PROMPTS:  # PROMPTS[3] has one token: the first round has no feature to draft from
-        out = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), gamma=k, temperature=0,
+        out = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), k=k, temperature=0,
                        max_new_tokens=30)
         assert out.token_ids == hf_greedy(target, prompt, 30)
 
 
 def test_the_head_proposes_only_its_vocabulary(target_and_head):
     target, head = target_and_head
-    out = generate(target, EagleDrafter(head, target), PROMPTS[2], rule=EARSRule(0.2), gamma=4, temperature=1.0,
+    out = generate(target, EagleDrafter(head, target), PROMPTS[2], rule=EARSRule(0.2), k=4, temperature=1.0,
                    max_new_tokens=40, seed=1)
     drafted = [d for s in out.steps for d in s.drafts]
     assert drafted and all(d.token_id % 2 == 0 for d in drafted)
@@ -44,7 +44,7 @@ def test_incremental_head_state_equals_a_full_recompute(target_and_head):
     # head run once over the whole committed sequence with the target's true features.
     target, head = target_and_head
     drafter = EagleDrafter(head, target)
-    gen = stream(target, drafter, PROMPTS[2], rule=EARSRule(0.3), gamma=3, temperature=1.0, max_new_tokens=25, seed=4)
+    gen = stream(target, drafter, PROMPTS[2], rule=EARSRule(0.3), k=3, temperature=1.0, max_new_tokens=25, seed=4)
     res = gen.result()
     assert any(s.accepted < s.drafted for s in res.steps) and any(s.accepted > 0 for s in res.steps)
     seq = torch.tensor([PROMPTS[2] + res.token_ids])  # (1, L+1)
@@ -95,7 +95,7 @@ def test_save_and_load_round_trip(tmp_path, target_and_head):
 def test_fresh_drafters_share_weights_not_state(target_and_head):
     target, head = target_and_head
     a = EagleDrafter(head, target)
-    gen = stream(target, a, PROMPTS[0], gamma=3, temperature=0.9, max_new_tokens=6)
+    gen = stream(target, a, PROMPTS[0], k=3, temperature=0.9, max_new_tokens=6)
     next(gen)
     b = a.fresh()
     assert b.head is a.head and b.w_sub is a.w_sub and b._s is None and a._s is not None
@@ -105,7 +105,7 @@ def test_the_draft_length_policy_stops_before_drawing_and_stays_exact(target_and
     from ears_core.policy.costs import Calibration, DraftPolicy, PriceCurve
 
     target, head = target_and_head
-    prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
+    prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), k=4, temperature=0, max_new_tokens=30)
     expected = hf_greedy(target, prompt, 30)
     plain = generate(target, EagleDrafter(head, target), prompt, **kw)
     cheap = PriceCurve([10.0] * 5, 0.0, 0.0)  # drafting and verifying are free: every round drafts K
@@ -136,7 +136,7 @@ def test_a_depth_that_would_not_pay_on_average_is_never_computed(target_and_head
     from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve
 
     target, head = target_and_head
-    prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), gamma=4, temperature=0, max_new_tokens=30)
+    prompt, kw = PROMPTS[2], dict(rule=GreedyRule(), k=4, temperature=0, max_new_tokens=30)
     first = Calibration(bins=10, stood=[1e6] * 10, seen=[1e6] * 10)  # a first draft always stands
     hopeless = Calibration(bins=10, stood=[0.0] * 10, seen=[1e6] * 10)  # a later one never does
     curve = PriceCurve([10.0, 10.5, 11.0, 11.5, 12.0], 0.5, 0.0)
@@ -174,7 +174,7 @@ def test_greedy_output_is_the_targets_with_a_fused_head(target_and_fused_head, k
     target, head = target_and_fused_head
     assert head.fc.in_features == 4 * target.config.hidden_size
     for prompt in PROMPTS:
-        out = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), gamma=k, temperature=0,
+        out = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), k=k, temperature=0,
                        max_new_tokens=24)
         assert out.token_ids == hf_greedy(target, prompt, 24)
 
@@ -184,7 +184,7 @@ def test_a_fused_head_reads_its_layers_and_zeros_for_predicted_features(target_a
     # three layers side by side; a d-wide (predicted) input reads as zeros for the lower layers.
     target, head = target_and_fused_head
     drafter = EagleDrafter(head, target)
-    res = stream(target, drafter, PROMPTS[2], rule=EARSRule(0.3), gamma=3, temperature=1.0, max_new_tokens=20,
+    res = stream(target, drafter, PROMPTS[2], rule=EARSRule(0.3), k=3, temperature=1.0, max_new_tokens=20,
                  seed=2).result()
     assert any(s.accepted > 0 for s in res.steps)
     seq = torch.tensor([PROMPTS[2] + res.token_ids])
@@ -274,7 +274,7 @@ def test_a_temperature_scale_draws_chain_drafts_at_t_times_tau_with_raw_confiden
         differs += not torch.allclose(out["sharp"][1], out["at 0.9"][1], atol=1e-3)
     assert differs == ids.shape[1] - 4 == 9  # tau is not ignored
     prompt = PROMPTS[2]
-    out = generate(target, EagleDrafter(scaled_copy(head, 0.5), target), prompt, rule=GreedyRule(), gamma=3,
+    out = generate(target, EagleDrafter(scaled_copy(head, 0.5), target), prompt, rule=GreedyRule(), k=3,
                    temperature=0, max_new_tokens=20)
     assert out.token_ids == hf_greedy(target, prompt, 20)
 
@@ -334,7 +334,7 @@ def test_a_bfloat16_head_drafts_for_a_float32_target_and_greedy_stays_the_target
     assert d.dtype == torch.bfloat16 and d.w_sub.dtype == torch.bfloat16
     for prompt in PROMPTS[:3]:
         if shape == "chain":
-            out = generate(target, d, prompt, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=20)
+            out = generate(target, d, prompt, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=20)
         else:
             out = tree_generate(target, d, prompt, rule=GreedyRule(), depth=3, budget=6, temperature=0,
                                 max_new_tokens=20)

@@ -22,7 +22,7 @@ def test_speculative_greedy_equals_the_targets_greedy_output(embedded):
     ids = encode_prompt(pair.tokenizer, "Repeat this list twice: apples, pears, plums, figs.")
     ref = pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40,
                                pad_token_id=pair.tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
-    out = generate(pair.target, NGramDrafter(pair.vocab_size), ids, rule=GreedyRule(), gamma=4, temperature=0,
+    out = generate(pair.target, NGramDrafter(pair.vocab_size), ids, rule=GreedyRule(), k=4, temperature=0,
                    max_new_tokens=40, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size)
     assert out.token_ids == ref
     assert out.stats.accepted > 0  # the list repeats: prompt lookup gets drafts accepted
@@ -35,7 +35,7 @@ def test_speculative_greedy_equals_the_targets_greedy_output(embedded):
 def test_ears_on_the_embedded_target_reports_pardons_and_distortion(embedded):
     pair = embedded
     ids = encode_prompt(pair.tokenizer, "Write a short poem about the sea, then repeat it.")
-    out = generate(pair.target, NGramDrafter(pair.vocab_size), ids, rule=EARSRule(0.5), gamma=4, temperature=1.0,
+    out = generate(pair.target, NGramDrafter(pair.vocab_size), ids, rule=EARSRule(0.5), k=4, temperature=1.0,
                    max_new_tokens=48, seed=1, tokenizer=pair.tokenizer, vocab_size=pair.vocab_size)
     s = out.stats
     assert s.new_tokens == len(out.token_ids) > 0 and s.drafted > 0
@@ -55,7 +55,7 @@ def test_the_shipped_draft_head_keeps_greedy_output():
         assert isinstance(pair.draft, EagleDrafter)
         ids = encode_prompt(pair.tokenizer, "Why is the sky blue?")
         ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
-        out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), gamma=3, temperature=0,
+        out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), k=3, temperature=0,
                        max_new_tokens=32, vocab_size=pair.vocab_size)
         assert out.token_ids == ref.token_ids
         assert out.stats.accepted > 0  # the trained head gets some drafts through

@@ -10,8 +10,8 @@ from ears_core.rules import make_rule
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(gamma=0), "gamma"),
-        (dict(gamma=2.5), "gamma"),
+        (dict(k=0), r"k \(K, drafts per round"),
+        (dict(k=2.5), r"k \(K, drafts per round"),
         (dict(temperature=-0.5), "temperature"),
         (dict(max_new_tokens=0), "max_new_tokens"),
         (dict(top_p=0.0), "top_p"),
@@ -28,7 +28,7 @@ def test_bad_settings(tiny_pair, kwargs, match):
 def test_bad_settings_raise_before_any_work(tiny_pair):
     target, draft = tiny_pair
     with pytest.raises(ValueError):
-        stream(target, draft, PROMPTS[0], gamma=-1)  # raised at the call, not at the first next()
+        stream(target, draft, PROMPTS[0], k=-1)  # raised at the call, not at the first next()
 
 
 def test_negative_beta():

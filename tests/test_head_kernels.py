@@ -84,8 +84,8 @@ def test_a_timed_round_leaves_the_drafter_able_to_draft(head):
     drafter = EagleDrafter(head, target)
     assert time_round(target, drafter, 96, cache_len=16) > 0
     prompt = [1, 5, 9, 14, 3]
-    a = generate(target, drafter, prompt, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
-    b = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
+    a = generate(target, drafter, prompt, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=12)
+    b = generate(target, EagleDrafter(head, target), prompt, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=12)
     assert a.token_ids == b.token_ids and [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
 
 

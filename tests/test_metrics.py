@@ -31,7 +31,7 @@ def test_theory_agrees_with_a_monte_carlo_simulation(a, k):
 
 def test_summary_of_a_speculative_run_matches_its_events(tiny_pair):
     target, draft = tiny_pair
-    out = generate(target, draft, PROMPTS[0], rule=EARSRule(0.3), gamma=4, temperature=0.9, max_new_tokens=80, seed=0)
+    out = generate(target, draft, PROMPTS[0], rule=EARSRule(0.3), k=4, temperature=0.9, max_new_tokens=80, seed=0)
     s = out.stats
     kinds = [e.kind for e in out.events]
     assert s.new_tokens == 80 == len(out.token_ids)
@@ -53,7 +53,7 @@ def test_summary_of_a_speculative_run_matches_its_events(tiny_pair):
 
 def test_ordinary_rule_reports_no_distortion_and_no_pardons(tiny_pair):
     target, draft = tiny_pair
-    s = generate(target, draft, PROMPTS[0], rule=StandardRule(), gamma=4, temperature=0.9, max_new_tokens=60, seed=0).stats
+    s = generate(target, draft, PROMPTS[0], rule=StandardRule(), k=4, temperature=0.9, max_new_tokens=60, seed=0).stats
     assert s.pardoned == 0 and s.pardon_rate == 0
     assert s.mean_distortion < 1e-5
 

@@ -186,7 +186,7 @@ def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypat
     assert pair.draft.dtype == getattr(torch, choice.dtype)
     assert list((tmp_path / "cache" / "kernels").glob("draft-*.json"))
     ids = encode_prompt(pair.tokenizer, "w5 w6 w7 w8")
-    out = generate(*pair, ids, rule=GreedyRule(), gamma=3, temperature=0, max_new_tokens=12)
+    out = generate(*pair, ids, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=12)
     assert out.token_ids == autoregressive(pair.target, ids, temperature=0, max_new_tokens=12).token_ids
     monkeypatch.setenv("EARS_DRAFT_DTYPE", "half")
     with pytest.raises(ModelLoadError, match="EARS_DRAFT_DTYPE='half' is not a draft dtype"):

@@ -112,7 +112,7 @@ def test_greedy_speculative_output_with_a_packed_pair_is_the_targets():
         torch.testing.assert_close(drafter._sub(feats), feats @ drafter.w_sub.T, rtol=1e-5, atol=1e-5)
     for prompt, want in zip(PROMPTS[:3], reference):
         for k in (1, 4):
-            out = generate(target, drafter.fresh(), prompt, rule=GreedyRule(), gamma=k, temperature=0,
+            out = generate(target, drafter.fresh(), prompt, rule=GreedyRule(), k=k, temperature=0,
                            max_new_tokens=24)
             assert out.token_ids == want
 

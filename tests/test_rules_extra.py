@@ -76,7 +76,7 @@ def test_emitted_distribution_matches_the_exact_formula(rule, expected):
 @pytest.mark.parametrize("rule", [TypicalRule(), EntropyEARSRule(0.2)], ids=repr)
 def test_new_rules_run_in_the_decoder(tiny_pair, rule):
     target, draft = tiny_pair
-    out = generate(target, draft, PROMPTS[0], rule=rule, gamma=4, temperature=0.9, max_new_tokens=40, seed=0)
+    out = generate(target, draft, PROMPTS[0], rule=rule, k=4, temperature=0.9, max_new_tokens=40, seed=0)
     assert len(out.token_ids) == 40 and out.stats.method == rule.describe()
     assert out.stats.mean_distortion > 0
 

@@ -253,7 +253,7 @@ def test_fly_that_cannot_defer_is_the_ordinary_rule_in_verify(rule):
 
 def test_fly_that_cannot_defer_is_the_ordinary_rule_end_to_end(tiny_pair):
     target, draft = tiny_pair
-    kw = dict(gamma=4, temperature=0.9, max_new_tokens=32)
+    kw = dict(k=4, temperature=0.9, max_new_tokens=32)
     for seed, prompt in enumerate(PROMPTS[:2]):
         std = generate(target, draft, prompt, rule=StandardRule(), seed=seed, **kw)
         for rule in (make_rule("fly", window=0), make_rule("fly", gate=1.2)):
@@ -434,7 +434,7 @@ def test_budget_epsilon_zero_is_the_ordinary_rule():
 def test_budget_epsilon_zero_is_the_ordinary_rule_end_to_end(tiny_pair):
     target, draft = tiny_pair
     for seed, prompt in enumerate(PROMPTS[:3]):
-        kw = dict(gamma=4, temperature=0.9, max_new_tokens=32, seed=seed)
+        kw = dict(k=4, temperature=0.9, max_new_tokens=32, seed=seed)
         std = generate(target, draft, prompt, rule=StandardRule(), **kw)
         zero = generate(target, draft, prompt, rule=make_rule("ears-budget", epsilon=0.0), **kw)
         assert zero.token_ids == std.token_ids and zero.events == std.events
@@ -451,7 +451,7 @@ def test_budget_keeps_the_mean_distortion_on_a_tiny_pair(tiny_pair):
     rounds, totals = 0, {"budget": [0, 0, 0.0, 0], "ordinary": [0, 0, 0.0, 0]}  # drafted, stood, distortion, tokens
     for prompt in PROMPTS:
         for seed in range(3):
-            kw = dict(gamma=4, temperature=0.9, max_new_tokens=64, seed=seed)
+            kw = dict(k=4, temperature=0.9, max_new_tokens=64, seed=seed)
             rule = make_rule("ears-budget", epsilon=eps)
             res = generate(target, draft, prompt, rule=rule, **kw)
             std = generate(target, draft, prompt, rule=StandardRule(), **kw)

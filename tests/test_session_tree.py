@@ -51,7 +51,7 @@ def test_bad_tree_settings_are_refused_with_the_fix(kw, needle):
 
 def test_a_greedy_tree_run_with_the_cost_budget_is_the_targets_greedy_output(session, tiny_pair):
     target, _ = tiny_pair
-    cfg = RunConfig(rule="greedy", params={}, temperature=0, gamma=5, max_new_tokens=40, draft_shape="tree",
+    cfg = RunConfig(rule="greedy", params={}, temperature=0, k=5, max_new_tokens=40, draft_shape="tree",
                     tree_budget=12)
     before = list(session.prices.verify_ms), session.prices.draft_ms
     gen = run(session, PROMPTS[2], cfg)
@@ -79,7 +79,7 @@ def test_a_greedy_tree_run_with_the_cost_budget_is_the_targets_greedy_output(ses
 
 
 def test_a_fixed_budget_drafts_that_many_nodes_every_round(session):
-    cfg = RunConfig(rule="ears", params={"beta": 0.2}, temperature=0.9, gamma=3, max_new_tokens=30,
+    cfg = RunConfig(rule="ears", params={"beta": 0.2}, temperature=0.9, k=3, max_new_tokens=30,
                     draft_length="fixed", draft_shape="tree", tree_budget=5, tree_width=2, seed=3)
     gen = run(session, PROMPTS[0], cfg)
     full = [s.drafted for s in gen.steps if sum(x.emitted for x in gen.steps[: s.step]) <= 26]
@@ -101,7 +101,7 @@ def test_the_cli_takes_the_tree_flags(capsys):
     from ears_core.cli import build_parser, config_from_args, main
 
     cfg = config_from_args(build_parser().parse_args(["--tree", "--tree-budget", "6", "--tree-width", "2", "-K", "3"]))
-    assert (cfg.draft_shape, cfg.tree_budget, cfg.tree_width, cfg.gamma) == ("tree", 6, 2, 3)
+    assert (cfg.draft_shape, cfg.tree_budget, cfg.tree_width, cfg.k) == ("tree", 6, 2, 3)
     assert config_from_args(build_parser().parse_args([])).draft_shape == "auto"
     assert config_from_args(build_parser().parse_args(["--chain"])).draft_shape == "chain"
     assert config_from_args(build_parser().parse_args(["--shape", "tree"])).draft_shape == "tree"
@@ -135,13 +135,13 @@ def test_auto_resolves_to_a_tree_only_where_a_tree_runs_the_request_as_asked(ses
     cfg = RunConfig(**kw)
     assert cfg.draft_shape == kw.get("draft_shape", "auto")
     resolved = session.resolved(cfg)
-    assert resolved.draft_shape == shape and resolved.rule == cfg.rule and resolved.gamma == cfg.gamma
+    assert resolved.draft_shape == shape and resolved.rule == cfg.rule and resolved.k == cfg.k
     assert session.resolved(resolved) == resolved
 
 
 def test_auto_runs_a_tree_and_greedy_auto_is_the_targets_greedy_output(session, tiny_pair):
     target, _ = tiny_pair
-    gen = run(session, PROMPTS[1], RunConfig(rule="greedy", params={}, temperature=0, gamma=4, max_new_tokens=32))
+    gen = run(session, PROMPTS[1], RunConfig(rule="greedy", params={}, temperature=0, k=4, max_new_tokens=32))
     assert "tree(" in gen.method and len(gen.trees) == len(gen.steps)
     assert [e.token_id for e in gen.events] == hf_greedy(target, PROMPTS[1], 32)
 

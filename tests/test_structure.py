@@ -83,7 +83,7 @@ def test_no_module_imports_a_module_that_imports_it_back():
 
 # The package's layers, bottom first: a module imports only from lower layers or from its own subpackage.
 LAYERS = [
-    {"sampling", "timing", "events", "tpp"},  # draws, clocks, records; point processes stand apart
+    {"sampling", "timing", "events", "deprecated", "tpp"},  # draws, clocks, records, renamed names; point processes stand apart
     {"rules", "metrics"},  # acceptance rules and the distortion maths; what a generation measured
     {"model"},  # model kernels, KV-cache edits, the embedded target, hub loading
     {"draft"},  # drafters: a draft model, the EAGLE-style head, n-grams, tree building
@@ -91,7 +91,7 @@ LAYERS = [
     {"pair"},  # a target with its drafter
     {"serve"},  # sessions, runs, server settings
     {"report"},  # figures, the bench's plan and report
-    {"cli", "bench", "studio"},  # the terminal, the benchmark command, the Gradio UI
+    {"cli", "bench", "gpu_check", "studio"},  # the terminal, the benchmark command, the CUDA check, the Gradio UI
     {"generate", "__init__"},  # ``python -m ears_core.generate`` and the public API
 ]
 

@@ -77,7 +77,7 @@ def test_one_node_per_depth_is_the_chain_decoder_draw_for_draw(tiny_pair, rule):
     for seed in range(3):
         for prompt in PROMPTS[:3]:
             kw = dict(rule=rule, temperature=0.9, max_new_tokens=30, seed=seed)
-            chain = generate(target, draft, prompt, gamma=4, **kw)
+            chain = generate(target, draft, prompt, k=4, **kw)
             tree = tree_generate(target, draft, prompt, budget=4, depth=4, width=1, **kw)
             assert tree.token_ids == chain.token_ids
             close_events(tree, chain)
@@ -86,7 +86,7 @@ def test_one_node_per_depth_is_the_chain_decoder_draw_for_draw(tiny_pair, rule):
 def test_one_node_per_depth_is_the_chain_decoder_with_a_head(tiny_pair, head):
     target, _ = tiny_pair
     kw = dict(rule=EARSRule(0.2), temperature=1.0, max_new_tokens=30, seed=2)
-    chain = generate(target, EagleDrafter(head, target), PROMPTS[2], gamma=3, **kw)
+    chain = generate(target, EagleDrafter(head, target), PROMPTS[2], k=3, **kw)
     tree = tree_generate(target, EagleDrafter(head, target), PROMPTS[2], budget=3, depth=3, width=1, **kw)
     assert tree.token_ids == chain.token_ids
     close_events(tree, chain)

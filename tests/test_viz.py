@@ -130,7 +130,7 @@ def test_figures_from_a_real_run():
     """A tiny random pair through the decoder: the charts show exactly the run's records."""
     target = tiny_llama(0)
     draft = perturbed_copy(target, 0.03, seed=1)
-    res = generate(target, draft, [1, 5, 7, 9], rule=EARSRule(0.5), gamma=4, temperature=1.0, max_new_tokens=40, seed=3)
+    res = generate(target, draft, [1, 5, 7, 9], rule=EARSRule(0.5), k=4, temperature=1.0, max_new_tokens=40, seed=3)
     drafts = [d for s in res.steps for d in s.drafts]
     t = by_name(figure(viz.ratio_spec, res.steps))
     shown = sum(len(t[f"r ({k})"].x) for k in ("accepted", "pardoned", "rejected") if f"r ({k})" in t)

@@ -19,6 +19,7 @@ from ears_core.decode.text import Detokenizer
 from ears_core.decode.tree import TreeShape
 from ears_core.draft.drafters import Drafter, ModelDrafter, model_vocab_size
 from ears_core.draft.trees import KeepFn, LevelFn, TreeSpec
+from ears_core.deprecated import renamed_keyword
 from ears_core.events import StepRecord
 from ears_core.rules import AcceptanceRule, StandardRule
 from ears_core.sampling import SamplingConfig
@@ -57,7 +58,7 @@ def stream(
     input_ids: Any,
     *,
     rule: AcceptanceRule | None = None,
-    gamma: int = 5,
+    k: int = 5,
     temperature: float = 0.9,
     max_new_tokens: int = 128,
     seed: int = 0,
@@ -70,34 +71,38 @@ def stream(
     deadline_s: float | None = None,
     policy: Any = None,
     calibration: Any = None,
+    gamma: int | None = None,
 ) -> Generation:
-    """Speculative decoding of one prompt, K = ``gamma`` drafts per round; iterate for TokenEvents.
+    """Speculative decoding of one prompt, at most K = ``k`` drafts per round; iterate for TokenEvents.
 
     ``draft`` is a Hugging Face causal LM sharing the target's tokenizer, or any ``Drafter``.
     ``rule`` defaults to StandardRule (lossless). ``tokenizer`` (optional) fills event text.
     ``deadline_s``: stop after this many seconds of decoding, keeping the tokens so far.
-    ``policy`` (``costs.DraftPolicy``): each round sends as many drafts (0 .. gamma) as the measured
+    ``policy`` (``costs.DraftPolicy``): each round sends as many drafts (0 .. k) as the measured
     prices and the acceptance estimates (``calibration``, a ``costs.Calibration``; default: the
-    policy's own) say pay; None: always gamma. The policy reads only the draft side before each draw:
+    policy's own) say pay; None: always k. The policy reads only the draft side before each draw:
     every rule stays exactly as lossless (or as distorted) as without it.
+    ``gamma``: the old name of ``k``, deprecated (it warns; ears_core/deprecated.py).
     """
+    k = renamed_keyword(k, gamma, default=5, where="stream")
     rule = _checked_rule(rule)
     if draft is None:
         raise ValueError("a draft is required for speculative decoding; use autoregressive() for target-only decoding")
-    if not isinstance(gamma, int) or gamma < 1:
-        raise ValueError(f"gamma (K, drafts per round) must be an integer >= 1, got {gamma!r}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (K, drafts per round at most) must be an integer >= 1, got {k!r}")
     drafter = draft if isinstance(draft, Drafter) else ModelDrafter(draft)
     if policy is not None and calibration is None:
         calibration = policy.new_calibration()
-    shape = ChainShape(gamma, policy, calibration)
-    return _speculative(target, drafter, input_ids, rule, shape, rule.describe(), gamma, temperature=temperature,
+    shape = ChainShape(k, policy, calibration)
+    return _speculative(target, drafter, input_ids, rule, shape, rule.describe(), k, temperature=temperature,
                         top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, tokenizer=tokenizer,
                         eos_token_id=eos_token_id, vocab_size=vocab_size, with_distortion=with_distortion,
                         deadline_s=deadline_s)
 
 
 def generate(target: PreTrainedModel, draft: PreTrainedModel | Drafter, input_ids: Any, **kwargs: Any) -> GenerationResult:
-    """Speculative decoding to the end; same arguments as ``stream``. -> GenerationResult."""
+    """Speculative decoding to the end; same arguments as ``stream`` (``k=``: drafts per round at most;
+    ``gamma=``, its old name, warns). -> GenerationResult."""
     return stream(target, draft, input_ids, **kwargs).result()
 
 
@@ -129,7 +134,7 @@ def tree_stream(
 
     ``drafter``: a Hugging Face causal LM sharing the target's tokenizer (wrapped in a ModelDrafter) or a
     drafter with ``propose_tree`` / ``commit_tree`` (ModelDrafter, EagleDrafter). budget / depth / width /
-    siblings: the ``TreeSpec``; width=1 with budget = depth = K is the chain with gamma = K, token for
+    siblings: the ``TreeSpec``; width=1 with budget = depth = K is the chain with k = K, token for
     token. ``keep(priority, nodes so far, depth)`` is asked before each node is drawn and ends the round's
     tree at the first False (a size policy from measured prices, ``tree_budget.TreeBudget``: it sees only
     what precedes the draw). ``level``: per-level acceptance estimates for ``keep`` (``trees.build_tree``;

@@ -2,7 +2,7 @@
 
 Terms (round, shape, draws: rounds.py; decision: verify.py)
 -----
-k              drafts this round: K (``gamma``), capped by the loop so ``max_new_tokens`` is exact, and
+k              drafts this round: K (``stream(k=)``) at most, capped by the loop so ``max_new_tokens`` is exact, and
                fewer when the drafter stops early (no n-gram match, or the size policy).
 score          the target reads [last, x_1..x_k] in one ordinary causal pass (``logits_to_keep = k + 1``).
 plain step     k = 0: the token from the rule's bonus distribution at position 0 with the position's target
@@ -40,8 +40,8 @@ __all__ = ["ChainShape", "RoundHost", "plain_step"]
 class ChainShape:
     """K drafts in a row per round (rounds.RoundShape)."""
 
-    def __init__(self, gamma: int, policy: Any = None, calibration: Any = None) -> None:
-        self.depth = gamma
+    def __init__(self, k: int, policy: Any = None, calibration: Any = None) -> None:
+        self.depth = k
         self.policy, self.calibration = policy, calibration
         self.backs_off = policy is not None
         self.estimates: list[float] = []  # this round's acceptance estimates, one per position kept

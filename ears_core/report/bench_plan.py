@@ -47,7 +47,7 @@ class Config:
 
     method: str
     temperature: float
-    gamma: int = 0  # 0 for target-only
+    k: int = 0  # K, drafts per round at most; 0 for target-only
     beta: float = 0.0
     params: tuple[tuple[str, float], ...] = ()
     draft: str = "policy"  # policy / fixed / threshold (see the module docstring)
@@ -65,7 +65,7 @@ class Config:
 
     @property
     def key(self) -> str:
-        return f"{self.label} T={self.temperature:g} K={self.gamma}"
+        return f"{self.label} T={self.temperature:g} K={self.k}"
 
     def rule(self) -> AcceptanceRule:
         if self.method in ("target", "assisted"):
@@ -148,11 +148,11 @@ class BenchSettings:
     max_new_tokens: int = 48
     fidelity_tokens: int = 96
     temperature: float = 0.9  # T0
-    gamma: int = 4  # K0
+    k: int = 4  # K0
     betas: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
     headline_beta: float = 0.1
     temperatures: tuple[float, ...] = (0.3, 0.6, 0.9, 1.2)
-    gammas: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
+    ks: tuple[int, ...] = (1, 2, 3, 4, 5, 6, 7, 8)
     fidelity_seeds: int = 4
     fidelity_betas: tuple[float, ...] = (0.1, 0.3)
     sections: tuple[str, ...] = SECTIONS
@@ -162,7 +162,7 @@ class BenchSettings:
     images: bool = False
     draft_length: str = "policy"  # the main, sweep, fidelity and frontier sections' draft length
     policy_temperatures: tuple[float, ...] = (0.0, 0.9)  # the policy section (T = 0 is greedy)
-    policy_gammas: tuple[int, ...] = (1, 2, 3, 4)  # its fixed K; the policy and threshold use K0
+    policy_ks: tuple[int, ...] = (1, 2, 3, 4)  # its fixed K; the policy and threshold use K0
     policy_tokens: int = 64
     tree_budgets: tuple[int, ...] = (2, 4)  # the tree section's fixed budgets N (against chains of K = N)
     tree_max_nodes: int = 8  # the tree section's cost-model tree: nodes per round at most (depth K0)
@@ -175,8 +175,8 @@ class BenchSettings:
             raise ValueError("--max-new-tokens and --fidelity-tokens must be >= 1")
         if self.prompts < 1 or self.sweep_prompts < 1:
             raise ValueError("--prompts and --sweep-prompts must be >= 1")
-        if self.gamma < 1 or any(k < 1 for k in self.gammas):
-            raise ValueError("K must be >= 1 (--gamma, --gammas)")
+        if self.k < 1 or any(k < 1 for k in self.ks):
+            raise ValueError("K must be >= 1 (--k, --ks)")
         if self.temperature <= 0 or any(t <= 0 for t in self.temperatures):
             raise ValueError("benchmark temperatures must be > 0 (sampling; the greedy check is in the tests)")
         if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
@@ -184,8 +184,8 @@ class BenchSettings:
         unknown = set(self.sections) - set(SECTIONS)
         if self.draft_length not in DRAFT_LENGTHS:
             raise ValueError(f"--draft-length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
-        if any(t < 0 for t in self.policy_temperatures) or any(k < 1 for k in self.policy_gammas):
-            raise ValueError("--policy-temperatures must be >= 0 and --policy-gammas >= 1")
+        if any(t < 0 for t in self.policy_temperatures) or any(k < 1 for k in self.policy_ks):
+            raise ValueError("--policy-temperatures must be >= 0 and --policy-ks >= 1")
         if any(not 1 <= n <= 16 for n in (*self.tree_budgets, self.tree_max_nodes)):
             raise ValueError("--tree-budgets and --tree-max-nodes must be whole numbers from 1 to 16 (nodes per round)")
         if unknown:
@@ -232,8 +232,8 @@ def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Conf
     from dataclasses import replace
 
     if section == "k":
-        t0, k0, hb = s.temperature, s.gamma, s.headline_beta
-        return [Config("target", t0)] + [c for k in s.gammas for c in (Config("ordinary", t0, k, draft="fixed"),
+        t0, k0, hb = s.temperature, s.k, s.headline_beta
+        return [Config("target", t0)] + [c for k in s.ks for c in (Config("ordinary", t0, k, draft="fixed"),
                                                                       Config("ears", t0, k, hb, draft="fixed"))]
     if section == "policy":
         cfgs: list[Config] = []
@@ -241,9 +241,9 @@ def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Conf
             rules = [("ordinary", 0.0)] + ([("ears", s.headline_beta)] if t > 0 else [])
             cfgs.append(Config("target", t))
             for name, beta in rules:
-                cfgs.append(Config(name, t, s.gamma, beta, draft="policy"))
-                cfgs += [Config(name, t, k, beta, draft="fixed") for k in s.policy_gammas]
-                cfgs.append(Config(name, t, s.gamma, beta, draft="threshold"))
+                cfgs.append(Config(name, t, s.k, beta, draft="policy"))
+                cfgs += [Config(name, t, k, beta, draft="fixed") for k in s.policy_ks]
+                cfgs.append(Config(name, t, s.k, beta, draft="threshold"))
         return cfgs
     if section == "tree":  # the policy section's temperatures and rules; chain and tree side by side
         cfgs = []
@@ -254,15 +254,15 @@ def section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Conf
                 for n in s.tree_budgets:  # the same verify price: N + 1 tokens a target pass
                     cfgs += [Config(name, t, n, beta, draft="fixed"),
                              Config(name, t, n, beta, draft="fixed", shape="tree", budget=n)]
-                cfgs += [Config(name, t, s.gamma, beta, draft="policy"),
-                         Config(name, t, s.gamma, beta, draft="policy", shape="tree", budget=s.tree_max_nodes)]
+                cfgs += [Config(name, t, s.k, beta, draft="policy"),
+                         Config(name, t, s.k, beta, draft="policy", shape="tree", budget=s.tree_max_nodes)]
         return cfgs
     return [c if c.method in ("target", "assisted") else replace(c, draft=s.draft_length)
             for c in _section_configs(s, section, assisted)]
 
 
 def _section_configs(s: BenchSettings, section: str, assisted: bool) -> list[Config]:
-    t0, k0, hb = s.temperature, s.gamma, s.headline_beta
+    t0, k0, hb = s.temperature, s.k, s.headline_beta
     if section == "main":
         cfgs = [Config("target", t0)]
         for name, params in parse_rules(s.rules):

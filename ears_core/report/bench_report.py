@@ -22,12 +22,17 @@ from scipy.stats import binomtest
 from ears_core.report.bench_plan import Config, Job, final_answer
 from ears_core.metrics import round_theory
 
-__all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson", "tree_section_figure"]
+__all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson", "tree_section_figure", "k_of"]
 
-RUN_FIELDS = ["method", "label", "temperature", "gamma", "beta", "params", "draft_length", "draft_shape", "tree_budget",
+RUN_FIELDS = ["method", "label", "temperature", "k", "beta", "params", "draft_length", "draft_shape", "tree_budget",
               "sections", "prompt_id", "task", "seed",
               "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
               "draft_ms", "target_ms", "total_distortion", "logprob", "expected", "answer", "correct", "text"]
+
+
+def k_of(row: dict[str, Any]) -> int:
+    """A row's K (drafts per round at most), from a row written now ("k") or before the rename ("gamma")."""
+    return int(row["k"] if "k" in row else row["gamma"])
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:
@@ -55,7 +60,7 @@ def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any
                                                   "draft_ms", "target_ms", "total_distortion")}
         tps = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] > 0 else math.nan
         row: dict[str, Any] = dict(config=cfg.key, method=cfg.method, label=cfg.label, temperature=cfg.temperature,
-                                   gamma=cfg.gamma, beta=cfg.beta, draft=cfg.draft, shape=cfg.shape,
+                                   k=cfg.k, beta=cfg.beta, draft=cfg.draft, shape=cfg.shape,
                                    runs=len(rs), tokens=tot["new_tokens"],
                                    seconds=_r(tot["wall_s"], 2), tokens_per_s=_r(tps, 2))
         b = base.get(cfg.temperature)
@@ -109,7 +114,7 @@ def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, A
         for j, r in rows.items():
             p = prompts[j.prompt_id]
             w.writerow(dict(method=j.config.method, label=j.config.label, temperature=j.config.temperature,
-                            gamma=j.config.gamma, beta=j.config.beta, sections=" ".join(sections_of[j]),
+                            k=j.config.k, beta=j.config.beta, sections=" ".join(sections_of[j]),
                             params=";".join(f"{k}={v:g}" for k, v in j.config.params), draft_length=j.config.draft,
                             draft_shape=j.config.shape, tree_budget=j.config.budget,
                             prompt_id=j.prompt_id, task=p.get("task"), seed=j.seed, max_new_tokens=j.max_new_tokens,
@@ -154,7 +159,7 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
     with open(out / "runs.csv", newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             params = tuple((k, float(v)) for k, _, v in (x.partition("=") for x in (r.get("params") or "").split(";") if x))
-            cfg = Config(r["method"], float(r["temperature"]), int(r["gamma"]), float(r["beta"]), params,
+            cfg = Config(r["method"], float(r["temperature"]), k_of(r), float(r["beta"]), params,
                          r.get("draft_length") or "policy", r.get("draft_shape") or "chain", int(r.get("tree_budget") or 0))
             job = Job(cfg, int(r["prompt_id"]), int(r["seed"]), int(r["max_new_tokens"]))
             expected = r["expected"] or None
@@ -269,10 +274,10 @@ def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
     if "k" in secs:
         fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s vs target-only", "tokens per round"))
         for m, col in (("ordinary", "#636efa"), ("ears", "#ef553b")):
-            pts = sorted((r for r in secs["k"] if r["method"] == m), key=lambda r: r["gamma"])
+            pts = sorted((r for r in secs["k"] if r["method"] == m), key=k_of)
             if not pts:
                 continue
-            ks, name, line = [r["gamma"] for r in pts], pts[0]["label"], dict(color=col)
+            ks, name, line = [k_of(r) for r in pts], pts[0]["label"], dict(color=col)
             fig.add_scatter(x=ks, y=[r["ratio"] for r in pts], mode="lines+markers", name=f"{name} measured",
                             line=line, row=1, col=1)
             fig.add_scatter(x=ks, y=[r.get("cost_model_S") for r in pts], mode="lines", line=dict(line, dash="dash"),
@@ -326,7 +331,7 @@ def tree_section_figure(rows: list[dict[str, Any]]) -> go.Figure:
     spec = [r for r in rows if r["method"] != "target"]
     for shape, colour in (("chain", "#636efa"), ("tree", "#e6007e")):
         fixed = [r for r in spec if r.get("shape", "chain") == shape and r.get("draft") == "fixed"]
-        fig.add_bar(x=[f"{r['method']} N={r['gamma']} T={r['temperature']:g}" for r in fixed],
+        fig.add_bar(x=[f"{r['method']} N={k_of(r)} T={r['temperature']:g}" for r in fixed],
                     y=[r.get("accepted_per_round") for r in fixed], name=f"{shape}, fixed", marker_color=colour,
                     row=1, col=1)
         auto = [r for r in spec if r.get("shape", "chain") == shape and r.get("draft") == "policy"]

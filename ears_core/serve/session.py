@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
@@ -45,6 +45,7 @@ from ears_core.decode.api import tree_stream
 from ears_core.policy.tree_budget import TreeBudget, TreeCalibration
 from ears_core.decode.api import autoregressive_stream, stream
 from ears_core.decode.generation import Generation
+from ears_core.deprecated import renamed_keyword
 from ears_core.metrics import GenerationStats
 from ears_core.model.hub import describe_device
 from ears_core.pair import ModelPair
@@ -73,7 +74,7 @@ class RunConfig:
     rule: str = "ears"
     params: dict[str, float] = field(default_factory=lambda: {"beta": 0.1})
     temperature: float = 0.9
-    gamma: int = 4  # K: drafts per round at most
+    k: int = 4  # K: drafts per round at most
     max_new_tokens: int = 96
     seed: int = 0
     top_k: int | None = None
@@ -82,6 +83,10 @@ class RunConfig:
     draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto": see the terms
     tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
     tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
+    gamma: InitVar[int | None] = None  # the old name of k: deprecated, warns (ears_core/deprecated.py)
+
+    def __post_init__(self, gamma: int | None) -> None:
+        self.k = renamed_keyword(self.k, gamma, default=4, where="RunConfig")
 
     def validate(self) -> "RunConfig":
         rule_spec(self.rule)  # unknown name: a ValueError listing the registered rules
@@ -107,8 +112,8 @@ class RunConfig:
             raise ValueError(f"beta must be >= {BETA.low:g} (0 is the ordinary lossless rule), got {self.params['beta']!r}")
         if self.temperature is None or self.temperature != self.temperature or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 is greedy decoding), got {self.temperature!r}")
-        if not isinstance(self.gamma, int) or not 1 <= self.gamma <= MAX_K:
-            raise ValueError(f"K (drafts per round) must be a whole number from 1 to {MAX_K}, got {self.gamma!r}")
+        if not isinstance(self.k, int) or not 1 <= self.k <= MAX_K:
+            raise ValueError(f"K (drafts per round) must be a whole number from 1 to {MAX_K}, got {self.k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max new tokens must be a whole number >= 1, got {self.max_new_tokens!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
@@ -198,7 +203,7 @@ class Session:
         if self.pair.draft is None:
             return
         ids = self.encode("Say hello in one short sentence.")
-        run = self.speculative(ids, RunConfig(rule="standard", params={}, gamma=2, max_new_tokens=tokens,
+        run = self.speculative(ids, RunConfig(rule="standard", params={}, k=2, max_new_tokens=tokens,
                                               draft_length="fixed", draft_shape="chain"))
         for _ in run:
             pass
@@ -213,11 +218,15 @@ class Session:
         choice = getattr(self.pair.draft, "kernel_choice", None)  # head_kernels.HeadChoice or None
         return describe(self.prices) + (f"; draft head in {choice.variant.label}" if choice is not None else "")
 
-    def policy_for(self, rule: AcceptanceRule, temperature: float, gamma: int, draft_length: str
-                   ) -> dict[str, Any]:
+    def policy_for(self, rule: AcceptanceRule, temperature: float, k: int | None = None, draft_length: str = "policy",
+                   *, gamma: int | None = None) -> dict[str, Any]:
         """``stream`` keyword arguments for a draft-length mode: a policy on a snapshot of the
         prices (a run's decisions do not change with timings taken during it) and a copy of the
-        calibration for (rule, temperature)."""
+        calibration for (rule, temperature). ``k``: drafts per round at most (``gamma``: its old name,
+        deprecated)."""
+        k = renamed_keyword(k, gamma, default=None, where="Session.policy_for")
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"policy_for needs k (drafts per round at most) as an integer >= 1, got {k!r}")
         if draft_length == "fixed":
             return {}
         curve = self.prices
@@ -226,7 +235,7 @@ class Session:
         else:
             calib = self._calibration((rule.describe(), temperature), temperature)
         policy = DraftPolicy(PriceCurve(list(curve.verify_ms), curve.draft_ms, curve.overhead_ms, curve.key,
-                                        curve.measured_at), gamma,
+                                        curve.measured_at), k,
                              threshold=THRESHOLD if draft_length == "threshold" else None)
         return dict(policy=policy, calibration=calib)
 
@@ -322,8 +331,8 @@ class Session:
         rule, temperature = cfg.rule_and_temperature()
         if cfg.draft_shape == "tree":
             return self._tree_run(ids, cfg, rule, temperature, deadline_s)
-        extra = self.policy_for(rule, temperature, cfg.gamma, cfg.draft_length)
-        gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, gamma=cfg.gamma,
+        extra = self.policy_for(rule, temperature, cfg.k, cfg.draft_length)
+        gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, k=cfg.k,
                      deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common(), **extra)
         return Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
 
@@ -335,7 +344,7 @@ class Session:
                              "draft a tree (it has no distribution to branch from): choose the chain draft shape, "
                              "or a draft model or head")
         extra = self.tree_policy_for(rule, temperature, cfg.tree_budget, cfg.draft_length)
-        gen = tree_stream(self.pair.target, drafter, ids, rule=rule, budget=cfg.tree_budget, depth=cfg.gamma,
+        gen = tree_stream(self.pair.target, drafter, ids, rule=rule, budget=cfg.tree_budget, depth=cfg.k,
                           width=cfg.tree_width, deadline_s=deadline_s, **cfg.sampling_kwargs(temperature),
                           **self._common(), **extra)
         budget = extra.get("keep")

@@ -71,7 +71,7 @@ def run_record(result: Any, cfg: RunConfig, *, prompt: str, model: str, device: 
     stats = result.stats
     rule, temperature = cfg.rule_and_temperature()
     settings = {"prompt": prompt, "rule": rule.describe(), **cfg.params, "temperature": temperature,
-                "K": cfg.gamma, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k": cfg.top_k,
+                "K": cfg.k, "max_new_tokens": cfg.max_new_tokens, "seed": cfg.seed, "top_k": cfg.top_k,
                 "top_p": cfg.top_p, "draft_length": cfg.draft_length, "draft_shape": cfg.draft_shape,
                 "model": model, "device": device}
     if cfg.draft_shape == "tree":

@@ -145,7 +145,7 @@ def run_config(rule_name: Any, req: Request, names: Sequence[str], values: Seque
     params = check_params(spec, dict(zip(names, values)))
     if isinstance(tree_budget, float) and tree_budget.is_integer():
         tree_budget = int(tree_budget)  # a slider's value
-    return RunConfig(rule=spec.name, params=params, temperature=req.temperature, gamma=req.k,
+    return RunConfig(rule=spec.name, params=params, temperature=req.temperature, k=req.k,
                      max_new_tokens=req.max_new, seed=req.seed, draft_length=draft_length or "policy",
                      draft_shape=shape_of(tree), tree_budget=tree_budget).validate()
 

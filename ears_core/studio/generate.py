@@ -151,7 +151,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
         tok = session.pair.tokenizer
         for i, _ in enumerate(frames(run)):  # tokens every frame; the charts (heavy to build and send) every 4th
             events, steps, samples = snapshot(run)
-            figs = (charts(events, steps, cfg.gamma, {label: samples}, budget) if i % CHART_EVERY == CHART_EVERY - 1
+            figs = (charts(events, steps, cfg.k, {label: samples}, budget) if i % CHART_EVERY == CHART_EVERY - 1
                     else {})
             if figs and trees:
                 figs["tree"] = tree_plot(labelled(trees[-1], events, ids, tok))
@@ -163,7 +163,7 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
                         ) if rounds else dict(tree=None)
         note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
         contended, curves = run.contended, {label: list(run.gen.samples)}
-        yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.gamma, curves, budget),
+        yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.k, curves, budget),
                    summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)), **tree_out)
 
         base_tps, base_note = None, ""
@@ -190,11 +190,11 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
 
         state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
         rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape)
-        drawn = f"; a tree of depth {cfg.gamma}, {cfg.tree_budget} nodes" if shape == "tree" else ""
+        drawn = f"; a tree of depth {cfg.k}, {cfg.tree_budget} nodes" if shape == "tree" else ""
         yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
                    summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
                    f"draft length: {cfg.draft_length}{drawn}*" + profile_note(session, cfg),
-                   details=details, state=state, **theory_outputs(res.stats, cfg.gamma, state["measured"]), **tree_out)
+                   details=details, state=state, **theory_outputs(res.stats, cfg.k, state["measured"]), **tree_out)
 
     return named(generate, generate_params(names))
 

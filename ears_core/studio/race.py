@@ -71,7 +71,7 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
             # K drafts every round for both rules: the same draws at the same positions, so their first
             # difference is where the rules decided differently (a policy would verify different positions)
             cfgs = [run_config(r, req, given, values, "fixed") for r in rules]
-            base_cfg = RunConfig(rule=RULE_B, params={}, temperature=req.temperature, gamma=req.k,
+            base_cfg = RunConfig(rule=RULE_B, params={}, temperature=req.temperature, k=req.k,
                                  max_new_tokens=req.max_new, seed=req.seed)
             if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
                 yield empty, empty, empty, f"*{LOADING}*", gr.skip()

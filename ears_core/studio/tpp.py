@@ -109,7 +109,7 @@ def build(concurrency_id: str | None = None) -> None:
     with gr.Tab("Point processes"):
         gr.Markdown(
             "**Speculative sampling for temporal point processes**, exact. A 16-layer transformer TPP trained on a "
-            "known process is the target. *TPP-SD draft model*: a 1-layer transformer drafts γ events, one target "
+            "known process is the target. *TPP-SD draft model*: a 1-layer transformer drafts K events, one target "
             "pass scores them, each stands with probability min(1, p*(τ, x) / q(τ, x)) over the joint time-and-mark "
             "density; the first rejected one is replaced from the residual max(0, p* − q), and when all stand a bonus "
             "event comes from the target. *Seed 001 self-proposal*: the target's own law proposes the events. The "
@@ -123,7 +123,7 @@ def build(concurrency_id: str | None = None) -> None:
         with gr.Row():
             length_mode = gr.Radio(list(LENGTH_MODES), value="cost model", label="draft length",
                                    elem_id="tpp_length_mode")
-            length = gr.Slider(1, 16, value=4, step=1, label="fixed draft length (γ or l)", elem_id="tpp_length")
+            length = gr.Slider(1, 16, value=4, step=1, label="fixed draft length (K or l)", elem_id="tpp_length")
             n_events = gr.Number(1000, label="events", precision=0, minimum=1, maximum=MAX_EVENTS, elem_id="tpp_n")
             seed = gr.Number(0, label="seed", precision=0, minimum=0, elem_id="tpp_seed")
             btn = gr.Button("Sample", variant="primary", elem_id="tpp_sample")

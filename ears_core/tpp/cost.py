@@ -4,11 +4,11 @@ Terms
 -----
 prices        measured on this machine, once per model pair: seconds of one autoregressive round (one
               target step and a draw) and of one speculative round of each candidate length (for the draft
-              sampler: gamma draft steps + one target pass over gamma + 1 positions + the verification),
+              sampler: K draft steps + one target pass over K + 1 positions + the verification),
               smoothed by a least-squares line in the length (robust to a load spike on a shared machine)
 a_j           acceptance at position j of a round: drafts kept at j / rounds that evaluated j (positions up
               to and including the first rejection), decayed so that it follows the sequence
-events/round  draft sampler: E(gamma) = 1 + sum_{i<=gamma} prod_{j<=i} a_j (the replacement or bonus is the 1);
+events/round  draft sampler: E(K) = 1 + sum_{i<=K} prod_{j<=i} a_j (the replacement or bonus is the 1);
               self-proposal: E(l) = sum_{i<=l} prod_{j<=i} a_j (a rejected position is retried next round)
 choice        the length with the most events per second E / price; if that is below 1 / price(ar), the round
               is an autoregressive step, and after ``PROBE_EVERY`` (run.py) such steps one speculative round of

@@ -60,7 +60,7 @@ class Events:
 
 @dataclass
 class RoundRecord:
-    """One round of a sampler: mode "draft" / "self" / "ar", its length (gamma or l; 1 for ar), drafts kept per
+    """One round of a sampler: mode "draft" / "self" / "ar", its length (K or l; 1 for ar), drafts kept per
     row before the first rejection (B,), events committed per row (B,), wall-clock seconds."""
 
     mode: str

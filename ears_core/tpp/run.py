@@ -3,7 +3,7 @@
 Terms
 -----
 method     "autoregressive" (the baseline), "self" (seed 001 self-proposal) or "draft" (TPP-SD draft model)
-length     the draft length gamma (draft) or proposals per round l (self); None = the cost model picks it
+length     the draft length K (draft) or proposals per round l (self); None = the cost model picks it
            per round (cost.py), falling back to autoregressive rounds when drafting does not pay
 row        one independent sequence; ``batch`` rows are sampled side by side (same law, different draws)
 A run stops when every row has ``n_events`` events and returns exactly the first ``n_events`` of each row.

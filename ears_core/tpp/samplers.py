@@ -5,10 +5,10 @@ Terms
 round        one unit of work on every row. ``ar_round``: one target step, one event from p* (kind target).
              ``round(length)``: the sampler's speculative round with ``length`` drafted / proposed events.
 pending      positions a model has not read yet. The target always has exactly one (position n, the last
-             committed event), so a round feeds it [event n, drafts 1..gamma] in one pass and reads p* for
-             events n+1..n+gamma+1; the draft has 1 at the start, 2 after a speculative round and one more
+             committed event), so a round feeds it [event n, drafts 1..K] in one pass and reads p* for
+             events n+1..n+K+1; the draft has 1 at the start, 2 after a speculative round and one more
              per autoregressive round in between. Rolling back a cache is setting its length.
-DraftSampler        TPP-SD: a draft transformer proposes gamma events autoregressively, the target scores
+DraftSampler        TPP-SD: a draft transformer proposes K events autoregressively, the target scores
                     them in one pass, verify.py decides (joint time-and-mark ratio, residual, bonus).
 SelfProposalSampler seed 001, Algorithm 1: l i.i.d. proposals from the target's own law at the round's first
                     position (heavy tail and uniform mixed in), kept with p*_j / (M_j q); the first rejection
@@ -119,7 +119,7 @@ class DraftSampler(TPPSampler):
     def round(self, length: int) -> RoundRecord:
         g = int(length)
         if g < 1:
-            raise ValueError(f"draft length gamma must be >= 1, got {length}")
+            raise ValueError(f"draft length K must be >= 1, got {length}")
         t0 = time.perf_counter()
         with torch.inference_mode():
             B, gen = self.B, self.gen

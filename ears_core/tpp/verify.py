@@ -9,7 +9,7 @@ accept        drafted event j stands with probability min(1, p*_j(tau_j, x_j) / 
 residual      at the first rejection j, the replacement is drawn from max(0, p*_j - q_j) / Z: draw (tau, x)
               from p*_j and keep it with probability max(0, 1 - q_j / p*_j), repeat until one is kept
               (rejection sampling from p*_j with envelope p*_j: the kept draw has density max(0, p* - q) / Z)
-bonus         every draft stood: one more event is drawn from p*_{gamma+1}
+bonus         every draft stood: one more event is drawn from p*_{K+1}
 ratio         "joint" (the rule above, exact) or "time": only the time densities enter the ratio and the
               residual, the drafted mark is kept unverified and a replacement's mark is drawn from p*'s
               marks, as TPP-SD's public code does. "time" is NOT exact; it exists so the tests can show it.
@@ -27,7 +27,7 @@ RATIOS = ("joint", "time")
 
 
 def stack_laws(laws: list[EventDist]) -> EventDist:
-    """gamma laws with leading shape (B,) -> one law with leading shape (B, gamma)."""
+    """K laws with leading shape (B,) -> one law with leading shape (B, K)."""
     return EventDist(*(torch.stack([getattr(d, f) for d in laws], 1) for f in ("w_logits", "mu", "sd", "type_logits")))
 
 
@@ -47,8 +47,8 @@ def log_density(dist: EventDist, tau: torch.Tensor, x: torch.Tensor, ratio: str 
 
 def verify_drafts(p: EventDist, q: EventDist, tau: torch.Tensor, x: torch.Tensor, u: torch.Tensor,
                   ratio: str = "joint") -> tuple[torch.Tensor, torch.Tensor]:
-    """p: target laws (B, >= gamma), q: draft laws (B, gamma), drafts tau, x and uniforms u (B, gamma).
-    Returns (drafts kept before the first rejection (B,) long, log ratio (B, gamma))."""
+    """p: target laws (B, >= K), q: draft laws (B, K), drafts tau, x and uniforms u (B, K).
+    Returns (drafts kept before the first rejection (B,) long, log ratio (B, K))."""
     g = tau.shape[1]
     if ratio not in RATIOS:
         raise ValueError(f"ratio must be one of {RATIOS}, got {ratio!r}")
