@@ -78,7 +78,7 @@ def test_draft_model_run_streams_a_coloured_timeline_acceptance_and_qq(page, tmp
 
 def test_choosing_process_sampler_and_a_fixed_length_reaches_the_sampler(page):
     page.locator("#tpp_process").get_by_text("multivariate Hawkes").click()
-    page.locator("#tpp_sampler").get_by_text("seed 001 self-proposal").click()
+    page.locator("#tpp_method").get_by_text("seed 001 self-proposal").click()
     page.locator("#tpp_length_mode").get_by_text("fixed").click()
     rng = page.locator("#tpp_length input[type=range]")
     rng.focus()

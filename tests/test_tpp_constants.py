@@ -132,33 +132,33 @@ def test_bad_alpha_and_mixed_kinds_are_refused():
         rejection_constant(D.Categorical(probs=torch.ones(2) / 2), D.Exponential(1.0))
 
 
-def test_the_samplers_constants_bound_the_true_ratio_on_the_shipped_model():
-    """The M of every position of real speculative steps (as the sampler computes it: one shared grid, no
-    mediant) against a dense grid of the true time ratio (M_type is the exact largest ratio, tested above)."""
-    from ears_core.tpp.model import load_model
-    from ears_core.tpp.constants import mixture_log_bound
-    from ears_core.tpp.sampler import SpecConfig, _draw_proposals, autoregressive_sample, proposal_law
+@pytest.mark.parametrize("process", ["hawkes", "multi_hawkes", "self_correcting", "renewal"])
+def test_the_self_proposal_samplers_constants_bound_the_true_ratio_on_the_shipped_targets(process):
+    """The time bound M_time of every position of real self-proposal rounds, as the sampler computes it
+    (``SelfProposalSampler.time_bound``: one shared grid, no mediant), against a dense grid of the true time
+    ratio p*_j / q (M_type is the exact largest ratio, tested above): never below it, and not loose."""
+    import numpy as np
 
-    model, cfg, l = load_model(), SpecConfig(), 8
-    run = autoregressive_sample(model, n_events=40, seed=1)
+    from ears_core.tpp.processes import make_process
+    from ears_core.tpp.samplers import SelfProposalSampler, draw_proposals, proposal_law
+    from ears_core.tpp.transformer import load_pair
+
+    target, _ = load_pair(process)
+    seq, l = make_process(process).simulate(40, np.random.default_rng(1)), 8
     gen = torch.Generator().manual_seed(0)
     y_dense = torch.linspace(-30.0, 15.0, 300_001)
-    with torch.no_grad():
-        hs = model.encode(torch.tensor([run.taus]), torch.tensor([run.types]), model.start(1))[0]
-        for i in range(0, 40, 8):
-            h = hs[i:i + 1]
-            comps, heavy, type_lp = proposal_law(model.decode(h[0]), cfg)
-            y, x, _ = _draw_proposals(comps, heavy, type_lp, l, gen)
-            states = torch.cat([h, model.encode(torch.exp(y).unsqueeze(0), x.unsqueeze(0), h)[0][:-1]])
-            tgt = model.decode(states)  # (l,)
-            log_m, *_ , outside, _ = mixture_log_bound(tgt.log_w, tgt.mu, tgt.sd, *comps, heavy, cells=cfg.cells,
-                                                       z=cfg.z, mediant=False, shared_grid=True)
-            assert float(outside.max()) == 0
-            lw = torch.cat([comps[0], heavy[0].reshape(1)])
-            mu = torch.cat([comps[1], heavy[1].reshape(1)])
-            sd = torch.cat([comps[2], heavy[2].reshape(1)])
+    with torch.inference_mode():
+        for n in range(1, 40, 8):  # rounds after histories of 1, 9, ..., 33 events of the true process
+            s = SelfProposalSampler(target, 1, 64, gen, history=(seq.times[:n], seq.types[:n]))
+            empty = torch.zeros(1, 0)
+            comps, heavy, type_lp = proposal_law(s.target_pass(empty, empty.long())[:, 0], s.eps, s.widen)
+            y, x, _ = draw_proposals(comps, heavy, type_lp, l, gen)  # (1, l)
+            p = s.target_pass(torch.exp(y), x)[:, :l]  # p*_1..p*_l, leading (1, l)
+            log_m, outside = s.time_bound(p, comps, heavy)  # (1, l)
+            assert float(outside.max()) == 0  # the heavy tail makes every bound global
+            lw, mu, sd = (torch.cat([c[0], h]) for c, h in zip(comps, heavy))  # (R+1,) with the heavy tail
             zq = (y_dense[:, None] - mu) / sd
             log_q = torch.logsumexp(lw - 0.5 * zq * zq - torch.log(sd), -1) - 0.5 * math.log(2 * math.pi)
             for j in range(l):
-                true = float((tgt[j].log_prob_y(y_dense) - log_q).max())
-                assert true <= float(log_m[j]) <= true + math.log(1.3)  # valid, and within 30%
+                true = float((p[0, j].log_prob_y(y_dense) - log_q).max())
+                assert true <= float(log_m[0, j]) <= true + math.log(1.7)  # valid, and within 70 %

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from ears_core.tpp.model import EventDist
+from ears_core.tpp.event_law import EventDist
 from ears_core.tpp.cost import AcceptanceTracker, Prices, choose, expected_events
 from ears_core.tpp.processes import PROCESSES, Sequence, make_process
 from ears_core.tpp.run import sample, stream

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from ears_core.tpp.model import EventDist
+from ears_core.tpp.event_law import EventDist
 from ears_core.tpp.verify import residual_draw, verify_drafts
 
 torch.set_num_threads(1)

@@ -119,7 +119,7 @@ def build(concurrency_id: str | None = None) -> None:
             process = gr.Radio([(v, k) for k, v in PROCESSES.items()], value="hawkes", label="process",
                                elem_id="tpp_process")
             sampler = gr.Radio([(v, k) for k, v in SAMPLERS.items()], value="draft", label="sampler",
-                               elem_id="tpp_sampler")
+                               elem_id="tpp_method")
         with gr.Row():
             length_mode = gr.Radio(list(LENGTH_MODES), value="cost model", label="draft length",
                                    elem_id="tpp_length_mode")

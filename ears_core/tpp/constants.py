@@ -20,7 +20,7 @@ Closed forms (derived here; the seed's exponential ratio has the exponent's sign
 - Gaussian / log-normal mixtures (the model's decoder): per-cell interval bounds on a grid over the
   target's bulk D (a Gaussian's max on a cell is at its clamped mean, its min at an end), and
   closed-form quadratic sups on the two tails against the proposal's heavy
-  tail; with paired components (same K, as in the sampler), also the global mediant bound
+  tail; with paired components (same R, as in the sampler), also the global mediant bound
   max_k min(w_k N_k / (v_k N'_k), N_k / (eps h)) (ratio of sums <= largest ratio of terms), tight when the
   two mixtures are close. Every piece is a true upper bound, so M never falls below the supremum.
 - anything else: the seed's piecewise envelope (Algorithms 2 and 3): a grid from target quantiles,
@@ -85,7 +85,7 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
                       mediant: bool = True, shared_grid: bool = False):
     """log M for Gaussian mixtures in y (log-normal mixtures in tau = e^y), batched.
 
-    tw, tmu, tsd: target log-weights, locations, scales (..., K); pw, pmu, psd: proposal (..., J);
+    tw, tmu, tsd: target log-weights, locations, scales (..., R); pw, pmu, psd: proposal (..., J);
     heavy: optional (log_eps, mu_h, sd_h), each (...), an extra proposal component.
     Inside D = [min_k mu_k - z sd_k, max_k mu_k + z sd_k], cut in ``cells`` equal cells [a, b]: interval
     bounds, exact per component because a Gaussian is unimodal: target <= sum_k w_k N_k(clamp(mu_k, a, b)),
@@ -111,11 +111,11 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     # each Gaussian is unimodal: its max on a cell [a, b] is at clamp(mu, a, b), its min at an end.
     # Linear space, weights shifted by their max (the common 1/sqrt(2 pi) cancels in the ratio).
     m_t, m_p = tw.amax(-1, keepdim=True), pwh.amax(-1, keepdim=True)
-    ct = (torch.exp(tw - m_t) / tsd).unsqueeze(-1)  # (..., K, 1) weight / scale
+    ct = (torch.exp(tw - m_t) / tsd).unsqueeze(-1)  # (..., R, 1) weight / scale
     cp = (torch.exp(pwh - m_p) / ps).unsqueeze(-1)  # (..., J, 1)
     a, b = y[..., :-1].unsqueeze(-1), y[..., 1:].unsqueeze(-1)  # (..., G, 1) cell ends
-    mu_t, mu_p = tmu.unsqueeze(-2), pm.unsqueeze(-2)  # (..., 1, K), (..., 1, J)
-    zt = (torch.minimum(torch.maximum(mu_t, a), b) - mu_t) / tsd.unsqueeze(-2)  # (..., G, K)
+    mu_t, mu_p = tmu.unsqueeze(-2), pm.unsqueeze(-2)  # (..., 1, R), (..., 1, J)
+    zt = (torch.minimum(torch.maximum(mu_t, a), b) - mu_t) / tsd.unsqueeze(-2)  # (..., G, R)
     num = (torch.exp(-0.5 * zt * zt) @ ct).squeeze(-1)  # (..., G) target upper bound per cell
     zp = (y.unsqueeze(-1) - mu_p) / ps.unsqueeze(-2)  # (..., G+1, J) at the grid points
     ep = torch.exp(-0.5 * zp * zp)
@@ -125,14 +125,14 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     if heavy is not None:  # tails against the heavy tail alone: log(w_k N_k / (eps h)) = A y^2 + B y + C
         le, mh, sh = (v.unsqueeze(-1) for v in heavy)  # (..., 1)
         ik, ih = 1 / (tsd * tsd), 1 / (sh * sh)
-        A, B = 0.5 * (ih - ik), tmu * ik - mh * ih  # (..., K); A < 0 iff the component is narrower than h
+        A, B = 0.5 * (ih - ik), tmu * ik - mh * ih  # (..., R); A < 0 iff the component is narrower than h
         C = tw - le + torch.log(sh / tsd) - 0.5 * tmu * tmu * ik + 0.5 * mh * mh * ih
         ystar = -B / (2 * torch.where(A < 0, A, -torch.ones_like(A)))
-        yt = torch.stack([torch.minimum(ystar, lo.unsqueeze(-1)), torch.maximum(ystar, hi.unsqueeze(-1))], -2)  # (..., 2, K)
+        yt = torch.stack([torch.minimum(ystar, lo.unsqueeze(-1)), torch.maximum(ystar, hi.unsqueeze(-1))], -2)  # (..., 2, R)
         vals = torch.where((A < 0).unsqueeze(-2), A.unsqueeze(-2) * yt * yt + B.unsqueeze(-2) * yt + C.unsqueeze(-2), INF)
         tails = torch.logsumexp(vals, -1)  # (..., 2)
     elif pw.shape[-1] == tw.shape[-1]:
-        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, K)
+        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, R)
         ta = torch.stack([-inf, hi], -1).unsqueeze(-1)  # (..., 2, 1): (-inf, lo] and [hi, inf)
         tb = torch.stack([lo, inf], -1).unsqueeze(-1)
         tails = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), ta, tb).amax(-1)
@@ -142,9 +142,9 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     truncated = ~torch.isfinite(tail)
     log_m = torch.maximum(inner, torch.where(truncated, -inf, tail))
     if mediant and pw.shape[-1] == tw.shape[-1]:  # paired components: the global mediant bound, tight when T ~ P
-        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, K)
+        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, R)
         med = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), -inf.unsqueeze(-1).unsqueeze(-1),
-                       inf.unsqueeze(-1).unsqueeze(-1))  # (..., 1, K)
+                       inf.unsqueeze(-1).unsqueeze(-1))  # (..., 1, R)
         if heavy is not None:
             hv = [h.unsqueeze(-1).unsqueeze(-1) for h in heavy]  # (..., 1, 1)
             med = torch.minimum(med, quad_sup(*_pair_coeffs(torch.zeros_like(T[0]), T[1], T[2], *hv),

@@ -12,7 +12,9 @@ DraftSampler        TPP-SD: a draft transformer proposes K events autoregressive
                     them in one pass, verify.py decides (joint time-and-mark ratio, residual, bonus).
 SelfProposalSampler seed 001, Algorithm 1: l i.i.d. proposals from the target's own law at the round's first
                     position (heavy tail and uniform mixed in), kept with p*_j / (M_j q); the first rejection
-                    ends the round and the next round starts at that position (sampler.py explains it).
+                    ends the round and the next round starts at that position; a kept proposal
+                    has the law p*_j whichever proposal the trial used, because M_j >= sup p*_j / q depends
+                    only on the history (docs/tpp.md; the constants: constants.py).
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ import torch
 
 from .constants import LOG_SAFETY, mixture_log_bound
 from .events import ACCEPTED, BONUS, RESAMPLED, TARGET, Events, RoundRecord
-from .model import EventDist
-from .sampler import check_history
+from .event_law import EventDist, check_history
 from .transformer import TransformerTPP
 from .verify import RATIOS, residual_draw, stack_laws, take, verify_drafts
 
-__all__ = ["TPPSampler", "AutoregressiveSampler", "DraftSampler", "SelfProposalSampler"]
+__all__ = ["TPPSampler", "AutoregressiveSampler", "DraftSampler", "SelfProposalSampler", "proposal_law",
+           "draw_proposals"]
 
 
 class TPPSampler:
@@ -43,7 +45,7 @@ class TPPSampler:
             raise ValueError(f"batch must be >= 1, got {batch}")
         self.target, self.B, self.gen = target, batch, gen
         self.C = target.cfg.num_types
-        times, types = check_history(target, history)
+        times, types = check_history(history, target.cfg.num_types)
         h = self.n_history = times.numel()
         self.ev = Events(self.C, batch, capacity + h + 2)
         self.tc = target.new_cache(batch, capacity + h + 2)
@@ -58,7 +60,7 @@ class TPPSampler:
         with torch.inference_mode():
             model(self.ev.t[:, :k].float(), self.ev.tau[:, :k], self.ev.x[:, :k], cache)
 
-    def _target_pass(self, tau: torch.Tensor, x: torch.Tensor) -> EventDist:
+    def target_pass(self, tau: torch.Tensor, x: torch.Tensor) -> EventDist:
         """Feed [event n, tau / x (B, m)]: p* for events n+1..n+m+1, leading (B, m+1)."""
         t0, tau0, x0 = self.ev.tail(1)  # (B, 1)
         if tau.shape[1]:  # times in float64 as the event buffer computes them, then float32 like its reads
@@ -73,7 +75,7 @@ class TPPSampler:
         t0 = time.perf_counter()
         with torch.inference_mode():
             empty = torch.zeros(self.B, 0)
-            p = self._target_pass(empty, empty.long())[:, 0]  # (B,)
+            p = self.target_pass(empty, empty.long())[:, 0]  # (B,)
             tau, x = p.sample1(self.gen)  # (B, 1)
             one = torch.ones(self.B, dtype=torch.long)
             self.ev.append(tau, x, one, torch.full((self.B, 1), TARGET))
@@ -136,7 +138,7 @@ class DraftSampler(TPPSampler):
                     h = self.draft(t_cur.unsqueeze(1).float(), tau_i, x_i, self.dc)[:, -1]
             d_tau, d_x = torch.cat(taus, 1), torch.cat(xs, 1)  # (B, g)
             q = stack_laws(laws)  # (B, g)
-            p = self._target_pass(d_tau, d_x)  # (B, g+1)
+            p = self.target_pass(d_tau, d_x)  # (B, g+1)
             n_acc, _ = verify_drafts(p, q, d_tau, d_x, torch.rand(B, g, generator=gen), self.ratio)  # (B,)
             bonus = n_acc == g
             q_j = take(q, n_acc.clamp(max=g - 1))
@@ -152,10 +154,10 @@ class DraftSampler(TPPSampler):
         return RoundRecord("draft", g, acc, [a + 1 for a in acc], time.perf_counter() - t0)
 
 
-def _proposal(d: EventDist, eps: float, widen: float):
-    """Seed 001's proposal from the target law d (leading (B,)): mixture comps (log w, mu, sd) (B, K),
+def proposal_law(d: EventDist, eps: float, widen: float):
+    """Seed 001's proposal from the target law d (leading (B,)): mixture comps (log w, mu, sd) (B, R),
     heavy tail (log eps, mu_h, sd_h) (B,), type log-probs (B, C) with a uniform of weight eps mixed in."""
-    lw = d.log_w  # (B, K)
+    lw = d.log_w  # (B, R)
     mu_h = (torch.exp(lw) * d.mu).sum(-1)
     sd_h = widen * d.sd.amax(-1)
     C = d.type_logits.shape[-1]
@@ -163,9 +165,9 @@ def _proposal(d: EventDist, eps: float, widen: float):
     return (lw + math.log1p(-eps), d.mu, d.sd), (torch.full_like(mu_h, math.log(eps)), mu_h, sd_h), type_lp
 
 
-def _draw(comps, heavy, type_lp, l: int, gen):
+def draw_proposals(comps, heavy, type_lp, l: int, gen):
     """l i.i.d. proposals per row: y = log tau (B, l), x (B, l), log q(y) + log q(x) (B, l)."""
-    lw = torch.cat([comps[0], heavy[0].unsqueeze(1)], 1)  # (B, K+1)
+    lw = torch.cat([comps[0], heavy[0].unsqueeze(1)], 1)  # (B, R+1)
     mu = torch.cat([comps[1], heavy[1].unsqueeze(1)], 1)
     sd = torch.cat([comps[2], heavy[2].unsqueeze(1)], 1)
     B = lw.shape[0]
@@ -173,7 +175,7 @@ def _draw(comps, heavy, type_lp, l: int, gen):
     k = (torch.exp(lw).cumsum(1)[:, :-1].unsqueeze(1) < u[..., :1]).sum(-1)  # (B, l)
     y = mu.gather(1, k) + sd.gather(1, k) * torch.randn(B, l, generator=gen)
     x = (torch.exp(type_lp).cumsum(1)[:, :-1].unsqueeze(1) < u[..., 1:]).sum(-1)  # (B, l)
-    z = (y.unsqueeze(-1) - mu.unsqueeze(1)) / sd.unsqueeze(1)  # (B, l, K+1)
+    z = (y.unsqueeze(-1) - mu.unsqueeze(1)) / sd.unsqueeze(1)  # (B, l, R+1)
     log_q = torch.logsumexp(lw.unsqueeze(1) - 0.5 * z * z - torch.log(sd).unsqueeze(1), -1) \
         - 0.5 * math.log(2 * math.pi) + type_lp.gather(1, x)
     return y, x, log_q
@@ -195,6 +197,22 @@ class SelfProposalSampler(TPPSampler):
         self.fresh = torch.zeros(batch, dtype=torch.bool)  # the row's last round ended in a rejection
         self.max_mass_outside = 0.0
 
+    def time_bound(self, pl: EventDist, comps, heavy) -> tuple[torch.Tensor, torch.Tensor]:
+        """log M_time >= sup_y p*_j(y) / q(y) of the time law at each of the l positions, and the target mass
+        outside the bound's domain (0 with the heavy tail): pl leading (B, l), the proposal's comps (B, R) and
+        heavy tail (B,) -> (B, l), (B, l)."""
+        l = pl.mu.shape[1]
+        if pl.mu.shape[0] == 1:  # one grid for the l positions, the shared proposal evaluated on it once
+            log_m_time, _, _, outside, _ = mixture_log_bound(
+                pl.log_w[0], pl.mu[0], pl.sd[0], *(c[0] for c in comps), tuple(h[0] for h in heavy),
+                cells=self.cells, z=self.z, mediant=False, shared_grid=True)
+            return log_m_time.unsqueeze(0), outside.unsqueeze(0)
+        ex = [c.unsqueeze(1).expand(-1, l, -1) for c in comps]  # (B, l, R)
+        log_m_time, _, _, outside, _ = mixture_log_bound(
+            pl.log_w, pl.mu, pl.sd, *ex, tuple(h.unsqueeze(1).expand(-1, l) for h in heavy),
+            cells=self.cells, z=self.z, mediant=False)
+        return log_m_time, outside
+
     def _after_ar(self) -> None:
         self.next_law = None
         self.fresh = torch.zeros_like(self.fresh)
@@ -208,23 +226,14 @@ class SelfProposalSampler(TPPSampler):
             B = self.B
             if self.next_law is None:
                 empty = torch.zeros(B, 0)
-                self.next_law = self._target_pass(empty, empty.long())[:, 0]
-            comps, heavy, type_lp = _proposal(self.next_law, self.eps, self.widen)
-            y, x, log_q = _draw(comps, heavy, type_lp, l, self.gen)  # (B, l)
+                self.next_law = self.target_pass(empty, empty.long())[:, 0]
+            comps, heavy, type_lp = proposal_law(self.next_law, self.eps, self.widen)
+            y, x, log_q = draw_proposals(comps, heavy, type_lp, l, self.gen)  # (B, l)
             tau = torch.exp(y)
-            p = self._target_pass(tau, x)  # (B, l+1)
+            p = self.target_pass(tau, x)  # (B, l+1)
             pl = p[:, :l]
             log_p = pl.log_prob_y(y) + pl.type_log_probs.gather(-1, x.unsqueeze(-1)).squeeze(-1)  # (B, l)
-            if B == 1:  # one grid for the l positions, the shared proposal evaluated on it once
-                log_m_time, _, _, outside, _ = mixture_log_bound(
-                    pl.log_w[0], pl.mu[0], pl.sd[0], *(c[0] for c in comps), tuple(h[0] for h in heavy),
-                    cells=self.cells, z=self.z, mediant=False, shared_grid=True)
-                log_m_time, outside = log_m_time.unsqueeze(0), outside.unsqueeze(0)
-            else:
-                ex = [c.unsqueeze(1).expand(-1, l, -1) for c in comps]  # (B, l, K)
-                log_m_time, _, _, outside, _ = mixture_log_bound(
-                    pl.log_w, pl.mu, pl.sd, *ex, tuple(h.unsqueeze(1).expand(-1, l) for h in heavy),
-                    cells=self.cells, z=self.z, mediant=False)
+            log_m_time, outside = self.time_bound(pl, comps, heavy)  # (B, l)
             log_m = log_m_time + (pl.type_log_probs - type_lp.unsqueeze(1)).amax(-1) + LOG_SAFETY  # (B, l)
             first = torch.clamp(log_m[:, 0], max=-2 * math.log1p(-self.eps) + LOG_SAFETY)  # q >= (1-eps)^2 p*_1
             log_m = torch.cat([first.unsqueeze(1), log_m[:, 1:]], 1)

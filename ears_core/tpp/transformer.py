@@ -8,7 +8,7 @@ event features   mark embedding + THP temporal encoding of the absolute time t (
                  standardised log inter-event time
 encoder          ``layers`` pre-norm blocks of causal self-attention (each position sees itself and the
                  ``window - 1`` positions before it) and a GELU MLP; output h_k (D,) per position
-next-event law   p(tau, x | h_k) for event k + 1: the log-normal mixture x categorical ``EventDist`` of model.py
+next-event law   p(tau, x | h_k) for event k + 1: the log-normal mixture x categorical ``EventDist`` of event_law.py
 KV cache         per layer keys and values in one tensor (2, B, heads, capacity, D / heads); row b holds ``length[b]`` valid
                  positions. ``forward`` writes L new positions at each row's own offset and returns their
                  outputs (one pass over L positions); rolling back is setting ``length`` (nothing is erased:
@@ -26,9 +26,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model import ASSET_DIR, EventDist
+from .event_law import EventDist
 
-__all__ = ["TransformerConfig", "TransformerTPP", "KVCache", "save_transformer", "load_transformer", "load_pair"]
+__all__ = ["TransformerConfig", "TransformerTPP", "KVCache", "save_transformer", "load_transformer", "load_pair",
+           "ASSET_DIR"]
+
+ASSET_DIR = Path(__file__).resolve().parents[2] / "assets" / "tpp"  # the shipped pairs: ASSET_DIR/<process>/{target,draft}
 
 
 @dataclass
@@ -100,7 +103,7 @@ class TransformerTPP(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.cfg = cfg
-        D, K, C = cfg.d_model, cfg.num_components, cfg.num_types
+        D, R, C = cfg.d_model, cfg.num_components, cfg.num_types
         self.mark_emb = nn.Embedding(C + 1, D)  # index C: the start pseudo-event
         self.y_in = nn.Linear(1, D)
         self.time_in = nn.Linear(2 * cfg.num_freqs, D, bias=False)
@@ -110,7 +113,7 @@ class TransformerTPP(nn.Module):
                              persistent=False)
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.layers))
         self.ln_f = nn.LayerNorm(D)
-        self.head = nn.Linear(D, 3 * K + C)
+        self.head = nn.Linear(D, 3 * R + C)
 
     # --- features and decoder -------------------------------------------------------------------------
     def embed(self, t: torch.Tensor, tau: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -124,11 +127,11 @@ class TransformerTPP(nn.Module):
 
     def decode(self, h: torch.Tensor) -> EventDist:
         """Outputs (..., D) -> next-event laws with leading shape (...)."""
-        K, s = self.cfg.num_components, self.cfg.y_std
+        R, s = self.cfg.num_components, self.cfg.y_std
         ln = self.ln_f
         out = F.linear(F.layer_norm(h, ln.normalized_shape, ln.weight, ln.bias, ln.eps), self.head.weight,
-                       self.head.bias)  # (..., 3K + C)
-        w, m, ls, tl = out[..., :K], out[..., K:2 * K], out[..., 2 * K:3 * K], out[..., 3 * K:]
+                       self.head.bias)  # (..., 3R + C)
+        w, m, ls, tl = out[..., :R], out[..., R:2 * R], out[..., 2 * R:3 * R], out[..., 3 * R:]
         return EventDist(w, self.cfg.y_mean + s * m, s * (F.softplus(ls) + 0.05), tl)
 
     # --- cached inference -------------------------------------------------------------------------------
@@ -204,7 +207,7 @@ def load_transformer(folder: Path | str) -> TransformerTPP:
     from safetensors.torch import load_file
     folder = Path(folder)
     if not (folder / "model.safetensors").exists():
-        raise FileNotFoundError(f"no transformer TPP weights in {folder}: run scripts/train_tpp.py to make them")
+        raise FileNotFoundError(f"no transformer TPP weights in {folder}: run scripts/train_tpp_transformer.py to make them")
     raw = json.loads((folder / "config.json").read_text())
     model = TransformerTPP(TransformerConfig(**{k: raw[k] for k in TransformerConfig.__dataclass_fields__}))
     model.load_state_dict(load_file(str(folder / "model.safetensors")))

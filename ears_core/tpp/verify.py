@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .model import EventDist
+from .event_law import EventDist
 
 __all__ = ["RATIOS", "stack_laws", "take", "log_density", "verify_drafts", "residual_draw"]
 
