@@ -17,6 +17,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ears_core.decode.rounds import DecodeConfig
 from ears_core.decode.text import Detokenizer
 from ears_core.events import StepRecord, TokenEvent
+from ears_core.model.attention import avoid_replanning_attention
 from ears_core.sampling import Stream, counter_uniforms, first_argmax, logits_to_probs, sample_with_uniforms
 from ears_core.timing import StepClock
 
@@ -26,6 +27,7 @@ __all__ = ["target_only_events"]
 def target_only_events(target: PreTrainedModel, ids: Tensor, cfg: DecodeConfig, steps: list[StepRecord],
                        detok: Detokenizer) -> Iterator[TokenEvent]:
     """Decode ``ids`` (1, T) with the target alone; yields one "target" TokenEvent per pass."""
+    avoid_replanning_attention(ids.device)  # as the speculative loop does: the same kernels, the same numerics
     clock = StepClock(ids.device)
     u_all = counter_uniforms(cfg.seed, torch.arange(cfg.max_new_tokens, device=ids.device), Stream.TARGET)  # (N,)
     cache = DynamicCache(config=target.config)

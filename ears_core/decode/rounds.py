@@ -39,6 +39,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ears_core.decode.text import Detokenizer
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, StepRecord, TokenEvent
+from ears_core.model.attention import avoid_replanning_attention
 from ears_core.rules import AcceptanceRule, verifying_rule
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from ears_core.timing import StepClock
@@ -138,6 +139,7 @@ def decode_rounds(target: PreTrainedModel, drafter: Any, shape: RoundShape, ids:
                   cfg: DecodeConfig, steps: list[StepRecord], trees: list[Any], detok: Detokenizer) -> Iterator[TokenEvent]:
     """Decode ``ids`` (1, T) round by round; yields TokenEvents, appends StepRecords (and TreeRecords)."""
     dev = ids.device
+    avoid_replanning_attention(dev)  # a verify pass of a new width each round: no per-shape cuDNN plans
     clock = StepClock(dev)  # CUDA events on a GPU, read after the round's sync
     rule = verifying_rule(rule, cfg.sampling.greedy)  # the same verdicts; GreedyRule's for the ordinary rule at T = 0
     every = torch.arange(cfg.max_new_tokens + shape.depth + 1, device=dev)  # every output position a round may use

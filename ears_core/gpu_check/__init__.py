@@ -1,0 +1,59 @@
+"""``python -m ears_core.gpu_check``: the CUDA path of ears_core checked in one command.
+
+It needs torch, transformers, accelerate, safetensors and scipy only (no gradio, plotly or test
+packages) and no network. It prints one line per check, a verdict, then one line of JSON
+(``gpu_check: {...}``). Exit code 0: every check held (skips allowed); 1: a check failed; 2: no CUDA
+device is visible (one line says so; ``--device cpu`` runs the same checks on the CPU, which the test
+suite does so that the check never rots).
+
+What it checks (each module defines its terms):
+  correctness.py   greedy equality (chain and tree, float32 and bfloat16) on a small Llama-shaped pair
+                   built in memory; the ordinary rule lossless and EARS exact (chi-square over many seeded
+                   rows); verify / verify_tree deciding on the device exactly as on the CPU; bad draft ids
+                   on the unchecked path; the KV-cache rollback against a fresh prefill.
+  real_pairs.py    the prepared embedded pair and presets in the local Hugging Face cache, if present
+                   (skipped, never passed, when not): greedy equality on five prompts, EARS 0.1 at T = 0.9.
+  speed.py         (left out by ``--quick``) the price curve m = 1..16, the draft step, target-only against
+                   speculative tokens/s with the draft-length policy (chain and tree) for the largest pair
+                   present (else a synthetic layer-skip pair, synthetic.py), and host syncs per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Sequence
+
+__all__ = ["main"]
+
+NO_CUDA = ("gpu_check: no CUDA device is visible (torch {torch}, CUDA build {cuda}): run it on a machine with an "
+           "NVIDIA GPU and a CUDA build of torch, or pass --device cpu to run the same checks on the CPU")
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m ears_core.gpu_check", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
+    ap.add_argument("--quick", action="store_true", help="correctness only: leave out the speed part")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(NO_CUDA.format(torch=torch.__version__, cuda=torch.version.cuda), flush=True)
+        from ears_core.gpu_check.outcome import EXIT_NO_CUDA
+        return EXIT_NO_CUDA
+    from ears_core.gpu_check.plan import run_all
+
+    report = run_all(torch.device(args.device), quick=args.quick)
+    print(report.summary_line(), flush=True)
+    print(report.json_line(), flush=True)
+    return report.exit_code()
+
+
+if __name__ == "__main__":  # pragma: no cover - __main__.py is the entry point
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""The order the GPU check runs in, and the device context its report starts with.
+
+Terms
+-----
+subject    the pair the speed part measures: the largest real pair present (real_pairs.py), else the
+           synthetic skip pair (synthetic.py) in the device's default dtype (bfloat16 on CUDA).
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import torch
+
+from ears_core.gpu_check import correctness, real_pairs, speed
+from ears_core.gpu_check.outcome import Check, Report
+from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
+from ears_core.model.hub import resolve_dtype
+from ears_core.pair import ModelPair, load_pair
+from ears_core.rules import EARSRule
+from ears_core.serve.session import Session
+
+__all__ = ["run_all", "context"]
+
+
+def context(device: torch.device) -> dict[str, Any]:
+    """What ran the check: device, its name and memory, torch / CUDA / transformers versions."""
+    import transformers
+
+    ctx: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "cuda": torch.version.cuda,
+                           "transformers": transformers.__version__, "python": platform.python_version()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        ctx.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
+                   memory_gb=round(props.total_memory / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
+    else:
+        ctx.update(device_name=f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
+    return ctx
+
+
+def _correctness(report: Report, device: torch.device) -> None:
+    tokens = 48 if device.type == "cuda" else 24  # the CPU form runs in the test suite
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        report.run(f"greedy equality {name}", lambda d=dtype: correctness.greedy_equality(device, d, tokens))
+    report.run("lossless ordinary rule", lambda: correctness.lossless(device))
+    report.run("EARS emits its exact law", lambda: correctness.lossless(device, rule=EARSRule(beta=0.3),
+                                                                        expect="emitted"))
+    report.run("same decisions as CPU", lambda: correctness.same_decisions(device))
+    report.run("bad draft ids", lambda: correctness.bad_draft_ids(device))
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        report.run(f"KV rollback {name}", lambda d=dtype: correctness.rollback(device, d))
+
+
+def _real(report: Report, device: torch.device) -> list[tuple[str, str, int]]:
+    present = real_pairs.present_pairs()
+    if not present:
+        report.run("real pairs", lambda: Check("", "skip", "none present: prepare the embedded pair (python -m "
+                                               "ears_core.model.embedded --prepare) or put a preset's target and "
+                                               "draft in the Hugging Face cache", {}))
+    for target, draft, _ in present:
+        tokens = 48 if device.type == "cuda" else 24  # a 2-core CPU decodes a 135M target at about 30 tokens/s
+        report.run(f"real pair {target}", lambda t=target, d=draft: real_pairs.check_real_pair(t, d, device, tokens))
+    return present
+
+
+def _subject(device: torch.device, present: list[tuple[str, str, int]]) -> tuple[ModelPair, list[torch.Tensor], int]:
+    """The speed part's pair, its prompts and new tokens per run (module terms)."""
+    cuda = device.type == "cuda"
+    new_tokens, n_prompts = (128, 3) if cuda else (32, 2)
+    if present:
+        pair = load_pair(present[0][0], present[0][1], device=device)
+        return pair, [pair.encode(p) for p in real_pairs.REAL_PROMPTS[:n_prompts]], new_tokens
+    shape = SKIP_GPU if cuda else SKIP_CPU
+    dtype = resolve_dtype(None, device)
+    target, draft = skip_pair(device, dtype, shape)
+    pair = ModelPair(target, draft, None, device, dtype, f"synthetic skip pair ({shape.layers} layers <- "
+                     f"{shape.draft_layers}, {shape.params_m:.0f}M parameters)", shape.vocab, "synthetic")
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, shape.vocab, (1, 32), generator=g).to(device) for _ in range(n_prompts)]
+    return pair, prompts, new_tokens
+
+
+def _speed(report: Report, device: torch.device, present: list[tuple[str, str, int]]) -> None:
+    pair, prompts, new_tokens = _subject(device, present)
+    report.context["speed_pair"] = pair.name
+    curve_check = report.run("price curve", lambda: speed.price_curve(pair))
+    if curve_check.status != "pass":
+        return
+    session = Session(pair, prices=speed.curve_of(curve_check))
+    report.run("tokens/s", lambda: speed.tokens_per_second(session, prompts, new_tokens))
+    report.run("host syncs per round", lambda: speed.host_syncs(session, prompts[0]))
+
+
+def run_all(device: torch.device, quick: bool = False) -> Report:
+    """Every check on ``device``, in order: correctness, real pairs, then (unless ``quick``) speed."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the report's lines only
+    report = Report(context(device))
+    print(f"gpu_check on {report.context['device_name']} ({device}), torch {torch.__version__}, "
+          f"transformers {report.context['transformers']}", flush=True)
+    _correctness(report, device)
+    present = _real(report, device)
+    if not quick:
+        _speed(report, device, present)
+    return report

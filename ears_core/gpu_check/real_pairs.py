@@ -1,0 +1,112 @@
+"""The real pairs on this machine, if any: the prepared embedded pair and presets in the local Hugging Face cache.
+
+Terms
+-----
+present    the embedded pair is present when its prepared safetensors folder is in ``$EARS_CACHE``
+           (``python -m ears_core.model.embedded --prepare`` made it); a preset is present when the local
+           Hugging Face cache holds the config of both its target and its draft. Nothing is downloaded:
+           HF_HUB_OFFLINE is set before any load, and a pair that is not present is *skipped*, never passed.
+largest    the present pair with the most bytes of target weights on disk: the speed part's subject.
+real check greedy equality with the target's own greedy decoding on five chat prompts (chain, and tree
+           where the drafter can branch), then EARS (beta 0.1) at T = 0.9 running to the end.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from ears_core.decode.api import autoregressive, generate, tree_generate
+from ears_core.gpu_check.correctness import TIE_ULPS
+from ears_core.gpu_check.outcome import Check
+from ears_core.model.embedded import CACHE_SUBDIR, MARKER, cache_root
+from ears_core.pair import EMBEDDED, PRESETS, ModelPair, load_pair
+from ears_core.rules import EARSRule, GreedyRule
+
+__all__ = ["present_pairs", "check_real_pair", "REAL_PROMPTS"]
+
+REAL_PROMPTS = ("What is the capital of France? Answer in one sentence.", "Write a haiku about the sea.",
+                "Explain in two sentences why the sky is blue.", "List three prime numbers greater than 10.",
+                "Translate 'good morning' into Spanish and German.")
+
+
+def _hub_bytes(repo: str) -> int | None:
+    """Bytes of ``repo`` in the local Hugging Face cache, or None when its config is not there."""
+    from huggingface_hub import scan_cache_dir, try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        return None
+    try:
+        return next((r.size_on_disk for r in scan_cache_dir().repos if r.repo_id == repo), 0)
+    except Exception:  # an unreadable cache folder: present, size unknown
+        return 0
+
+
+def present_pairs() -> list[tuple[str, str, int]]:
+    """(target, draft, target bytes) of every present pair, largest target first (module terms)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    found = []
+    folder = cache_root() / CACHE_SUBDIR
+    if (folder / MARKER).is_file():
+        found.append((EMBEDDED, EMBEDDED, sum(f.stat().st_size for f in Path(folder).glob("*.safetensors"))))
+    for preset in PRESETS:
+        if preset.target == EMBEDDED:
+            continue
+        target_bytes, draft_bytes = _hub_bytes(preset.target), _hub_bytes(preset.draft)
+        if target_bytes is not None and draft_bytes is not None:
+            found.append((preset.target, preset.draft, target_bytes))
+    return sorted(found, key=lambda f: -f[2])
+
+
+def _greedy_parts(pair: ModelPair, new_tokens: int) -> list[str]:
+    """Where speculative greedy output parts from the target's own beyond a near-tie, per prompt and shape."""
+    drafter = pair.new_drafter()
+    shapes = {"chain": lambda ids: generate(pair.target, pair.new_drafter(), ids, rule=GreedyRule(), k=4,
+                                            temperature=0.0, max_new_tokens=new_tokens, vocab_size=pair.vocab_size)}
+    if hasattr(drafter, "propose_tree"):
+        shapes["tree"] = lambda ids: tree_generate(pair.target, pair.new_drafter(), ids, rule=GreedyRule(), budget=8,
+                                                   depth=4, temperature=0.0, max_new_tokens=new_tokens,
+                                                   vocab_size=pair.vocab_size)
+    parts = []
+    eps = torch.finfo(pair.dtype).eps
+    for prompt in REAL_PROMPTS:
+        ids = pair.encode(prompt)  # (1, T)
+        ref = autoregressive(pair.target, ids, temperature=0.0, max_new_tokens=new_tokens,
+                             vocab_size=pair.vocab_size).token_ids
+        for shape, run in shapes.items():
+            got = run(ids).token_ids
+            j = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+            if j is None:
+                continue
+            with torch.no_grad():
+                seq = torch.cat([ids, torch.tensor([ref[:j]], dtype=torch.long, device=ids.device)], 1)
+                top2 = pair.target(seq).logits[0, -1, : pair.vocab_size].float().topk(2).values
+            if float(top2[0] - top2[1]) > TIE_ULPS * eps * float(top2[0].abs()):
+                parts.append(f"{shape} parts at token {j} of {prompt!r}")
+    return parts
+
+
+def check_real_pair(target: str, draft: str, device: torch.device, new_tokens: int = 48) -> Check:
+    """Load a present pair on ``device`` and run the real check (module terms)."""
+    pair = load_pair(target, draft, device=device)
+    parts = _greedy_parts(pair, new_tokens)
+    if parts:
+        return Check("", "fail", "; ".join(parts), {"target": target, "draft": draft})
+    out = generate(*pair, pair.encode(REAL_PROMPTS[2]), rule=EARSRule(beta=0.1), k=4, temperature=0.9,
+                   max_new_tokens=64, seed=0, vocab_size=pair.vocab_size)
+    s = out.stats
+    ended = s.new_tokens == 64 or (out.token_ids and out.token_ids[-1] in _eos(pair))
+    if not ended or not math.isfinite(s.mean_distortion) or s.mean_distortion < 0:
+        return Check("", "fail", f"EARS 0.1 at T = 0.9 stopped after {s.new_tokens} tokens (distortion "
+                     f"{s.mean_distortion})", {"target": target})
+    return Check("", "pass", f"{pair.name}: greedy = target on {len(REAL_PROMPTS)} prompts; EARS 0.1 at T = 0.9 ran "
+                 f"{s.new_tokens} tokens (acceptance {s.acceptance_rate or 0:.2f}, pardons {s.pardon_rate or 0:.2f})",
+                 {"target": target, "draft": draft, "acceptance": s.acceptance_rate})
+
+
+def _eos(pair: ModelPair) -> set[int]:
+    eos = pair.target.generation_config.eos_token_id
+    return set(eos if isinstance(eos, (list, tuple)) else [eos] if eos is not None else [])

@@ -1,0 +1,113 @@
+"""What the device charges: its price curve, the draft step, tokens/s, and host syncs per round.
+
+Terms
+-----
+price curve     V(m) / V(1) for m = 1..16: a target pass over m new tokens in target steps
+                (model/pass_times.py: the fastest of several interleaved passes on a 256-token cache).
+draft step      one draft forward over one token, in ms and in target steps.
+tokens/s        target-only against speculative decoding through the Session with the draft-length
+                policy (draft length "policy", K = 8), chain and tree shapes, T = 0, on the same prompts
+                interleaved; each run's new tokens over its decode clock, summed over the prompts.
+host syncs      on CUDA, ``torch.cuda.set_sync_debug_mode`` flags every operation that makes the host
+                wait for the device; counted over one fixed-K run and divided by its rounds. A per-position
+                ``.item()`` in the loop would make the count grow with K: K = 2 and K = 8 are compared.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ears_core.gpu_check.outcome import Check
+from ears_core.model.pass_times import measure_pass_ms
+from ears_core.pair import ModelPair
+from ears_core.policy.costs import PriceCurve
+from ears_core.serve.session import RunConfig, Session
+
+__all__ = ["price_curve", "curve_of", "tokens_per_second", "host_syncs", "MAX_M"]
+
+MAX_M = 16
+
+
+def price_curve(pair: ModelPair) -> Check:
+    """The target's price curve m = 1..16 and the draft step (a draft model's own one-token pass)."""
+    verify_ms = measure_pass_ms(pair.target, max_m=MAX_M, cache_len=256, repeats=5, vocab=pair.vocab_size)
+    draft = pair.draft if isinstance(pair.draft, torch.nn.Module) else None
+    draft_ms = measure_pass_ms(draft, max_m=1, cache_len=256, repeats=5)[0] if draft is not None else 0.05 * verify_ms[0]
+    steps = [round(v / verify_ms[0], 2) for v in verify_ms]
+    detail = (f"step {verify_ms[0]:.2f} ms; V(m) in steps, m = 1..{MAX_M}: {' '.join(f'{s:.2f}' for s in steps)}; "
+              f"draft step {draft_ms:.2f} ms ({draft_ms / verify_ms[0]:.3f} of a step)")
+    return Check("", "pass", detail, {"verify_ms": verify_ms, "steps": steps, "draft_ms": draft_ms})
+
+
+def curve_of(check: Check) -> PriceCurve:
+    """The price curve a passed ``price_curve`` check measured."""
+    return PriceCurve(list(check.figures["verify_ms"]), check.figures["draft_ms"], 0.0, "gpu_check")
+
+
+def _config(shape: str, new_tokens: int, length: str = "policy", k: int = 8) -> RunConfig:
+    return RunConfig(rule="greedy", params={}, temperature=0.0, k=k, max_new_tokens=new_tokens, draft_length=length,
+                     draft_shape=shape)
+
+
+def _run(run: Any) -> tuple[int, float, int, int, int]:
+    """Drain a Tracked run -> (new tokens, decode seconds, rounds, drafted, accepted)."""
+    for _ in run:
+        pass
+    s = run.stats()
+    return s.new_tokens, s.decode_s, s.steps, s.drafted, s.accepted
+
+
+def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens: int) -> Check:
+    """Target-only, chain policy and tree policy on the same prompts, interleaved (module terms)."""
+    totals = {name: [0, 0.0, 0, 0, 0] for name in ("target-only", "chain", "tree")}
+    for i, ids in enumerate([prompts[0], *prompts]):  # the first pass is the warm-up (kernels, caches): not counted
+        runs = {"target-only": session.baseline(ids, _config("chain", new_tokens)),
+                "chain": session.speculative(ids, _config("chain", new_tokens)),
+                "tree": session.speculative(ids, _config("tree", new_tokens))}
+        for name, run in runs.items():
+            got = _run(run)
+            if i > 0:
+                totals[name] = [a + b for a, b in zip(totals[name], got)]
+    tps = {name: t[0] / t[1] for name, t in totals.items()}
+    figures = {name: {"tokens_per_s": round(tps[name], 1), "rounds": t[2], "drafted": t[3], "accepted": t[4],
+                      "tokens_per_round": round(t[0] / max(t[2], 1), 2)} for name, t in totals.items()}
+    base = tps["target-only"]
+    detail = (f"target-only {base:.1f} tokens/s; chain {tps['chain']:.1f} ({tps['chain'] / base:.2f}x, "
+              f"{figures['chain']['tokens_per_round']} a round); tree {tps['tree']:.1f} ({tps['tree'] / base:.2f}x, "
+              f"{figures['tree']['tokens_per_round']} a round); {len(prompts)} prompts x {new_tokens} tokens, T = 0")
+    return Check("", "pass", detail, figures)
+
+
+def _syncs(session: Session, ids: torch.Tensor, cfg: RunConfig) -> tuple[int, int]:
+    """(host syncs flagged, rounds) over one run on CUDA."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run = session.speculative(ids, cfg)
+            for _ in run:
+                pass
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    flagged = sum("synchroniz" in str(w.message) for w in seen)
+    return flagged, run.stats().steps
+
+
+def host_syncs(session: Session, ids: torch.Tensor, new_tokens: int = 64) -> Check:
+    """Host syncs per round for fixed K = 2 and K = 8 chains, and a fixed tree (module terms)."""
+    if session.pair.device.type != "cuda":
+        return Check("", "skip", "host syncs are counted on CUDA only (a host read is free on the CPU)", {})
+    per_round = {}
+    for label, cfg in (("chain K=2", _config("chain", new_tokens, "fixed", 2)),
+                       ("chain K=8", _config("chain", new_tokens, "fixed", 8)),
+                       ("tree 8 nodes", replace(_config("tree", new_tokens, "fixed", 4), tree_budget=8))):
+        flagged, rounds = _syncs(session, ids, cfg)
+        per_round[label] = round(flagged / max(rounds, 1), 2)
+    grows = per_round["chain K=8"] > per_round["chain K=2"] + 1.0
+    detail = ", ".join(f"{k}: {v} a round" for k, v in per_round.items())
+    return Check("", "fail" if grows else "pass",
+                 detail + ("; the count grows with K: a per-position host read" if grows else ""), per_round)
