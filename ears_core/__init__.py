@@ -12,8 +12,8 @@ docs/benchmarks.md has the measurements.
 
 import os as _os
 
-# Large CPU tensors (the weights) in transparent huge pages: on this project's 2-core machine target-only
-# decoding ran 3 % faster and steadier across processes (55.2 tokens/s in 6 of 6 processes against 50.5-55.5).
+# Large CPU tensors (the weights) in transparent huge pages: target-only decoding measured faster and steadier
+# across processes with them (docs/measurements.md).
 # torch's CPU allocator reads the variable when it allocates (tests/test_structure.py checks that the weights
 # land in huge pages); a value the user set wins (THP_MEM_ALLOC_ENABLE=0 turns it off).
 _os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")

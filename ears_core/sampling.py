@@ -137,8 +137,8 @@ def counter_uniforms(seed: int | Tensor, positions: Tensor, stream: Stream) -> T
 
 def first_argmax(x: Tensor, keepdim: bool = False) -> Tensor:
     """``x.argmax(dim=-1)``: the index of the first maximum of each row (ties: the lowest index, as
-    argmax). ``torch.max`` over a dim finds the same index 2.5-3x faster than ``argmax`` on the CPU
-    (one row of 49,152 floats: 29 against 75 us; nine rows: 116 against 347 us)."""
+    argmax). ``torch.max`` over a dim finds the same index faster than ``argmax`` on the CPU (timed in
+    docs/measurements.md)."""
     return torch.max(x, dim=-1, keepdim=keepdim).indices
 
 
@@ -152,8 +152,8 @@ def splitmix64(x: int) -> int:
 
 def host_uniforms(seed: int, positions: Sequence[int], stream: Stream) -> list[float]:
     """``counter_uniforms(seed, positions, stream)`` for a few positions, with Python integers: the same
-    values bit for bit (each a float32 exactly). A tree round's dozen draws cost ~35 tensor ops a call
-    on the device (0.1 ms on the CPU), against ~2 us a draw here."""
+    values bit for bit (each a float32 exactly). A tree round's dozen draws cost some 35 tensor ops a
+    call on the device, far more than these integer operations (timed in docs/measurements.md)."""
     base = splitmix64((seed * _GOLDEN + int(stream) * _STREAM) & MASK64)
     return [(splitmix64(base ^ ((p * _POS) & MASK64)) >> 40) * (1.0 / (1 << 24)) for p in positions]
 

@@ -11,10 +11,9 @@ candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype on
               Otherwise the target's dtype. Each dtype packed and as loaded where oneDNN is here.
 why measure   a draft step reads all of the head's weights from memory (the target's pass has just
               evicted them), so bfloat16 halves the bytes; but whether its kernels are as fast as
-              float32's for one row depends on the CPU. Measured on two machines of the same kind:
-              AMD EPYC (AVX512-BF16): 1.37 ms a draft in float32, 1.19 in bfloat16, packed; Intel
-              Xeon (AMX): float32 as loaded 2.20 ms, bfloat16 as loaded 2.55, float32 packed 2.76,
-              bfloat16 packed 2.20. A rule from CPU flags picks wrong on one of them.
+              float32's for one row depends on the CPU: two machines with native bfloat16 (an AMD EPYC
+              and an Intel Xeon) ranked the variants differently, so a rule from CPU flags picks wrong on
+              one of them (docs/measurements.md has the times).
 choice        when a pair loads: a drafting round (one catch-up entry and two draft steps, as the
               decode loop runs them) is timed in each candidate right after a target pass (which
               evicts the head from the caches, as in the loop), the candidates taking turns, ``REPEATS``

@@ -4,8 +4,8 @@ Terms
 -----
 layer      one ``DynamicLayer``: ``keys`` and ``values`` (B, H, L, D), L the cached positions.
 crop       drop the last n positions of every layer (a chain round whose drafts did not all stand).
-           ``DynamicCache.crop`` does it with an Ellipsis slice per tensor, about 2.5 us each: 0.15 ms
-           a round for a 30-layer target, 0.4 % of a 40 ms step. ``narrow`` makes the same views.
+           ``DynamicCache.crop`` does it with an Ellipsis slice per tensor, a few microseconds each
+           (docs/measurements.md); ``narrow`` makes the same views.
 keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
 Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
 is cropped by its own ``crop``, and cannot be rearranged.

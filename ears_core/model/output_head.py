@@ -7,13 +7,12 @@ output projection  logits = h W^T with W (V, d) the output embedding (often tied
                    in float32, a fifth of the weights) and it is read once per forward.
 rows               r = the hidden states projected in one call: batch x positions kept
                    (``logits_to_keep``): 1 for a plain decode step, k + 1 for a verify pass of k drafts.
-layout             three ways to compute the same product; CPU BLAS runs them at very different
-                   speeds for small r (MKL, 2 cores, V = 49,152, d = 576, measured here, ms):
-                     linear  F.linear(h, W)   (what nn.Linear does)     r=1: 9.9  r=2: 20.9  r=3: 31.6  r=5: 22.9
-                     wx      (W @ h^T)^T      (W as the left operand)   r=1: 10.0 r=2: 7.0   r=3: 10.7  r=5: 10.6
-                     xw      h @ W^T, W^T kept contiguous (a copy)     r=1: 5.7  r=2: 10.4  r=3: 15.9  r=5: 31.6
-                   ``linear`` reads W once per row for r <= 3, which is most of why a verify pass over
-                   2-3 tokens cost ~2 target steps on this machine.
+layout             three ways to compute the same product, which CPU BLAS runs at very different speeds
+                   for small r, in an order that changes with r and the machine:
+                     linear  F.linear(h, W)   (what nn.Linear does; for small r MKL reads W once per row)
+                     wx      (W @ h^T)^T      (W as the left operand)
+                     xw      h @ W^T, W^T kept contiguous (a copy)
+                   The times per layout and r on the embedded target: docs/measurements.md.
 plan               the layout per r = 1 .. max_rows, the fastest median of a few interleaved timed
                    calls on this machine, cached per (shape, dtype, threads, CPU) under
                    $EARS_CACHE/kernels; more rows than max_rows use ``linear``.

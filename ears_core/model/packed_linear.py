@@ -5,13 +5,12 @@ Terms
 rows          r = the vectors one linear layer multiplies in a call: batch x new positions. A plain
               decode step has r = 1; a verify pass over k drafts has r = k + 1.
 as loaded     the model's own ``nn.Linear`` (MKL through ``F.linear``), plus the planned output head
-              of ``output_head.py``. For a handful of rows MKL reads each weight matrix once per row:
-              on this project's 2-core machine a SmolLM2-135M pass over 2-5 tokens cost 1.4-1.9 decode
-              steps, which is what made speculative decoding slower than target-only there.
+              of ``output_head.py``. For a handful of rows MKL reads each weight matrix once per row, so a
+              pass over a few tokens can cost well over one decode step (docs/measurements.md).
 packed        the same weights reordered once into oneDNN's blocked layout
               (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
-              ``torch.ops.mkldnn._linear_pointwise``: the cost is nearly flat in r for r <= 8 (same
-              machine: a step 50.7 -> 36.7 ms, a pass over 5 tokens 72 -> 36 ms).
+              ``torch.ops.mkldnn._linear_pointwise``: the cost is nearly flat in r for r <= 8 where oneDNN
+              does well (the figures: docs/measurements.md).
 kernel choice packed or as loaded, for a whole model: when a CPU pair loads, target passes over
               m = 1, 3, 5 new tokens on a 64-token cache are timed in both modes, interleaved (the
               fastest of a few each), and packed is kept only if it is at least ``MIN_GAIN`` cheaper

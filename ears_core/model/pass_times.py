@@ -43,7 +43,7 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
             if r > 0:  # the first pass over every m is the warm-up
                 times[m].append(clock.ms(t0, t1))
     # Kept as measured, even where a longer pass is cheaper than a shorter one: CPU matmul kernels
-    # change with the number of rows (on this project's 2-core machine a pass over 5 tokens costs
-    # 1.3 steps and one over 3 costs 2.0), and the policy must see that a 4-draft round is cheaper
-    # than a 2-draft one there. (Forcing the curve up to be non-decreasing hid exactly that.)
+    # change with the number of rows (docs/measurements.md, price curves), and the policy must see
+    # where a 4-draft round is cheaper than a 2-draft one. (Forcing the curve up to be non-decreasing
+    # hid exactly that.)
     return [min(times[m]) for m in range(1, max_m + 1)]

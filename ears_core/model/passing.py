@@ -6,11 +6,9 @@ pool        torch's CPU kernels run on OpenMP (libgomp in the CPU wheel). The fi
             thread runs gives that thread a pool of worker threads, kept until the thread exits.
 throttled   while a process holds more OpenMP threads than it has cores (two pools on 2 cores:
             2 masters and 2 workers), libgomp's idle workers stop spinning almost at once and sleep,
-            so every later parallel region waits for a wake-up. Measured on the embedded pair with 2
-            cores (EARS 0.1, T = 0.9, K = 2, 64 tokens, 6 runs a process): loading and decoding in one
-            thread 61-66 tokens/s; loading in the main thread and decoding in other threads 37-42
-            tokens/s (0.6x), whatever those threads are (a new one a run or one kept for all);
-            loading in a thread that exits, then decoding in any one thread at a time, 60-66.
+            so every later parallel region waits for a wake-up. Decoding in other threads after loading
+            in the main one was measured well below decoding in one thread, and a load in a thread that
+            exits gave the one-thread speed back (docs/measurements.md, scripts/measure_threads.py).
 passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn returns, so its pool
             goes with it: ``load_pair`` and ``Session.warm_up`` run their timing passes that way, and
             a caller may decode in its own thread or in ``runs.Background`` threads at full speed.

@@ -4,9 +4,9 @@ Terms
 -----
 verify price V(m)  milliseconds of one target forward over m new tokens on a realistic cache
                    (m = 1 is one plain decode step). ``PriceCurve.steps(m)`` = V(m) / V(1): on
-                   a GPU about 1 for small m; on 2 CPU cores 1.06 (m = 2) to 2.5 (m = 5),
-                   depending on the machine. This is why a fixed K tuned on one machine is wrong
-                   on another.
+                   a GPU about 1 for small m; on a few CPU cores it grows with m, by an amount that
+                   depends on the machine (docs/measurements.md). This is why a fixed K tuned on one
+                   machine is wrong on another.
 draft price d      milliseconds of one draft step (one drafted token).
 overhead o         milliseconds of a round's work outside the two model passes (the drafter's
                    commit, probabilities, verify(), events).
@@ -169,16 +169,16 @@ class Calibration:
 class DepthCalibration:
     """One ``Calibration`` per draft depth (1 = a round's first draft; the last table serves every
     deeper one). A head's later drafts read its own predicted features, so at one confidence a third
-    draft stands less often than a first (the embedded head, version 6, at T = 0: 0.55 /
-    0.54 / 0.47 / 0.46 for depths 1-4). Depth d learns only from rounds
-    whose drafts 1 .. d-1 stood, so it estimates the conditional a_d that E(k) multiplies.
+    draft stands less often than a first (the embedded head's acceptance per depth is in its model card,
+    assets/embedded_draft/README.md). Depth d learns only from rounds whose drafts 1 .. d-1 stood, so it
+    estimates the conditional a_d that E(k) multiplies.
 
     drift: per depth, a running ratio r_d = (drafts that stood) / (their estimates), over the last
     ``drift_memory`` verified drafts at that depth (starting at 1, worth ``drift_prior`` drafts),
     and every estimate is the table's times r_d (at most 1). The bins learn slowly (a bin sees a
     tenth of the drafts); r_d pools them, so a table measured on other text (the shipped one, from
-    the training prompts' held-out split, is 10-40 % optimistic on ``assets/prompts.json``, most at
-    depth 3) is corrected within a few dozen rounds. It also removes the policy's own selection bias: a deep draft is verified only where
+    the training prompts' held-out split, was optimistic on ``assets/prompts.json``, most at depth 3:
+    docs/measurements.md) is corrected within a few dozen rounds. It also removes the policy's own selection bias: a deep draft is verified only where
     its estimate was high, which is where a noisy bin errs upwards."""
 
     def __init__(self, tables: Sequence[Calibration], drift_memory: float = 0.0, drift_prior: float = 8.0) -> None:
@@ -281,7 +281,7 @@ class DraftPolicy:
     looked: the drafter has already run the draft step that computed position i (a head's
     forward after draft i - 1, needed to know its confidence), so stopping at i - 1 no longer
     saves that step: the stop is charged i draft steps, not i - 1 (a sunk cost is not a saving).
-    Without it the rule stopped on ~23 % of greedy rounds here after paying for the look.
+    Without it the rule stopped on many greedy rounds after paying for the look (docs/measurements.md).
 
     fixed: send K drafts every round (the old behaviour, for comparison).
     threshold: verify position i while its estimate is at least this (the old fixed confidence
@@ -366,7 +366,7 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
     seconds) written to the cache. ``refresh`` measures again and returns the new curve; it replaces
     the cached one when its step is at most ``REFRESH_SLOWER`` times the cached step (the machine
-    drifts by that much in a day, 19.5 to 24 ms a step here, and the curve's shape with it). A
+    drifts by that much in a day, and the curve's shape with it: docs/measurements.md). A
     refresh that reads slower than that is measured once more and the faster of the two kept, per m
     (the machine jitters for seconds at a time); if that still reads much slower it serves this
     process only: another job on the cores only ever adds time, and a profile measured under it
@@ -398,7 +398,8 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
 
 
 def describe(curve: PriceCurve) -> str:
-    """'V(m) in steps: 1.00 1.06 1.12 ... (31.0 ms a step; draft 1.2 ms)' for summaries and notes."""
+    """The curve in one line for summaries and notes: 'verify price in steps for m = 1..M: 1.00 ... (S ms a
+    step; draft step D ms; overhead O ms)'."""
     steps = " ".join(f"{curve.steps(m):.2f}" for m in range(1, curve.max_m + 1))
     return (f"verify price in steps for m = 1..{curve.max_m}: {steps} ({curve.step_ms:.1f} ms a step; "
             f"draft step {curve.draft_ms:.2f} ms; overhead {curve.overhead_ms:.2f} ms)")

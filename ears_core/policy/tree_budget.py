@@ -15,18 +15,16 @@ estimate       P(node stands): the chance that a node and all its ancestors are 
                ``level`` hook of ``trees.build_tree``): prod over the path of c(p_j, j, rank_j),
                p_j the probability of the rank_j-th slot at level j, read from the rank-0 tables for
                a first child and from the siblings' own tables for a later one. A later sibling
-               stands far less often than a first child at the same probability (held-out prompts,
-               T = 0.9, depth 1, probability below 0.1: rank 2 and later 0.08-0.09, a first draft
-               0.16), so without its own table the budget drafted siblings that did not pay.
+               stands far less often than a first child at the same probability (docs/measurements.md),
+               so without its own table the budget drafted siblings that did not pay.
 E(N)           1 + the sum of the estimates of the round's N nodes: the tokens the round is
                expected to emit (at most one node per depth stands, so the accepted length is the
                number of nodes that stand, and its mean the sum of their chances).
 T(N, D)        D d + V(N + 1) + o + N n: D draft passes (siblings share a pass, one per level: D
                is the tree's depth), the target pass over the root and N nodes, the round's
                overhead, and n per node: what a tree round costs beyond a chain's prices (the tree
-               mask in both passes, ranking and drawing each node's slots, the walk over siblings;
-               measured on the embedded pair with 2 cores: 1.4-2.3 ms a node at 40-45 ms a step,
-               with the chain's prices predicting 49 of 55 ms for 4 nodes and 55 of 70 ms for 6).
+               mask in both passes, ranking and drawing each node's slots, the walk over siblings; a
+               few percent of a step per node on the embedded pair: docs/measurements.md).
                n is learnt from the rounds' own clocks (``observe_cost``: a running mean of the
                measured round time minus the chain's prices, per node). A chain of k drafts
                (N = D = k, n = 0) costs ``PriceCurve.round_ms(k)``.

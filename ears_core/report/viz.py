@@ -78,7 +78,7 @@ def _fig(title: str, x: str, y: str) -> go.Figure:
 # ----------------------------------------------------------------------------- figure specs
 # The charts a run redraws while it decodes are built as plain dicts ("specs": {"data": [...],
 # "layout": {...}}): ``go.Figure(spec)`` validates one (tests and notebooks), while
-# ``spec_json`` turns it into plotly JSON about a hundred times faster, which is what the app sends
+# ``spec_json`` turns it into plotly JSON far faster (docs/measurements.md), which is what the app sends
 # a few times a second without taking the interpreter from the decode thread.
 
 

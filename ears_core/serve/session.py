@@ -193,10 +193,9 @@ class Session:
         in_passing_thread(self._warm_up, tokens)  # leaves no OpenMP pool in the caller (passing.py)
 
     def _warm_up(self, tokens: int) -> None:
-        # A cached curve can be hours old, and this machine's curve moves: one profile cached here
-        # read 1.05 steps for a pass over 4 tokens when a fresh one read 1.21 (the policy then
-        # drafted 3 where 2 paid). Measured again, in force for this session (load_or_measure keeps
-        # the file only if the new step is much slower). A curve the caller gave is kept.
+        # A cached curve can be hours old, and a machine's curve moves (docs/measurements.md, price
+        # curves). Measured again, in force for this session (load_or_measure keeps the file only if
+        # the new step is much slower). A curve the caller gave is kept.
         with self._lock:
             self._refresh = self._refresh or not self._given  # a stale-profile refresh already asked for stands
         self.prices  # noqa: B018

@@ -9,7 +9,7 @@ Terms:
                queue and the HTTP server and frees the port.
   exit         the atexit hooks run (temporary folders are removed, logs flushed), then the process
                ends with ``os._exit``: the interpreter's own finalisation is skipped, because with
-               torch loaded it took about 1.5 s here, and threads still serving a request would
+               torch loaded it takes seconds (docs/measurements.md), and threads still serving a request would
                otherwise hold the exit back.
   grace        how long close and the atexit hooks may take; past it the process leaves at once.
 

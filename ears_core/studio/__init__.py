@@ -42,7 +42,7 @@ LAUNCH_KW: dict[str, Any] = dict(theme=gr.themes.Soft(primary_hue="pink"), css=C
 DECODE_GROUP = "decode"
 # Gradio's queue polls its event list every 1 ms (its progress list every 10 ms) on Linux: about
 # 1,000 wake-ups a second of the event loop, each taking the interpreter and a core from the decode
-# (measured here: 9 % of a core and ~1,200 context switches a second while a run decoded). 50 ms is
+# (measured in docs/measurements.md). 50 ms is
 # Gradio's own Windows value; it delays only the pick-up of a new request.
 QUEUE_POLL_S = 0.05
 PROGRESS_POLL_S = 0.1

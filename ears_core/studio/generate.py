@@ -106,7 +106,7 @@ def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
                 theory_c=round(min(stats.cost_ratio, 1.0), 3))
 
 
-CHART_EVERY = 3  # frames between chart redraws while decoding (about every 1.2 s)
+CHART_EVERY = 3  # frames between chart redraws while decoding
 
 
 def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
