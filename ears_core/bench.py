@@ -21,6 +21,11 @@ section     main     every method at T0, K0 on the benchmark prompts
                      tree of N nodes against a chain of K = N drafts (the same verify price: mean
                      accepted tokens per round, ``acc/round``), and the chain's policy against a
                      tree sized by the cost model (tokens/s); ``drafts/round`` counts a tree's nodes
+            quality  short questions with known answers (assets/quality/questions.json), several seeds
+                     each: target-only, the ordinary rule and every lossy rule over its knob, with
+                     accuracy (bootstrap interval over questions), speedup, acceptance, pardons and
+                     distortion (quality/section.py); its own files quality.json, quality_runs.csv,
+                     quality.html; run only when named (--sections quality)
 ratio       a config's pooled tokens/s (total tokens / total seconds) over target-only's pooled
             tokens/s at the same T on the same prompts and seeds, both measured in this process with
             the configs of one prompt run back to back in a rotating order (interleaved); a warm-up
@@ -44,7 +49,7 @@ import argparse
 import platform
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -53,7 +58,10 @@ from transformers import PreTrainedModel
 
 from ears_core.deprecated import add_renamed_option
 from ears_core.report import bench_report
-from ears_core.report.bench_plan import SECTIONS, BenchSettings, Config, Job, build_plan, final_answer, load_prompts
+from ears_core.report.bench_plan import (OWN_SECTIONS, SECTIONS, BenchSettings, Config, Job, build_plan, final_answer,
+                                         load_prompts, parse_frontier)
+from ears_core.report.quality_report import format_quality, write_quality
+from ears_core.quality.section import QualitySettings, run_section
 from ears_core.decode.api import autoregressive, stream
 from ears_core.rules import RULES
 from ears_core.decode.api import tree_stream
@@ -166,6 +174,10 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
     if s.threads:
         torch.set_num_threads(s.threads)
     bench = bench or load_bench(s)
+    quality = run_quality(s, bench, progress) if "quality" in s.sections else None
+    if quality is not None and not set(s.sections) - set(OWN_SECTIONS):
+        return dict(target=s.target, draft=bench.draft_label, machine=quality["machine"], sections={}, quality=quality)
+    s = replace(s, sections=tuple(x for x in s.sections if x not in OWN_SECTIONS))
     prompts = load_prompts(s.prompts_file)
     assisted = s.assisted
     if "tree" in s.sections and not hasattr(bench.drafter(), "propose_tree"):
@@ -202,7 +214,20 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
                 machine=info, settings={k: (str(v) if isinstance(v, Path) else v)
                                                          for k, v in asdict(s).items()},
                 wall_s=round(time.perf_counter() - t_start, 1))
-    return bench_report.write_all(s, prompts, rows, by_section, meta)
+    summary = bench_report.write_all(s, prompts, rows, by_section, meta)
+    return dict(summary, quality=quality) if quality is not None else summary
+
+
+def run_quality(s: BenchSettings, bench: Bench, progress: bool = True) -> dict[str, Any]:
+    """The quality section on the bench's session; writes its files into ``s.out`` and returns its summary."""
+    say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
+    summary, records = run_section(bench.session, s.quality, parse_frontier(s.quality.sweeps), s.gamma,
+                                   s.draft_length, progress=say)
+    summary = dict(target=s.target, draft=bench.draft_label, machine=machine(bench.target),
+                   command="python -m ears_core.bench " + " ".join(s.extra.get("argv", [])),
+                   settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s.quality).items()}, **summary)
+    write_quality(s.out, summary, records, images=s.images)
+    return summary
 
 
 def machine(model: torch.nn.Module) -> dict[str, Any]:
@@ -273,9 +298,28 @@ def build_parser() -> argparse.ArgumentParser:
                        for r in RULES.values()))
     p.add_argument("--frontier", default=d.frontier,
                    help="the frontier section's sweeps, comma-separated: rule:param=v1/v2/...[:fixed=value]")
+    _quality_flags(p)
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: rebuild summary.json, report.html (and PNGs) from --out's runs.csv")
     return p
+
+
+def _quality_flags(p: argparse.ArgumentParser) -> None:
+    q = QualitySettings()
+    p.add_argument("--quality-questions", type=int, default=q.questions, help="the quality section's questions")
+    p.add_argument("--quality-seeds", type=int, default=q.seeds, help="seeds per question and setting")
+    p.add_argument("--quality-temperature", type=float, default=q.temperature)
+    p.add_argument("--quality-tokens", type=int, default=q.max_new_tokens, help="max new tokens per answer")
+    p.add_argument("--quality-categories", default=q.categories, help="'all' or comma-separated categories "
+                   "(default: every category but those the embedded target fails, quality.questions.LEFT_OUT)")
+    p.add_argument("--quality-sweeps", default=q.sweeps, help="rule:knob=v1/v2/...[:fixed=value], comma-separated")
+    p.add_argument("--quality-questions-file", type=Path, default=q.questions_file)
+    p.add_argument("--no-quality-greedy", action="store_true", help="skip the T = 0 target-only pass")
+
+
+def _quality_settings(a: argparse.Namespace) -> QualitySettings:
+    return QualitySettings(a.quality_questions_file, a.quality_questions, a.quality_seeds, a.quality_temperature,
+                           a.quality_tokens, a.quality_categories, a.quality_sweeps, not a.no_quality_greedy)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -289,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       draft_length=a.draft_length, policy_temperatures=a.policy_temperatures,
                       policy_ks=a.policy_ks, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
                       tree_max_nodes=a.tree_max_nodes, rules=a.rules, frontier=a.frontier,
-                      extra={"argv": list(sys.argv[1:] if argv is None else argv)})
+                      extra={"argv": list(sys.argv[1:] if argv is None else argv)}, quality=_quality_settings(a))
     from ears_core.model.hub import ModelLoadError
 
     if a.report_only:
@@ -301,8 +345,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(bench_report.format_table(summary))
-    print(f"\nwrote {s.out / 'runs.csv'}, {s.out / 'summary.json'}, {s.out / 'report.html'}")
+    if summary["sections"]:
+        print(bench_report.format_table(summary))
+        print(f"\nwrote {s.out / 'runs.csv'}, {s.out / 'summary.json'}, {s.out / 'report.html'}")
+    if summary.get("quality"):
+        print(format_quality(summary["quality"]))
+        print(f"\nwrote {', '.join(str(s.out / f) for f in ('quality.json', 'quality_runs.csv', 'quality.html'))}")
     return 0
 
 

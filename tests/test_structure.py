@@ -90,6 +90,7 @@ LAYERS = [
     {"decode", "policy"},  # the decode loop and verifiers; measured prices and draft-length policies
     {"pair"},  # a target with its drafter
     {"serve"},  # sessions, runs, server settings
+    {"quality"},  # the task score: questions, the scorer, sweeps of settings, accuracy with intervals
     {"report"},  # figures, the bench's plan and report
     {"cli", "bench", "gpu_check", "studio"},  # the terminal, the benchmark command, the CUDA check, the Gradio UI
     {"generate", "__init__"},  # ``python -m ears_core.generate`` and the public API

@@ -27,13 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ears_core.quality.section import QualitySettings
 from ears_core.rules import AcceptanceRule, make_rule, rule_spec
 
 __all__ = ["Config", "BenchSettings", "Job", "build_plan", "load_prompts", "spread", "final_answer", "parse_rules",
-           "SECTIONS", "PROMPTS_FILE", "FRONTIER", "parse_frontier"]
+           "SECTIONS", "PROMPTS_FILE", "FRONTIER", "parse_frontier", "OWN_SECTIONS"]
 
 PROMPTS_FILE = Path(__file__).resolve().parents[2] / "assets" / "prompts.json"
 SECTIONS = ("main", "sweep", "k", "fidelity", "frontier", "policy", "tree")
+OWN_SECTIONS = ("quality",)  # their own runner and files (quality/section.py); run only when --sections names them
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 # The frontier section's default sweeps: every lossy rule's knob, from nearly lossless to loose.
 FRONTIER = ("ears:beta=0.05/0.1/0.2/0.3/0.5/1,ears-entropy:beta=0.05/0.1/0.2/0.5/1,typical:eps=0.3/0.2/0.1/0.05/0.02,"
@@ -169,6 +171,7 @@ class BenchSettings:
     rules: str = "ordinary,ears,typical,entropy"  # the main section's rules (see parse_rules)
     frontier: str = FRONTIER  # the frontier section's sweeps (see parse_frontier)
     extra: dict[str, Any] = field(default_factory=dict)
+    quality: QualitySettings = field(default_factory=QualitySettings)  # the quality section's sizes
 
     def check(self) -> None:
         if self.max_new_tokens < 1 or self.fidelity_tokens < 1:
@@ -181,7 +184,7 @@ class BenchSettings:
             raise ValueError("benchmark temperatures must be > 0 (sampling; the greedy check is in the tests)")
         if any(b < 0 for b in (*self.betas, *self.fidelity_betas, self.headline_beta)):
             raise ValueError("beta must be >= 0")
-        unknown = set(self.sections) - set(SECTIONS)
+        unknown = set(self.sections) - set(SECTIONS) - set(OWN_SECTIONS)
         if self.draft_length not in DRAFT_LENGTHS:
             raise ValueError(f"--draft-length must be one of {', '.join(DRAFT_LENGTHS)}, got {self.draft_length!r}")
         if any(t < 0 for t in self.policy_temperatures) or any(k < 1 for k in self.policy_ks):
@@ -189,9 +192,12 @@ class BenchSettings:
         if any(not 1 <= n <= 16 for n in (*self.tree_budgets, self.tree_max_nodes)):
             raise ValueError("--tree-budgets and --tree-max-nodes must be whole numbers from 1 to 16 (nodes per round)")
         if unknown:
-            raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS)}")
+            raise ValueError(f"unknown section(s) {sorted(unknown)}: choose from {', '.join(SECTIONS + OWN_SECTIONS)}")
         parse_rules(self.rules)
         parse_frontier(self.frontier)
+        if "quality" in self.sections:
+            self.quality.check()
+            parse_frontier(self.quality.sweeps)
 
 
 # ------------------------------------------------------------------------------------- the plan

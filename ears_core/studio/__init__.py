@@ -11,13 +11,14 @@ api        the run endpoints' parameter names (``/generate``, ``/race``)
 generate   the Generate tab (``/generate``, ``/export``, ``/tree_round``)
 race       the Race tab: two registered rules and target-only on one seed (``/race``)
 theory     the "Why it speeds up" tab
+quality    the Quality tab: accuracy against speed from the bench, and a live sweep (``/quality_sweep``)
 tpp        the "Point processes" tab (seed 001, ``/tpp_sample``)
 live       decoding in a thread of its own while the page redraws at a steady frame rate
 errors     messages for the page and the checks of a request's values
 
 Terms
 -----
-decode group  ``/generate``, ``/race`` and ``/tpp_sample`` share one queue group of
+decode group  ``/generate``, ``/race``, ``/quality_sweep`` and ``/tpp_sample`` share one queue group of
               ``Settings.concurrency`` workers (1 by default): requests beyond it wait in Gradio's
               queue, which shows their position, instead of timing each other.
 """
@@ -32,7 +33,7 @@ from ears_core.pair import ModelPair
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings
 
-from . import generate, pairs, race, theory, tpp
+from . import generate, pairs, quality, race, theory, tpp
 from .controls import build_controls
 
 __all__ = ["build_app", "LAUNCH_KW", "CSS", "calm_queue", "QUEUE_POLL_S", "PROGRESS_POLL_S"]
@@ -86,6 +87,7 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
             gen_tab = generate.build()
             race_tab = race.build()
             theory_tab = theory.build()
+            quality_tab = quality.build()
             tpp.build(concurrency_id=DECODE_GROUP)
         state = gr.State(None)
         outs = dict(tokens=gen_tab.tokens, message=gen_tab.message, summary=gen_tab.summary, conf=gen_tab.conf,
@@ -102,6 +104,7 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
                                        [*controls.request, race_tab.rule_a, race_tab.rule_b, *controls.extra],
                                        [*race_tab.html, race_tab.summary, race_tab.plot], api_name="race", **decode)
         race_tab.stop.click(None, cancels=[race_event])
+        quality.wire(quality_tab, slot, **decode)
         gen_tab.tree_round.release(generate.show_round, [state, gen_tab.tree_round], gen_tab.tree, api_name="tree_round",
                                    queue=False)
         gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],
