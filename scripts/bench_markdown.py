@@ -10,7 +10,11 @@ the view::
 Views: ``headline`` (the README's table: target-only, the chain policy, the best fixed K and the
 cost-model tree per setting; needs the policy and tree sections), ``machine`` (one line: prompts,
 tokens and the price curve the run was measured on), ``policy`` and ``tree`` (one row per setting),
-and ``main``, ``sweep``, ``k``, ``fidelity``, ``frontier`` (one row per config).
+and ``main``, ``sweep``, ``k``, ``fidelity``, ``frontier`` (one row per config). The quality section
+writes a file of its own (``quality.json``, copied to ``docs/results/bench_<machine>_quality.json``): views
+``quality`` (one row per rule and knob) and ``quality_notes`` (what was run, the lossless check, the
+first EARS beta outside the ordinary rule's interval); ``greedy`` reads scripts/quality_greedy.py's
+file (the target's greedy accuracy per category, and the categories left out).
 
     python scripts/bench_markdown.py SUMMARY.json [--view policy]      # print tables
     python scripts/bench_markdown.py --update README.md docs/benchmarks.md
@@ -37,7 +41,23 @@ ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- FIGURES: from (?P<file>\S+) view=(?P<view>\w+) -->\n)(?P<body>.*?)(<!-- /FIGURES -->)", re.S)
 NONE = "(none)"  # a block that waits for a run of its section: `from (none)`
 NEEDS = {"headline": ("policy", "tree"), "machine": (), "policy": ("policy",), "tree": ("tree",), "main": ("main",),
-         "sweep": ("sweep",), "k": ("k",), "fidelity": ("fidelity",), "frontier": ("frontier",)}
+         "sweep": ("sweep",), "k": ("k",), "fidelity": ("fidelity",), "frontier": ("frontier",),
+         "quality": ("quality",), "quality_notes": ("quality",), "greedy": ("greedy",)}
+# Files that are not bench summaries, and the view "section" each serves.
+OWN = {"quality": lambda s: s.get("section") == "quality", "greedy": lambda s: "replies" in s and "by_category" in s}
+
+
+def holds(summary: dict[str, Any], section: str) -> bool:
+    """Whether a file holds a section: a bench summary's section, or a file of its own (``OWN``)."""
+    return section in summary.get("sections", {}) or (section in OWN and OWN[section](summary))
+
+
+def serves(summary: dict[str, Any], view: str) -> bool:
+    """Whether a file can render a view: it holds every section the view needs, and a view of the
+    bench summary (even one that needs none, ``machine``) needs a bench summary."""
+    needs = NEEDS[view]
+    own = bool(needs) and all(sec in OWN for sec in needs)
+    return all(holds(summary, sec) for sec in needs) and (own or "sections" in summary)
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -213,11 +233,48 @@ def view_rows(s: dict[str, Any], section: str) -> str:
     return _table([h for h, _ in cols], [[f(r) for _, f in cols] for r in rows])
 
 
+def view_quality(s: dict[str, Any]) -> str:
+    head = ["setting", "accuracy [95 % CI]", "vs target-only [95 % CI]", "vs ordinary [95 % CI]", "speedup",
+            "acceptance", "pardons", "distortion (TV a token)"]
+    rows = [[r["setting"], _ci(r, "accuracy"), _signed_ci(r, "delta"), _signed_ci(r, "delta_ordinary"), _x(r.get("speedup")),
+             _f(r.get("acceptance"), 3), _f(r.get("pardon_rate"), 3), _f(r.get("distortion"), 4)] for r in s["rows"]]
+    return _table(head, rows)
+
+
+def _signed_ci(row: dict[str, Any], key: str) -> str:
+    v, ci = row.get(key), row.get(f"{key}_ci")
+    if v is None:
+        return ""
+    return f"{v:+.2f}" + (f" [{ci[0]:+.2f}, {ci[1]:+.2f}]" if ci and None not in ci else "")
+
+
+def view_quality_notes(s: dict[str, Any]) -> str:
+    q, d, rows = s["questions"], s["decoding"], s["rows"]
+    ears = sorted((r for r in rows if r["method"] == "ears" and r.get("value") is not None), key=lambda r: r["value"])
+    pts = "; ".join(f"beta {r['value']:g}: {r['accuracy']:.2f} at {_x(r.get('speedup'))}" for r in ears)
+    first = s.get("first_beta_outside_ordinary")
+    greedy = f" Greedy target-only on the same questions: {s['greedy']['accuracy']:.2f}." if s.get("greedy") else ""
+    return (f"{q['count']} questions ({', '.join(q['kept'])}; left out: {', '.join(q['left_out']) or 'none'}) x "
+            f"{s['seeds']} seeds at T = {d['temperature']:g}, K = {d['k']}, {d['max_new_tokens']} new tokens, "
+            f"{d['draft_length']} draft length; {s['wall_s'] / 60:.0f} min of runs on {s['machine']['device']} "
+            f"({s['machine']['threads']} threads).{greedy} The ordinary rule inside target-only's interval: "
+            f"{'yes' if s.get('ordinary_inside_target') else 'no'}. EARS: {pts or 'not run'}. The first beta whose "
+            f"accuracy leaves the ordinary rule's interval: {'none' if first is None else f'{first:g}'}.")
+
+
+def view_greedy(s: dict[str, Any]) -> str:
+    rows = [[c, f"{v['right']} / {v['runs']}", _f(v["accuracy"]), "left out" if c in s["left_out"] else "yes"]
+            for c, v in s["by_category"].items()]
+    rows.append(["all", f"{sum(v['right'] for v in s['by_category'].values())} / {s['questions']}", _f(s["accuracy"]), ""])
+    return _table(["category", "right at T = 0", "accuracy", "scored"], rows)
+
+
 def render(summary: dict[str, Any], view: str) -> str:
-    missing = [sec for sec in NEEDS[view] if sec not in summary["sections"]]
+    missing = [sec for sec in NEEDS[view] if not holds(summary, sec)]
     if missing:
         raise ValueError(f"view {view} needs the section(s) {', '.join(missing)}, which this summary lacks")
-    fn = {"machine": view_machine, "headline": view_headline, "policy": view_policy, "tree": view_tree}.get(view)
+    fn = {"machine": view_machine, "headline": view_headline, "policy": view_policy, "tree": view_tree,
+          "quality": view_quality, "quality_notes": view_quality_notes, "greedy": view_greedy}.get(view)
     return fn(summary) if fn else view_rows(summary, view)
 
 
@@ -235,7 +292,7 @@ def updated(text: str, source: str | None = None) -> str:
 
     def one(m: re.Match[str]) -> str:
         file, view = m["file"], m["view"]
-        if new is not None and all(sec in new["sections"] for sec in NEEDS[view]):
+        if new is not None and serves(new, view):
             file = source
         body = render(load(file), view) if file != NONE else "*No summary in docs/results/ holds this section yet.*"
         return f"<!-- FIGURES: from {file} view={view} -->\n{body}\n<!-- /FIGURES -->"
@@ -253,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.summary:
         s = load(a.summary)
-        views = a.view or [v for v in NEEDS if all(sec in s["sections"] for sec in NEEDS[v])]
+        views = a.view or [v for v in NEEDS if serves(s, v)]
         for v in views:
             print(f"### {v}\n\n{render(s, v)}\n")
     for doc in a.update or ():

@@ -177,6 +177,7 @@ def test_pool_on_known_records():
     assert t["accuracy"] == 0.6 and t["speedup"] == 1.0 and "delta" not in t and "acceptance" not in t
     assert o["accuracy"] == 0.6 and o["delta"] == 0.0 and o["delta_ci"] == [0.0, 0.0] and o["distortion"] == 0.0
     assert e["accuracy"] == 0.1 and e["delta"] == -0.5 and -0.9 < e["delta_ci"][0] < -0.5 < e["delta_ci"][1] < 0  # paired
+    assert e["delta_ordinary"] == -0.5 and e["delta_ordinary_ci"] == e["delta_ci"] and "delta_ordinary" not in o
     assert e["speedup"] == 2.0 and e["acceptance"] == 0.75 and e["pardon_rate"] == 0.25 and e["distortion"] == 0.05
     assert e["runs"] == 10 and e["questions"] == 10 and e["value"] == 0.3 and e["knob"] == "beta"
     assert inside(list(rows.values())) is True

@@ -42,7 +42,7 @@ class QualitySettings:
     """The section's sizes and decoding (``python -m ears_core.bench --help``: the --quality-* flags)."""
 
     questions_file: Path = QUESTIONS_FILE
-    questions: int = 40  # taking the kept categories in turn
+    questions: int = 45  # taking the kept categories in turn (5 of each of the 9 kept)
     seeds: int = 2  # per question and setting
     temperature: float = 0.9
     max_new_tokens: int = 16

@@ -7,8 +7,11 @@ accuracy     right answers / scored runs. A question's score is its mean over th
 interval     95 % percentile bootstrap over questions: the questions are resampled with
              replacement (``RESAMPLES`` times, a fixed seed) and the accuracy recomputed; the 2.5th
              and 97.5th percentiles. It speaks for the question set, not for the seeds' noise alone.
-delta        accuracy minus target-only's, with a paired bootstrap interval (the same resampled
-             questions for both), on the questions both have runs for: the sharper test of a change.
+delta        accuracy minus target-only's (``delta``) and minus the ordinary rule's (``delta_ordinary``),
+             each with a paired bootstrap interval (the same resampled questions for both), on the
+             questions both have runs for: the sharper test of a change. Speculative settings share
+             their draws (the same seed, the same uniforms: sampling.py), so they part only where their
+             rules decide differently; the pairing with the ordinary rule is the closest there is.
 speedup      pooled tokens/s (total tokens / total decode seconds) over target-only's on the same
              questions and seeds in the same sweep.
 acceptance   drafts that stood / drafts made; pardon rate: drafts that only the tolerance let stand /
@@ -63,18 +66,27 @@ def _speed(records: Sequence[Record]) -> float | None:
     return toks / secs if secs > 0 else None
 
 
-def _row(setting: Setting, records: list[Record], base: list[Record], base_tps: float | None) -> dict[str, Any]:
+def _paired(scores: dict[str, float], anchor: dict[str, float], key: str) -> dict[str, Any]:
+    """{key: mean difference, key_ci: its paired interval} over the questions both hold ({} if none)."""
+    shared = sorted(set(scores) & set(anchor))
+    if not shared:
+        return {}
+    diff = np.array([scores[q] - anchor[q] for q in shared])
+    return {key: _r(diff.mean()), f"{key}_ci": [_r(x) for x in bootstrap(diff)]}
+
+
+def _row(setting: Setting, records: list[Record], anchors: dict[str, list[Record]], base_tps: float | None
+         ) -> dict[str, Any]:
     scores = _scores(records)
     vals = np.array(list(scores.values()), dtype=float)
     row: dict[str, Any] = dict(setting=setting.label, method=setting.method, knob=setting.knob, value=setting.value,
                                params=dict(setting.params), runs=len(records), questions=len(scores),
                                accuracy=_r(vals.mean()) if vals.size else None,
                                accuracy_ci=[_r(x) for x in bootstrap(vals)])
-    base_scores = _scores(base)
-    shared = sorted(set(scores) & set(base_scores))
-    if shared and setting.method != "target":
-        diff = np.array([scores[q] - base_scores[q] for q in shared])
-        row.update(delta=_r(diff.mean()), delta_ci=[_r(x) for x in bootstrap(diff)])
+    if setting.method != "target":
+        row.update(_paired(scores, _scores(anchors["target-only"]), "delta"))
+    if setting.method not in ("target", "standard"):
+        row.update(_paired(scores, _scores(anchors["ordinary"]), "delta_ordinary"))
     tps = _speed(records)
     row.update(tokens=sum(r.new_tokens for r in records), tokens_per_s=_r(tps, 2),
                speedup=_r(tps / base_tps, 3) if tps and base_tps else None)
@@ -92,9 +104,9 @@ def pool(settings: Sequence[Setting], records: Sequence[Record]) -> list[dict[st
     by: dict[str, list[Record]] = defaultdict(list)
     for r in records:
         by[r.setting].append(r)
-    base = by.get("target-only", [])
-    base_tps = _speed([r for r in base if not r.timed_out])
-    return [_row(s, [r for r in by[s.label] if not r.timed_out], base, base_tps) for s in settings if by.get(s.label)]
+    anchors = {a: by.get(a, []) for a in ("target-only", "ordinary")}
+    base_tps = _speed([r for r in anchors["target-only"] if not r.timed_out])
+    return [_row(s, [r for r in by[s.label] if not r.timed_out], anchors, base_tps) for s in settings if by.get(s.label)]
 
 
 def by_category(records: Sequence[Record]) -> dict[str, dict[str, Any]]:

@@ -29,9 +29,9 @@ _NAMES = {"standard": "ordinary", "ears": "EARS (beta)", "ears-entropy": "entrop
           "typical": "typical acceptance (eps)", "fly": "FLy (gate)", "ears-budget": "distortion budget (epsilon)"}
 
 
-def _err(pts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def _err(pts: Sequence[Mapping[str, Any]], colour: str = "#111827") -> dict[str, Any]:
     ci = [p.get("accuracy_ci") or [None, None] for p in pts]
-    return dict(type="data", symmetric=False, thickness=1, width=3,
+    return dict(type="data", symmetric=False, thickness=1, width=3, color=colour,
                 array=[None if c[1] is None else c[1] - p["accuracy"] for p, c in zip(pts, ci)],
                 arrayminus=[None if c[0] is None else p["accuracy"] - c[0] for p, c in zip(pts, ci)])
 
@@ -58,7 +58,7 @@ def _curves(rows: Sequence[Mapping[str, Any]], live: bool) -> list[dict[str, Any
             type="scatter", x=[p["speedup"] for p in pts], y=[p["accuracy"] for p in pts], name=name,
             mode="markers" if ordinary or len(pts) == 1 else "lines+markers+text",
             text=[] if ordinary else [f"{p['value']:g}" for p in pts], textposition="top center",
-            hovertext=[_hover(p) for p in pts], hoverinfo="text", error_y=_err(pts),
+            hovertext=[_hover(p) for p in pts], hoverinfo="text", error_y=_err(pts, PALETTE.get(method, "#6b7280")),
             line=dict(color=PALETTE.get(method, "#6b7280"), width=1.5, dash="dot" if live else "solid"),
             marker=dict(size=15 if ordinary else 11, symbol=("star" if ordinary else "circle") + ("-open" if live else ""),
                         color=[p.get("distortion") or 0.0 for p in pts], coloraxis="coloraxis",
@@ -104,7 +104,8 @@ def frontier_spec(rows: Sequence[Mapping[str, Any]], paper: Mapping[str, Any] | 
         title=dict(text=title or "Accuracy against speed: each rule over its knob (colour: distortion)"),
         xaxis=dict(title=dict(text="speedup against target-only (same questions and seeds)"), zeroline=False),
         yaxis=dict(title=dict(text="accuracy (95 % bootstrap interval over questions)"), rangemode="tozero"),
-        coloraxis=dict(colorscale="Viridis", cmin=0, colorbar=dict(title=dict(text="TV / token"), len=0.6, y=0.3)),
+        coloraxis=dict(colorscale="Viridis", cmin=0, cmax=max([0.01, *(r.get("distortion") or 0 for r in (*rows, *live))]),
+                       colorbar=dict(title=dict(text="TV / token"), len=0.6, y=0.3)),
         shapes=shapes, legend=dict(orientation="h", y=-0.2), margin=dict(l=60, r=20, t=50, b=40), height=520,
         template="plotly_white")
     return dict(data=data, layout=layout)

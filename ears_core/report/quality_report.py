@@ -1,7 +1,7 @@
 """The quality section's files and table: quality.json, quality_runs.csv, quality.html (and quality.png).
 
 Terms are those of ``quality.section`` and ``quality.summary``. ``quality.json`` is the file the docs
-and the app's Quality tab read (copy it to ``docs/results/bench_quality.json``); ``quality_runs.csv``
+and the app's Quality tab read (copy it to ``docs/results/bench_<machine>_quality.json``); ``quality_runs.csv``
 holds every run's reply and the answer read from it, to check the scorer by eye.
 """
 
@@ -64,8 +64,10 @@ def _ci(row: dict[str, Any], key: str, fmt: str = "{:.3f}") -> str:
 
 def format_quality(summary: dict[str, Any]) -> str:
     """A fixed-width table: one line per setting, then the checks."""
-    head = ["setting", "accuracy [95 %]", "vs target-only [95 %]", "speedup", "accept", "pardon", "distortion"]
-    body = [[r["setting"], _ci(r, "accuracy"), _ci(r, "delta", "{:+.3f}"), _cell(r.get("speedup"), "{:.2f}x"),
+    head = ["setting", "accuracy [95 %]", "vs target-only [95 %]", "vs ordinary [95 %]", "speedup", "accept", "pardon",
+            "distortion"]
+    body = [[r["setting"], _ci(r, "accuracy"), _ci(r, "delta", "{:+.3f}"), _ci(r, "delta_ordinary", "{:+.3f}"),
+             _cell(r.get("speedup"), "{:.2f}x"),
              _cell(r.get("acceptance"), "{:.3f}"), _cell(r.get("pardon_rate"), "{:.3f}"),
              _cell(r.get("distortion"), "{:.4f}")] for r in summary["rows"]]
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]

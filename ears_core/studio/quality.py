@@ -2,7 +2,8 @@
 
 Terms
 -----
-shipped    the bench's quality section as run for the docs (``docs/results/bench_quality.json``):
+shipped    the bench's quality section as run for the docs: the last (by name) ``bench_*quality*.json``
+           in ``docs/results/`` that holds the section (``SHIPPED``):
            accuracy against speedup for every rule over its knob, distortion as colour, the EARS
            paper's point for reference (``report.quality_figure``). Absent: the tab says how to make it.
 live sweep target-only, the ordinary rule and EARS at one or two betas on up to ``MAX_QUESTIONS``
@@ -32,24 +33,31 @@ from ears_core.report.quality_figure import frontier_spec
 from ears_core.rules import BETA
 from ears_core.serve.pair_slot import PairSlot
 
-from .errors import InputError, fail, message, timeout_note
+from .errors import InputError, fail, message
 from .live import plot
 from .pairs import LOADING
 
-SHIPPED = Path(__file__).resolve().parents[2] / "docs" / "results" / "bench_quality.json"
+SHIPPED = Path(__file__).resolve().parents[2] / "docs" / "results"  # a file, or a folder to search (module terms)
+PATTERN = "bench_*quality*.json"
 MAX_QUESTIONS, MAX_BETAS, MAX_NEW, TEMPERATURE, K = 20, 2, 16, 0.9, 4
 BETAS = (0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 ABSENT = ("No shipped quality results yet: `python -m ears_core.bench --sections quality` writes quality.json; "
-          "copy it to docs/results/bench_quality.json. The live sweep below works without it.")
+          f"copy it into docs/results/ as {PATTERN.replace('*quality*', '<machine>_quality')}. The live sweep below "
+          "works without it.")
 
 
 def load_shipped(path: Path | None = None) -> dict[str, Any] | None:
-    """The shipped quality summary, or None when the file is absent or unreadable."""
-    try:
-        data = json.loads(Path(path or SHIPPED).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("rows") else None
+    """The shipped quality summary from ``path`` (a file, or a folder: its last ``PATTERN`` file that
+    holds the section), or None when there is none or it is unreadable."""
+    path = Path(path or SHIPPED)
+    for file in (sorted(path.glob(PATTERN), reverse=True) if path.is_dir() else [path]):
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("section") == "quality" and data.get("rows"):
+            return data
+    return None
 
 
 def shipped_note(summary: dict[str, Any] | None) -> str:
@@ -126,7 +134,9 @@ def make_sweep(slot: PairSlot, shipped: dict[str, Any] | None) -> Callable[..., 
             rows = pool(settings, records)
             spec = frontier_spec(base, PAPER, live=rows)
             if rec.timed_out:
-                yield message(timeout_note(budget) + f" ({len(records)} of {total} runs)"), plot(spec), table(rows)
+                yield message(f"Stopped after {budget:g} s: this server allows {budget:g} s of decoding per request "
+                              f"({len(records)} of {total} runs done). Pick fewer questions or one beta, or run the "
+                              "app yourself."), plot(spec), table(rows)
                 return
             left = (time.perf_counter() - t0) / len(records) * (total - len(records))
             note = f"— done in {time.perf_counter() - t0:.0f} s" if len(records) == total else f"(~{left:.0f} s left)"
