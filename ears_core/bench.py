@@ -212,7 +212,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
         info["prices_at_start"], info["prices_at_end"] = prices_at_start, bench.session.profile_text()
     meta = dict(target=s.target, draft=bench.draft_label, assisted=bench.assisted_label if assisted else None,
                 machine=info, settings={k: (str(v) if isinstance(v, Path) else v)
-                                                         for k, v in asdict(s).items()},
+                                                         for k, v in asdict(s).items() if k != "quality"},
                 wall_s=round(time.perf_counter() - t_start, 1))
     summary = bench_report.write_all(s, prompts, rows, by_section, meta)
     return dict(summary, quality=quality) if quality is not None else summary
@@ -221,9 +221,12 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
 def run_quality(s: BenchSettings, bench: Bench, progress: bool = True) -> dict[str, Any]:
     """The quality section on the bench's session; writes its files into ``s.out`` and returns its summary."""
     say = (lambda line: print(line, file=sys.stderr, flush=True)) if progress else None
-    summary, records = run_section(bench.session, s.quality, parse_frontier(s.quality.sweeps), s.gamma,
+    info = machine(bench.target)
+    info["prices_at_start"] = bench.session.profile_text() if bench.session is not None else None
+    summary, records = run_section(bench.session, s.quality, parse_frontier(s.quality.sweeps), s.k,
                                    s.draft_length, progress=say)
-    summary = dict(target=s.target, draft=bench.draft_label, machine=machine(bench.target),
+    info["prices_at_end"] = bench.session.profile_text() if bench.session is not None else None
+    summary = dict(target=s.target, draft=bench.draft_label, machine=info,
                    command="python -m ears_core.bench " + " ".join(s.extra.get("argv", [])),
                    settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s.quality).items()}, **summary)
     write_quality(s.out, summary, records, images=s.images)

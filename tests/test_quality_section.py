@@ -128,8 +128,8 @@ def test_bad_quality_flags_are_refused_with_the_fix(tiny_folders, known_question
     base = ["--target", str(target), "--draft", str(draft), "--device", "cpu", "--out", str(tmp_path)]
     assert bench.main([*base, "--sections", "quality", "--quality-seeds", "0"]) == 2
     assert "--quality-seeds must be >= 1" in capsys.readouterr().err
-    assert bench.main([*base, "--sections", "quality", "--quality-sweeps", "ears:gamma=1"]) == 2
-    assert "takes no parameter 'gamma'" in capsys.readouterr().err
+    assert bench.main([*base, "--sections", "quality", "--quality-sweeps", "ears:k=1"]) == 2
+    assert "takes no parameter 'k'" in capsys.readouterr().err
     assert bench.main([*base, "--sections", "qualty"]) == 2
     assert "quality" in capsys.readouterr().err  # the list of sections names it
 

@@ -68,7 +68,7 @@ class Decoding:
 
     def run_config(self, setting: Setting, seed: int) -> RunConfig:
         rule = "standard" if setting.method == TARGET else setting.method
-        return RunConfig(rule=rule, params=dict(setting.params), temperature=self.temperature, gamma=self.k,
+        return RunConfig(rule=rule, params=dict(setting.params), temperature=self.temperature, k=self.k,
                          max_new_tokens=self.max_new_tokens, seed=seed, draft_length=self.draft_length,
                          draft_shape="chain")
 
