@@ -254,8 +254,8 @@ def view_quality_notes(s: dict[str, Any]) -> str:
     pts = "; ".join(f"beta {r['value']:g}: {r['accuracy']:.2f} at {_x(r.get('speedup'))}" for r in ears)
     first = s.get("first_beta_outside_ordinary")
     greedy = f" Greedy target-only on the same questions: {s['greedy']['accuracy']:.2f}." if s.get("greedy") else ""
-    return (f"{q['count']} questions ({', '.join(q['kept'])}; left out: {', '.join(q['left_out']) or 'none'}) x "
-            f"{s['seeds']} seeds at T = {d['temperature']:g}, K = {d['k']}, {d['max_new_tokens']} new tokens, "
+    return (f"{q['count']} questions from {len(q['kept'])} categories ({', '.join(q['kept'])}; left out: "
+            f"{', '.join(q['left_out']) or 'none'}) x {s['seeds']} seeds at T = {d['temperature']:g}, K = {d['k']}, {d['max_new_tokens']} new tokens, "
             f"{d['draft_length']} draft length; {s['wall_s'] / 60:.0f} min of runs on {s['machine']['device']} "
             f"({s['machine']['threads']} threads).{greedy} The ordinary rule inside target-only's interval: "
             f"{'yes' if s.get('ordinary_inside_target') else 'no'}. EARS: {pts or 'not run'}. The first beta whose "

@@ -13,6 +13,9 @@ draft shape every speculative run drafts a chain (``draft_length`` drafts per ro
             policy by default), so settings differ only by their rule.
 budget      ``budget_s``: seconds of decoding for the whole sweep (the app's request limit); a run
             that reaches it is cut, marked ``timed_out`` and ends the sweep. Cut runs are not scored.
+thread      a run decodes in the caller's thread (the bench), or with ``background`` in a thread of its
+            own that ends with it (``serve.runs.Background``: the app, whose long-lived request workers
+            must not keep a torch thread pool beside the decodes of other requests, model/passing.py).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from ears_core.quality.questions import Question, QuestionSet
 from ears_core.rules import rule_spec
+from ears_core.serve.runs import Background
 from ears_core.serve.session import RunConfig, Session
 
 __all__ = ["Setting", "Record", "Decoding", "sweep", "run_one", "TARGET"]
@@ -95,11 +99,14 @@ class Record:
 
 
 def run_one(session: Session, ids: torch.Tensor, setting: Setting, decoding: Decoding, seed: int,
-            deadline_s: float | None = None) -> Any:
-    """One run to its end (or ``deadline_s`` seconds of decoding): a ``GenerationResult``."""
+            deadline_s: float | None = None, background: bool = False) -> Any:
+    """One run to its end (or ``deadline_s`` seconds of decoding): a ``GenerationResult`` (module
+    terms: thread)."""
     cfg = decoding.run_config(setting, seed)
     tracked = (session.baseline(ids, cfg, deadline_s) if setting.method == TARGET
                else session.speculative(ids, cfg, deadline_s))
+    if background:
+        return Background(tracked).result()
     with torch.inference_mode():
         for _ in tracked:  # registers the decode (contention) and lets the session learn from it
             pass
@@ -115,7 +122,7 @@ def _record(qset: QuestionSet, q: Question, setting: Setting, seed: int, res: An
 
 def sweep(session: Session, qset: QuestionSet, questions: Sequence[Question], settings: Sequence[Setting],
           decoding: Decoding, seeds: Sequence[int] = (0,), budget_s: float | None = None,
-          stop: Callable[[], bool] | None = None) -> Iterator[Record]:
+          stop: Callable[[], bool] | None = None, background: bool = False) -> Iterator[Record]:
     """Every setting on every (question, seed), interleaved (module terms: group), as Records.
     Ends early when ``stop()`` turns true or the budget is spent (the cut run is yielded, marked)."""
     if not settings:
@@ -130,7 +137,7 @@ def sweep(session: Session, qset: QuestionSet, questions: Sequence[Question], se
                 if stop is not None and stop():
                     return
                 left = None if budget_s is None else max(budget_s - spent, 1e-3)
-                res = run_one(session, ids, setting, decoding, seed, left)
+                res = run_one(session, ids, setting, decoding, seed, left, background)
                 spent += res.stats.decode_s
                 yield _record(qset, q, setting, seed, res)
                 if res.timed_out:

@@ -129,7 +129,7 @@ def make_sweep(slot: PairSlot, shipped: dict[str, Any] | None) -> Callable[..., 
         total, records, budget = len(questions) * len(settings), [], slot.settings.timeout_s
         yield progress_html(0, total, "(starting)"), gr.skip(), ""
         t0 = time.perf_counter()
-        for rec in sweep(session, qset, questions, settings, decoding, budget_s=budget):
+        for rec in sweep(session, qset, questions, settings, decoding, budget_s=budget, background=True):
             records.append(rec)
             rows = pool(settings, records)
             spec = frontier_spec(base, PAPER, live=rows)
