@@ -174,7 +174,7 @@ def build(path: Path | None = None) -> QualityTab:
         if shipped:
             gr.Markdown(table(shipped["rows"]), elem_id="quality_table")
         gr.Markdown(f"**Live sweep on this machine**: target-only, the ordinary rule and EARS at the betas you pick, "
-                    f"one seed, at most {MAX_QUESTIONS} questions (a few seconds each here), drawn over the figure "
+                    f"one seed, at most {MAX_QUESTIONS} questions, drawn over the figure "
                     "with open markers. Intervals from so few questions are wide: read the trend, not the digits.")
         with gr.Row():
             questions = gr.Slider(1, MAX_QUESTIONS, value=12, step=1, label="questions", elem_id="quality_questions")
