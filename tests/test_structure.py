@@ -1,7 +1,8 @@
-"""The package's shape: data flows one way (no import cycles), gradio only in the studio."""
+"""The package's shape: data flows one way (no import cycles), gradio only in the studio, short functions."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "ears_core"
@@ -152,6 +153,54 @@ def test_only_the_studio_imports_gradio():
         if "studio" in path.relative_to(PKG).parts:
             continue
         assert not any(i.split(".")[0] == "gradio" for i in imports(path)), path
+
+
+MAX_FUNCTION_LINES = 60
+LONG_REASON = re.compile(r"#\s*long:\s*\S")  # "# long: <why this function reads best in one piece>"
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """"name (line N, L lines)" for every function (method, nested function) of ``source`` longer than
+    ``limit`` lines, from its def line to its last line, without a reason: a ``# long: <reason>`` comment on
+    its def line (or its signature's lines) or on the line just above the def (or above its decorators)."""
+    lines = source.splitlines()
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        length = node.end_lineno - node.lineno + 1
+        if length <= limit:
+            continue
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        body = node.body[0].lineno  # the signature ends before the first statement (the docstring, if any)
+        said = lines[first - 2: first - 1] + lines[node.lineno - 1: max(body - 1, node.lineno)]
+        if not any(LONG_REASON.search(line) for line in said):
+            out.append(f"{node.name} (line {node.lineno}, {length} lines)")
+    return out
+
+
+def _function(name: str, body_lines: int, comment: str = "", above: str = "") -> str:
+    body = "".join(f"    x{i} = {i}\n" for i in range(body_lines))
+    return f"{above}def {name}():{comment}\n{body}"
+
+
+def test_the_length_checker_flags_a_long_function_unless_a_reason_is_written_beside_it():
+    assert long_functions(_function("short", 59)) == []  # 60 lines with its def: at the limit
+    assert long_functions(_function("long", 60)) == ["long (line 1, 61 lines)"]
+    assert long_functions(_function("long", 60, comment="  # long: a table of cases")) == []
+    assert long_functions(_function("long", 60, above="# long: one loop, read top to bottom\n")) == []
+    assert long_functions(_function("long", 60, above="# long: its cases side by side\n@decorator\n")) == []
+    assert long_functions(_function("long", 60, comment="  # longer than it should be")) == ["long (line 1, 61 lines)"]
+    assert long_functions(_function("long", 60, above="# long:\n")) == ["long (line 2, 61 lines)"]  # no reason given
+    nested = "def outer():\n" + "".join("    " + line + "\n" for line in _function("inner", 60).splitlines())
+    assert long_functions(nested) == ["outer (line 1, 62 lines)", "inner (line 2, 61 lines)"]
+
+
+def test_no_function_is_longer_than_the_limit_without_a_written_reason():
+    found = [f"{path.relative_to(PKG.parent)}: {hit}" for path in sorted(PKG.rglob("*.py"))
+             for hit in long_functions(path.read_text(encoding="utf-8"))]
+    assert not found, (f"functions over {MAX_FUNCTION_LINES} lines: split them, or write why one reads best whole "
+                       f"as '# long: <reason>' on or just above its def line: " + "; ".join(found))
 
 
 HUGE = Path("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -21,6 +21,7 @@ rows         one row at a time (B = 1 in the decode loop); the tree shape is sha
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -38,6 +39,81 @@ __all__ = ["walk_tree"]
 def _one(t: Tensor) -> Tensor:
     """A node's value as one row of one position: a rule call with B = K = 1."""
     return t.reshape(1, 1, *t.shape)
+
+
+@dataclass
+class _Walk:
+    """What every entry's tests read (one call of ``walk_tree``), and the host-side kinds and path it writes."""
+
+    target_probs: Tensor  # (B, N+1, V)
+    draft_probs: Tensor  # (B, N, V)
+    tokens: Tensor  # (B, N), clamped into [0, V)
+    rule: AcceptanceRule
+    uniforms: Tensor  # (B, N)
+    sample_uniforms: Tensor  # (B, D+1)
+    kids: list[list[int]]
+    max_p: Tensor  # (B, N+1)
+    tol_e: Tensor  # (B, N+1)
+    p_all: Tensor  # (B, N)
+    q_all: Tensor  # (B, N)
+    ratio: Tensor  # (B, N): a tested node's ratio replaces the plain one
+    top: Tensor | None  # (B, N+1) the first maxima (greedy), else None
+    tops: list[list[int]] | None  # top on the host (greedy)
+    toks: list[list[int]] | None  # tokens on the host (greedy)
+    check: bool
+    kinds: list[list[int]]  # (B, N) DraftKind values
+    path: list[list[int]]  # (B, D) the node accepted at each depth, -1 below the stop
+
+
+def _test_children(w: _Walk, r: int, cur: int, ch: list[int], at: Tensor) -> tuple[int | None, Tensor, Tensor | None]:
+    """Entry ``cur``'s children in rank order until one stands: (the child that stood or None, the residual
+    the last test faced (V,), the last tested child's draft probabilities (V,); None when greedy)."""
+    res, went, q_c = at, None, None
+    for j, c in enumerate(ch):
+        if w.tops is not None:  # greedy: no residuals; the plain ratio stays
+            if w.toks[r][c] == w.tops[r][cur]:
+                w.kinds[r][c], went = int(DraftKind.ACCEPTED), c
+                break
+            w.kinds[r][c] = int(DraftKind.REJECTED)
+            continue
+        q_c = w.draft_probs[r, c]  # (V,)
+        p = w.p_all[r, c] if j == 0 else res[w.tokens[r, c]]  # r_j(x)
+        if j and not w.check:  # an id outside [0, V) (p_all = 0 there) faces p = 0 at every rank
+            p = torch.where(w.p_all[r, c] > 0, p, 0.0)
+        rat = p / w.q_all[r, c].clamp(min=Q_EPS)
+        acc, par = w.rule.decide(RuleInputs(_one(res), _one(q_c), _one(w.tokens[r, c]), _one(p), _one(w.q_all[r, c]),
+                                            _one(rat), _one(w.max_p[r, cur]), _one(w.uniforms[r, c])),
+                                 _one(w.tol_e[r, cur]))
+        w.ratio[r, c] = rat
+        a, pa = bool(acc), bool(par)  # the walk's host read (free on the CPU)
+        if a or pa:
+            w.kinds[r][c] = int(DraftKind.ACCEPTED if a else DraftKind.PARDONED)
+            went = c
+            break
+        w.kinds[r][c] = int(DraftKind.REJECTED)
+        if j + 1 < len(ch):
+            res = w.rule.residual(res, q_c)  # (V,) what the next sibling faces
+    return went, res, q_c
+
+
+def _walk_row(w: _Walk, r: int) -> tuple[int, Tensor, bool, int, Tensor, Tensor]:
+    """Row r from the root down to its stop: (nodes accepted, next token, bonus?, the last rejected node or -1,
+    P_target and the rank-0 draft probability of the next token)."""
+    cur, stops = 0, 0  # current entry; nodes accepted so far
+    while True:
+        ch = w.kids[cur]
+        at = w.target_probs[r, cur]  # (V,) P_target at the entry
+        if not ch:  # a leaf: the bonus token
+            tok = w.top[r, cur] if w.tops is not None else sample_with_uniforms(w.rule.bonus(at),
+                                                                                w.sample_uniforms[r, stops])
+            return stops, tok, True, -1, at[tok], at.new_zeros(())
+        went, res, q_c = _test_children(w, r, cur, ch, at)
+        if went is None:  # every child rejected: the next token from the residual after the last one
+            tok = w.top[r, cur] if w.tops is not None else w.rule.draw_residual(res, q_c, w.sample_uniforms[r, stops])
+            return stops, tok, False, ch[-1], at[tok], w.draft_probs[r, ch[0], tok]
+        w.path[r][stops] = went
+        stops += 1
+        cur = went + 1
 
 
 def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int], rule: AcceptanceRule,
@@ -59,63 +135,23 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
     tokens = tokens.clamp(0, max(v - 1, 0))  # an id outside [0, V) already reads p = 0: rejected, never token 0's test
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1): one draw, whatever the stop depth
-    kinds = [[int(DraftKind.NOT_EVALUATED)] * n for _ in range(b)]  # (B, N) on the host: one tensor at the end
-    path = [[-1] * depth for _ in range(b)]  # (B, D)
-    num, nxt, bonus, last_rej = [], [], [], []
-    next_p, next_q = [], []
-    for r in range(b):
-        cur, stops = 0, 0  # current entry; nodes accepted so far
-        while True:
-            ch = kids[cur]
-            at = target_probs[r, cur]  # (V,) P_target at the entry
-            if not ch:  # a leaf: the bonus token
-                tok = top[r, cur] if tops is not None else sample_with_uniforms(rule.bonus(at), sample_uniforms[r, stops])
-                num.append(stops), nxt.append(tok), bonus.append(True), last_rej.append(-1)
-                next_p.append(at[tok]), next_q.append(at.new_zeros(()))
-                break
-            res, went = at, None
-            for j, c in enumerate(ch):
-                if tops is not None:  # greedy: no residuals; the plain ratio stays
-                    if toks[r][c] == tops[r][cur]:
-                        kinds[r][c], went = int(DraftKind.ACCEPTED), c
-                        break
-                    kinds[r][c] = int(DraftKind.REJECTED)
-                    continue
-                q_c = draft_probs[r, c]  # (V,)
-                p = p_all[r, c] if j == 0 else res[tokens[r, c]]  # r_j(x)
-                if j and not check:  # an id outside [0, V) (p_all = 0 there) faces p = 0 at every rank
-                    p = torch.where(p_all[r, c] > 0, p, 0.0)
-                rat = p / q_all[r, c].clamp(min=Q_EPS)
-                acc, par = rule.decide(RuleInputs(_one(res), _one(q_c), _one(tokens[r, c]), _one(p), _one(q_all[r, c]),
-                                                  _one(rat), _one(max_p[r, cur]), _one(uniforms[r, c])), _one(tol_e[r, cur]))
-                ratio[r, c] = rat
-                a, pa = bool(acc), bool(par)  # the walk's host read (free on the CPU)
-                if a or pa:
-                    kinds[r][c] = int(DraftKind.ACCEPTED if a else DraftKind.PARDONED)
-                    went = c
-                    break
-                kinds[r][c] = int(DraftKind.REJECTED)
-                if j + 1 < len(ch):
-                    res = rule.residual(res, q_c)  # (V,) what the next sibling faces
-            if went is None:  # every child rejected: the next token from the residual after the last one
-                tok = top[r, cur] if tops is not None else rule.draw_residual(res, q_c, sample_uniforms[r, stops])
-                num.append(stops), nxt.append(tok), bonus.append(False), last_rej.append(ch[-1])
-                next_p.append(at[tok]), next_q.append(draft_probs[r, ch[0], tok])
-                break
-            path[r][stops] = went
-            stops += 1
-            cur = went + 1
+    w = _Walk(target_probs, draft_probs, tokens, rule, uniforms, sample_uniforms, kids, max_p, tol_e, p_all, q_all,
+              ratio, top, tops, toks, check, kinds=[[int(DraftKind.NOT_EVALUATED)] * n for _ in range(b)],
+              path=[[-1] * depth for _ in range(b)])
+    num, nxt, bonus, last_rej, next_p, next_q = zip(*(_walk_row(w, r) for r in range(b)))
     num_accepted = torch.tensor(num, dtype=torch.long, device=dev)
     next_token = torch.stack(nxt).to(torch.long)
     is_bonus = torch.tensor(bonus, device=dev)
-    path = torch.tensor(path, dtype=torch.long, device=dev).reshape(b, depth)  # (B, D)
+    path = torch.tensor(w.path, dtype=torch.long, device=dev).reshape(b, depth)  # (B, D)
     distortion = exact = None
     if with_distortion:
-        distortion, exact = path_distortions(rule, target_probs, draft_probs, tokens, children_table(parents, dev, kids), tol_e,
-                                         path, num_accepted, is_bonus, siblings, draft_support)
+        table = children_table(parents, dev, kids)
+        distortion, exact = path_distortions(rule, target_probs, draft_probs, tokens, table, tol_e, path, num_accepted,
+                                             is_bonus, siblings, draft_support)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=is_bonus,
-        last_rejected=torch.tensor(last_rej, dtype=torch.long, device=dev), kinds=torch.tensor(kinds, dtype=torch.int8, device=dev).reshape(b, n), p=p_all, q=q_all,
+        last_rejected=torch.tensor(last_rej, dtype=torch.long, device=dev),
+        kinds=torch.tensor(w.kinds, dtype=torch.int8, device=dev).reshape(b, n), p=p_all, q=q_all,
         ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry], max_p=max_p, next_p=torch.stack(next_p),
         next_q=torch.stack(next_q), distortion=distortion, distortion_exact=exact,
     )

@@ -37,7 +37,8 @@ from torch import Tensor
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["DraftKind", "KIND_NAMES", "Verdict", "verify", "argmax_path", "check_enabled", "check_drafts"]
+__all__ = ["DraftKind", "KIND_NAMES", "Verdict", "verify", "argmax_path", "check_enabled", "check_drafts",
+           "default_draws"]
 
 
 class DraftKind(IntEnum):
@@ -151,20 +152,14 @@ def verify(
     the distortion is then summed over those N tokens only.
     """
     b, k, v = _check(target_probs, draft_probs, draft_tokens)
-    dev = target_probs.device
-    if uniforms is None:
-        uniforms = torch.rand((b, k), generator=generator, device=dev)
-    if sample_uniforms is None:
-        sample_uniforms = torch.rand((b,), generator=generator, device=dev)
-
+    uniforms, sample_uniforms = default_draws(uniforms, sample_uniforms, (b, k), generator, target_probs.device)
     judged = target_probs[:, :k]  # (B, K, V)
     in_range = (draft_tokens >= 0) & (draft_tokens < v)  # (B, K)
     idx = draft_tokens.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # (B, K, 1): gather never reads outside V
     q = draft_probs.gather(-1, idx).squeeze(-1)  # (B, K)
     if check and k > 0:
         check_drafts(draft_tokens, q, in_range, v)
-    greedy = argmax_path(rule)
-    if greedy:  # one pass over V finds every position's argmax, and its value is max_p
+    if argmax_path(rule):  # one pass over V finds every position's argmax, and its value is max_p
         max_p, top = torch.max(target_probs, dim=-1)  # (B, K+1) each: the first maximum, as argmax
     else:
         top, max_p = None, target_probs.amax(dim=-1)  # (B, K+1): computed once, reused below
@@ -172,23 +167,39 @@ def verify(
     p = judged.gather(-1, idx).squeeze(-1).masked_fill(~in_range, 0.0)  # (B, K)
     ratio = p / q.clamp(min=Q_EPS)  # (B, K)
     tolerance = rule.tolerance(judged, max_p[:, :k])  # (B, K)
-    if top is not None:
-        accepted = (draft_tokens == top[:, :k]) & in_range  # (B, K): what GreedyRule.decide computes
-        pardoned = torch.zeros_like(accepted)
-    else:
-        inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
-        accepted, pardoned = rule.decide(inputs, tolerance)  # (B, K) bool each
+    inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
+    accepted, pardoned = _decide(rule, inputs, tolerance, top, in_range)  # (B, K) bool each
     num_accepted, kinds = _leading_run(accepted, pardoned)
 
     if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
         sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(1)  # (B,)
     ns = num_accepted.tolist() if emitted_only and top is None else None  # a host read that saves work
     next_token, next_p, next_q = _next_token(rule, target_probs, draft_probs, num_accepted, top, ns, sample_uniforms)
-    distortion = None
-    if with_distortion:
-        distortion = _distortion(rule, judged, draft_probs, tolerance, num_accepted, ns, draft_support)
+    distortion = (_distortion(rule, judged, draft_probs, tolerance, num_accepted, ns, draft_support)
+                  if with_distortion else None)
     return Verdict(num_accepted=num_accepted, next_token=next_token, kinds=kinds, p=p, q=q, ratio=ratio, u=uniforms,
                    tolerance=tolerance, max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion)
+
+
+def default_draws(uniforms: Tensor | None, sample_uniforms: Tensor | None, shape: tuple[int, int],
+                  generator: torch.Generator | None, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The acceptance draws (``shape``: rows x drafts) and the next token's draws (rows,), drawn from
+    ``generator`` where the caller gave none."""
+    if uniforms is None:
+        uniforms = torch.rand(shape, generator=generator, device=device)
+    if sample_uniforms is None:
+        sample_uniforms = torch.rand((shape[0],), generator=generator, device=device)
+    return uniforms, sample_uniforms
+
+
+def _decide(rule: AcceptanceRule, inputs: RuleInputs, tolerance: Tensor, top: Tensor | None,
+            in_range: Tensor) -> tuple[Tensor, Tensor]:
+    """accepted, pardoned (B, K) bool: the rule's decisions, or with ``top`` (B, K+1) the greedy test
+    (a draft stands iff it is its position's first maximum: what GreedyRule.decide computes)."""
+    if top is not None:
+        accepted = (inputs.draft_tokens == top[:, :in_range.shape[1]]) & in_range  # (B, K)
+        return accepted, torch.zeros_like(accepted)
+    return rule.decide(inputs, tolerance)
 
 
 def _leading_run(accepted: Tensor, pardoned: Tensor) -> tuple[Tensor, Tensor]:

@@ -44,7 +44,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ears_core.decode.verify import DraftKind, argmax_path, check_drafts
+from ears_core.decode.verify import DraftKind, argmax_path, check_drafts, default_draws
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
 from ears_core.rules.tree_distortion import path_distortions
 from ears_core.sampling import sample_with_uniforms
@@ -179,10 +179,7 @@ def verify_tree(
     b, n, v = _check(target_probs, draft_probs, tokens, parents)
     dev = target_probs.device
     kids = children(parents)
-    if uniforms is None:
-        uniforms = torch.rand((b, n), generator=generator, device=dev)
-    if sample_uniforms is None:
-        sample_uniforms = torch.rand((b,), generator=generator, device=dev)
+    uniforms, sample_uniforms = default_draws(uniforms, sample_uniforms, (b, n), generator, dev)
     ch = children_table(parents, dev, kids)  # (N+1, W)
     max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)  # (B, N+1)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
@@ -201,6 +198,25 @@ def verify_tree(
     ratio = torch.where(tested, ratio, plain_ratio)
 
     # 4. the next token: from the residual after the stop entry's last child, or a bonus at a leaf
+    leaf, last_rej, next_token, next_p, next_q = _at_the_stop(rule, target_probs, draft_probs, res_at, ch, cur, rank,
+                                                              num_accepted, sample_uniforms, top)
+    distortion = exact = None
+    if with_distortion:
+        distortion, exact = path_distortions(rule, target_probs, draft_probs, x, ch, tol_e, path, num_accepted, leaf,
+                                             siblings, draft_support)
+    return TreeVerdict(
+        num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=leaf, last_rejected=last_rej,
+        kinds=kinds.to(torch.int8), p=p_all, q=q_all, ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry],
+        max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion, distortion_exact=exact,
+    )
+
+
+def _at_the_stop(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, res_at: Tensor | None, ch: Tensor,
+                 cur: Tensor, rank: Tensor, num_accepted: Tensor, sample_uniforms: Tensor, top: Tensor | None
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """At each row's stop entry ``cur`` (B,): leaf? (B,) bool, the last rejected node (B,) (-1 at a leaf), the
+    next token (B,), its P_target (B,) and its rank-0 draft probability there (B,) (0 at a leaf)."""
+    b, n, v = draft_probs.shape
     n_kids = (ch >= 0).sum(-1)  # (N+1,)
     leaf = n_kids[cur] == 0  # (B,)
     last_rej = torch.where(leaf, -1, ch[cur, (n_kids[cur] - 1).clamp(min=0)])  # (B,)
@@ -211,15 +227,7 @@ def verify_tree(
         next_q = torch.where(leaf, 0.0, q0)
     else:
         next_q = torch.zeros_like(next_p)
-    distortion = exact = None
-    if with_distortion:
-        distortion, exact = path_distortions(rule, target_probs, draft_probs, x, ch, tol_e, path, num_accepted, leaf,
-                                             siblings, draft_support)
-    return TreeVerdict(
-        num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=leaf, last_rejected=last_rej,
-        kinds=kinds.to(torch.int8), p=p_all, q=q_all, ratio=ratio, u=uniforms, tolerance=tol_e[:, parent_entry],
-        max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion, distortion_exact=exact,
-    )
+    return leaf, last_rej, next_token, next_p, next_q
 
 
 def _node_tests(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, kids: list[list[int]],

@@ -242,84 +242,98 @@ def write_html(path: Path, summary: dict[str, Any], figs: dict[str, go.Figure]) 
 
 
 def figures(summary: dict[str, Any]) -> dict[str, go.Figure]:
+    """The report's figures, one per section the summary holds, in the report's order."""
     secs = summary["sections"]
-    figs: dict[str, go.Figure] = {}
-    if "main" in secs:
-        rows = [r for r in secs["main"] if r["method"] != "target"]
-        fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[r["ratio"] for r in rows], name="measured"))
-        for key, sym in (("theory_S", "diamond"), ("cost_model_S", "x")):
-            fig.add_scatter(x=[r["label"] for r in rows], y=[r.get(key) for r in rows], mode="markers",
-                            marker=dict(symbol=sym, size=11), name=key.replace("_", " "))
-        fig.add_hline(y=1.0, line_dash="dot")
-        fig.update_layout(title="Speed against target-only decoding (same run, interleaved)",
-                          yaxis_title="tokens/s ratio")
-        figs["speed"] = fig
-    if "sweep" in secs:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
-        palette = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3"]
-        for n, t in enumerate(sorted({r["temperature"] for r in secs["sweep"]})):
-            colour = dict(color=palette[n % len(palette)])
-            pts = sorted((r for r in secs["sweep"] if r["temperature"] == t and r["method"] != "target"),
-                         key=lambda r: r["beta"])
-            xs, lab = [r["distortion"] for r in pts], [f"β={r['beta']:g}" for r in pts]
-            fig.add_scatter(x=xs, y=[r["acceptance"] for r in pts], text=lab, mode="lines+markers",
-                            name=f"T={t:g}", legendgroup=str(t), line=colour, row=1, col=1)
-            fig.add_scatter(x=xs, y=[r["ratio"] for r in pts], text=lab, mode="lines+markers", name=f"T={t:g}",
-                            legendgroup=str(t), showlegend=False, line=colour, row=1, col=2)
-        fig.update_xaxes(title_text="mean exact distortion (TV per token)")
-        fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
-        fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
-        fig.update_layout(title="beta x temperature: the speed-distortion frontier (beta 0 = ordinary)")
-        figs["frontier"] = fig
-    if "k" in secs:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s vs target-only", "tokens per round"))
-        for m, col in (("ordinary", "#636efa"), ("ears", "#ef553b")):
-            pts = sorted((r for r in secs["k"] if r["method"] == m), key=k_of)
-            if not pts:
-                continue
-            ks, name, line = [k_of(r) for r in pts], pts[0]["label"], dict(color=col)
-            fig.add_scatter(x=ks, y=[r["ratio"] for r in pts], mode="lines+markers", name=f"{name} measured",
-                            line=line, row=1, col=1)
-            fig.add_scatter(x=ks, y=[r.get("cost_model_S") for r in pts], mode="lines", line=dict(line, dash="dash"),
-                            name=f"{name} cost model", row=1, col=1)
-            fig.add_scatter(x=ks, y=[r["accept_length"] for r in pts], mode="lines+markers", name=f"{name} measured",
-                            showlegend=False, line=line, row=1, col=2)
-            fig.add_scatter(x=ks, y=[r["theory_E"] for r in pts], mode="lines", line=dict(line, dash="dot"),
-                            name=f"{name} E(a, K)", row=1, col=2)
-        fig.update_xaxes(title_text="K")
-        fig.update_layout(title="Draft length K")
-        figs["k"] = fig
-    if "frontier" in secs:  # one curve per lossy rule, ordered by distortion; the ordinary rule at 0
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
-        palette = ["#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
-        rows = [r for r in secs["frontier"] if r["method"] != "target" and r.get("distortion") is not None]
-        for n, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
-            pts = sorted((r for r in rows if r["method"] == m), key=lambda r: (r["distortion"], r["acceptance"]))
-            lossless = m == "ordinary"
-            style = dict(mode="markers", marker=dict(symbol="star", size=13, color="#636efa")) if lossless else dict(
-                mode="lines+markers", line=dict(color=palette[n % len(palette)]))
-            for col, key in ((1, "acceptance"), (2, "ratio")):
-                fig.add_scatter(x=[r["distortion"] for r in pts], y=[r.get(key) for r in pts], text=[r["label"] for r in pts],
-                                name=m, legendgroup=m, showlegend=col == 1, row=1, col=col, **style)
-        fig.update_xaxes(title_text="mean exact distortion, TV per token (FLy: its approximation)")
-        fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
-        fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
-        fig.update_layout(title="Lossy rules, same prompts and seeds: acceptance and speed vs distortion")
-        figs["lossy"] = fig
-    if "tree" in secs:
-        figs["tree"] = tree_section_figure(secs["tree"])
-    if "fidelity" in secs:
-        rows = secs["fidelity"]
-        fig = go.Figure()
-        for key, name in (("accuracy", "exact match with the answer key"), ("agreement", "same answer as target-only")):
-            pts = [r for r in rows if r.get(key) is not None]
-            fig.add_bar(x=[r["label"] for r in pts], y=[r[key] for r in pts], name=name,
-                        error_y=dict(type="data", symmetric=False,
-                                     array=[r[f"{key}_ci"][1] - r[key] for r in pts],
-                                     arrayminus=[r[key] - r[f"{key}_ci"][0] for r in pts]))
-        fig.update_layout(title="Math final answers (Wilson 95% intervals)", yaxis_range=[0, 1], barmode="group")
-        figs["fidelity"] = fig
-    return figs
+    makers = (("main", "speed", _speed_figure), ("sweep", "frontier", _sweep_figure), ("k", "k", _k_figure),
+              ("frontier", "lossy", _lossy_figure), ("tree", "tree", tree_section_figure),
+              ("fidelity", "fidelity", _fidelity_figure))
+    return {name: make(secs[sec]) for sec, name, make in makers if sec in secs}
+
+
+def _speed_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """The main section: each method's speed against target-only, measured, with theory and the cost model."""
+    rows = [r for r in rows if r["method"] != "target"]
+    fig = go.Figure(go.Bar(x=[r["label"] for r in rows], y=[r["ratio"] for r in rows], name="measured"))
+    for key, sym in (("theory_S", "diamond"), ("cost_model_S", "x")):
+        fig.add_scatter(x=[r["label"] for r in rows], y=[r.get(key) for r in rows], mode="markers",
+                        marker=dict(symbol=sym, size=11), name=key.replace("_", " "))
+    fig.add_hline(y=1.0, line_dash="dot")
+    fig.update_layout(title="Speed against target-only decoding (same run, interleaved)",
+                      yaxis_title="tokens/s ratio")
+    return fig
+
+
+def _sweep_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """The sweep section: acceptance and speed against distortion, one curve per temperature over beta."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
+    palette = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3"]
+    for n, t in enumerate(sorted({r["temperature"] for r in rows})):
+        colour = dict(color=palette[n % len(palette)])
+        pts = sorted((r for r in rows if r["temperature"] == t and r["method"] != "target"), key=lambda r: r["beta"])
+        xs, lab = [r["distortion"] for r in pts], [f"β={r['beta']:g}" for r in pts]
+        fig.add_scatter(x=xs, y=[r["acceptance"] for r in pts], text=lab, mode="lines+markers",
+                        name=f"T={t:g}", legendgroup=str(t), line=colour, row=1, col=1)
+        fig.add_scatter(x=xs, y=[r["ratio"] for r in pts], text=lab, mode="lines+markers", name=f"T={t:g}",
+                        legendgroup=str(t), showlegend=False, line=colour, row=1, col=2)
+    fig.update_xaxes(title_text="mean exact distortion (TV per token)")
+    fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
+    fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
+    fig.update_layout(title="beta x temperature: the speed-distortion frontier (beta 0 = ordinary)")
+    return fig
+
+
+def _k_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """The k section: speed and tokens per round against K, measured beside the cost model and E(a, K)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s vs target-only", "tokens per round"))
+    for m, col in (("ordinary", "#636efa"), ("ears", "#ef553b")):
+        pts = sorted((r for r in rows if r["method"] == m), key=k_of)
+        if not pts:
+            continue
+        ks, name, line = [k_of(r) for r in pts], pts[0]["label"], dict(color=col)
+        fig.add_scatter(x=ks, y=[r["ratio"] for r in pts], mode="lines+markers", name=f"{name} measured",
+                        line=line, row=1, col=1)
+        fig.add_scatter(x=ks, y=[r.get("cost_model_S") for r in pts], mode="lines", line=dict(line, dash="dash"),
+                        name=f"{name} cost model", row=1, col=1)
+        fig.add_scatter(x=ks, y=[r["accept_length"] for r in pts], mode="lines+markers", name=f"{name} measured",
+                        showlegend=False, line=line, row=1, col=2)
+        fig.add_scatter(x=ks, y=[r["theory_E"] for r in pts], mode="lines", line=dict(line, dash="dot"),
+                        name=f"{name} E(a, K)", row=1, col=2)
+    fig.update_xaxes(title_text="K")
+    fig.update_layout(title="Draft length K")
+    return fig
+
+
+def _lossy_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """The frontier section: one curve per lossy rule, ordered by distortion; the ordinary rule at 0."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("acceptance vs distortion", "speed vs distortion"))
+    palette = ["#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
+    rows = [r for r in rows if r["method"] != "target" and r.get("distortion") is not None]
+    for n, m in enumerate(dict.fromkeys(r["method"] for r in rows)):
+        pts = sorted((r for r in rows if r["method"] == m), key=lambda r: (r["distortion"], r["acceptance"]))
+        lossless = m == "ordinary"
+        style = dict(mode="markers", marker=dict(symbol="star", size=13, color="#636efa")) if lossless else dict(
+            mode="lines+markers", line=dict(color=palette[n % len(palette)]))
+        for col, key in ((1, "acceptance"), (2, "ratio")):
+            fig.add_scatter(x=[r["distortion"] for r in pts], y=[r.get(key) for r in pts], text=[r["label"] for r in pts],
+                            name=m, legendgroup=m, showlegend=col == 1, row=1, col=col, **style)
+    fig.update_xaxes(title_text="mean exact distortion, TV per token (FLy: its approximation)")
+    fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
+    fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
+    fig.update_layout(title="Lossy rules, same prompts and seeds: acceptance and speed vs distortion")
+    return fig
+
+
+def _fidelity_figure(rows: list[dict[str, Any]]) -> go.Figure:
+    """The fidelity section: math exact match and agreement with target-only, with Wilson intervals."""
+    fig = go.Figure()
+    for key, name in (("accuracy", "exact match with the answer key"), ("agreement", "same answer as target-only")):
+        pts = [r for r in rows if r.get(key) is not None]
+        fig.add_bar(x=[r["label"] for r in pts], y=[r[key] for r in pts], name=name,
+                    error_y=dict(type="data", symmetric=False,
+                                 array=[r[f"{key}_ci"][1] - r[key] for r in pts],
+                                 arrayminus=[r[key] - r[f"{key}_ci"][0] for r in pts]))
+    fig.update_layout(title="Math final answers (Wilson 95% intervals)", yaxis_range=[0, 1], barmode="group")
+    return fig
 
 
 def tree_section_figure(rows: list[dict[str, Any]]) -> go.Figure:

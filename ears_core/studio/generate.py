@@ -118,85 +118,102 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
         runs = Runs()
         given = [n for n in names if a[n] is not None]  # a parameter left out takes the rule's default
         try:
-            yield from _generate(runs, a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"], a["rule_name"],
-                                 a["with_baseline"], given, [a[n] for n in given], a["draft_length"], a["shape"],
-                                 a["tree_budget"])
+            yield from _generate(slot, runs, a, given)
         except Exception as exc:
             yield pack(message=fail(exc))
         finally:  # Stop, a closed page or an error: no decode outlives its request
             runs.stop_all()
 
-    def _generate(runs, prompt, temperature, k, max_new, seed, rule_name, with_baseline, given, values, draft_length,
-                  tree, tree_budget):
-        settings = slot.settings
-        try:
-            req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
-                                max_prompt_chars=settings.max_prompt_chars)
-            cfg = run_config(rule_name, req, given, values, draft_length, tree, tree_budget)
-            if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
-                yield pack(message="", summary=f"*{LOADING}*")
-            session = slot.session()
-            cfg = session.resolved(cfg)  # "auto" -> tree or chain, so the page names what ran
-            ids = session.encode(req.prompt)
-        except Exception as exc:  # bad input, model load failure: show it, keep serving
-            yield pack(message=fail(exc))
-            return
-        shape = cfg.draft_shape
-        yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None,
-                   tree_panel=gr.Column(visible=shape == "tree"))
-        run = runs.start(session.speculative(ids, cfg, deadline_s=settings.timeout_s))
-        label = run.gen.method
-        budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
-        trees = getattr(run.gen, "trees", None)  # a tree run's rounds (grows while it decodes)
-        tok = session.pair.tokenizer
-        for i, _ in enumerate(frames(run)):  # tokens every frame; the charts (heavy to build and send) every 4th
-            events, steps, samples = snapshot(run)
-            figs = (charts(events, steps, cfg.k, {label: samples}, budget) if i % CHART_EVERY == CHART_EVERY - 1
-                    else {})
-            if figs and trees:
-                figs["tree"] = tree_plot(labelled(trees[-1], events, ids, tok))
-            yield pack(tokens=viz.tokens_html(events, cursor=True), **figs)
-        res = run.result()
-        rounds = [labelled(t, res.events, ids, tok) for t in trees or []]
-        last = len(rounds) - 1  # the slider then picks any round (``show_round``)
-        tree_out = dict(tree=tree_plot(rounds[-1]), tree_round=gr.Slider(maximum=max(last, 1), value=last)
-                        ) if rounds else dict(tree=None)
-        note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
-        contended, curves = run.contended, {label: list(run.gen.samples)}
-        yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.k, curves, budget),
-                   summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)), **tree_out)
-
-        base_tps, base_note = None, ""
-        cached = session.cached_baseline(ids, cfg) if with_baseline and not res.timed_out else None
-        if cached is not None:
-            base_tps, base_note = cached.tokens_per_s, " (cached)"
-            curves["target-only (cached)"] = steady_samples(cached)
-        elif with_baseline and not res.timed_out:
-            base = runs.start(session.baseline(ids, cfg, deadline_s=max(settings.timeout_s - res.stats.decode_s, 0.0)))
-            waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)) + \
-                "\n\n*measuring target-only…*"
-            for _ in frames(base):
-                yield pack(tput=plot(viz.throughput_spec({**curves, "target-only": snapshot(base)[2]})), summary=waiting)
-            bres = base.result()
-            contended = contended or base.contended
-            base_tps, curves["target-only"] = bres.stats.tokens_per_s, list(base.gen.samples)
-            if bres.timed_out:  # a partial baseline still measures tokens/s, but is not cached
-                note = message(timeout_note(settings.timeout_s) + " (during the target-only baseline)")
-                base_note = " (cut by the time limit; not cached)"
-            elif contended:
-                base_note = " (contended; not cached)"
-            else:
-                session.remember_baseline(ids, cfg, base)
-
-        state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
-        rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape)
-        drawn = f"; a tree of depth {cfg.k}, {cfg.tree_budget} nodes" if shape == "tree" else ""
-        yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
-                   summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
-                   f"draft length: {cfg.draft_length}{drawn}*" + profile_note(session, cfg),
-                   details=details, state=state, **theory_outputs(res.stats, cfg.k, state["measured"]), **tree_out)
-
     return named(generate, generate_params(names))
+
+
+def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
+    """One request (module terms): checked, decoded while drawn, its baseline, then the summary."""
+    settings = slot.settings
+    try:
+        req = check_request(a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"],
+                            max_new_tokens=settings.max_new_tokens, max_prompt_chars=settings.max_prompt_chars)
+        cfg = run_config(a["rule_name"], req, given, [a[n] for n in given], a["draft_length"], a["shape"],
+                         a["tree_budget"])
+        if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
+            yield pack(message="", summary=f"*{LOADING}*")
+        session = slot.session()
+        cfg = session.resolved(cfg)  # "auto" -> tree or chain, so the page names what ran
+        ids = session.encode(req.prompt)
+    except Exception as exc:  # bad input, model load failure: show it, keep serving
+        yield pack(message=fail(exc))
+        return
+    shape = cfg.draft_shape
+    yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None,
+               tree_panel=gr.Column(visible=shape == "tree"))
+    res, run, rounds, tree_out = yield from _decode(runs, session, ids, cfg, settings.timeout_s)
+    note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
+    contended, curves = run.contended, {run.gen.method: list(run.gen.samples)}
+    budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
+    yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.k, curves, budget),
+               summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)), **tree_out)
+    base_tps, base_note = None, ""
+    if a["with_baseline"] and not res.timed_out:
+        base_tps, base_note, contended, cut = yield from _baseline(runs, session, ids, cfg, res, curves, contended,
+                                                                   settings.timeout_s)
+        if cut:
+            note = message(timeout_note(settings.timeout_s) + " (during the target-only baseline)")
+    state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
+    rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape)
+    drawn = f"; a tree of depth {cfg.k}, {cfg.tree_budget} nodes" if shape == "tree" else ""
+    yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
+               summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
+               f"draft length: {cfg.draft_length}{drawn}*" + profile_note(session, cfg),
+               details=details, state=state, **theory_outputs(res.stats, cfg.k, state["measured"]), **tree_out)
+
+
+def _decode(runs: Runs, session: Any, ids: Any, cfg: Any, timeout_s: float):
+    """The speculative run, drawn while it decodes: the tokens every frame, the charts (heavy to build and
+    send) and a tree run's latest tree every ``CHART_EVERY`` frames.
+    Returns (its result, the run, its rounds' trees (``labelled``), the tree outputs of the page)."""
+    run = runs.start(session.speculative(ids, cfg, deadline_s=timeout_s))
+    label = run.gen.method
+    budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
+    trees = getattr(run.gen, "trees", None)  # a tree run's rounds (grows while it decodes)
+    tok = session.pair.tokenizer
+    for i, _ in enumerate(frames(run)):
+        events, steps, samples = snapshot(run)
+        figs = (charts(events, steps, cfg.k, {label: samples}, budget) if i % CHART_EVERY == CHART_EVERY - 1
+                else {})
+        if figs and trees:
+            figs["tree"] = tree_plot(labelled(trees[-1], events, ids, tok))
+        yield pack(tokens=viz.tokens_html(events, cursor=True), **figs)
+    res = run.result()
+    rounds = [labelled(t, res.events, ids, tok) for t in trees or []]
+    last = len(rounds) - 1  # the slider then picks any round (``show_round``)
+    tree_out = dict(tree=tree_plot(rounds[-1]), tree_round=gr.Slider(maximum=max(last, 1), value=last)
+                    ) if rounds else dict(tree=None)
+    return res, run, rounds, tree_out
+
+
+def _baseline(runs: Runs, session: Any, ids: Any, cfg: Any, res: Any, curves: dict[str, Any], contended: bool,
+              timeout_s: float):
+    """The request's target-only figure: the session's cached one, else measured now in what the
+    speculative run left of the time limit (drawn while it decodes; ``curves`` gains its samples) and
+    cached when clean. Returns (tokens/s, the summary's note on it, contended, cut by the time limit)."""
+    cached = session.cached_baseline(ids, cfg)
+    if cached is not None:
+        curves["target-only (cached)"] = steady_samples(cached)
+        return cached.tokens_per_s, " (cached)", contended, False
+    base = runs.start(session.baseline(ids, cfg, deadline_s=max(timeout_s - res.stats.decode_s, 0.0)))
+    waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=cfg.draft_shape)) + \
+        "\n\n*measuring target-only…*"
+    for _ in frames(base):
+        yield pack(tput=plot(viz.throughput_spec({**curves, "target-only": snapshot(base)[2]})), summary=waiting)
+    bres = base.result()
+    contended = contended or base.contended
+    curves["target-only"] = list(base.gen.samples)
+    if bres.timed_out:  # a partial baseline still measures tokens/s, but is not cached
+        return bres.stats.tokens_per_s, " (cut by the time limit; not cached)", contended, True
+    if contended:
+        return bres.stats.tokens_per_s, " (contended; not cached)", contended, False
+    session.remember_baseline(ids, cfg, base)
+    return bres.stats.tokens_per_s, "", contended, False
 
 
 def export(state: dict | None) -> tuple[Any, Any, str]:

@@ -55,66 +55,73 @@ def make_race(slot: PairSlot, names: Sequence[str]) -> Callable:
         runs = Runs()
         given = [n for n in names if a[n] is not None]  # a parameter left out takes the rule's default
         try:
-            yield from _race(runs, a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"],
-                             (a["rule_a"], a["rule_b"]), given, [a[n] for n in given])
+            yield from _race(slot, runs, a, given)
         except Exception as exc:
             yield gr.skip(), gr.skip(), gr.skip(), fail(exc), gr.skip()
         finally:
             runs.stop_all()
 
-    def _race(runs, prompt, temperature, k, max_new, seed, rules, given, values):
-        settings = slot.settings
-        empty = viz.tokens_html([])
-        try:
-            req = check_request(prompt, temperature, k, max_new, seed, max_new_tokens=settings.max_new_tokens,
-                                max_prompt_chars=settings.max_prompt_chars)
-            # K drafts every round for both rules: the same draws at the same positions, so their first
-            # difference is where the rules decided differently (a policy would verify different positions)
-            cfgs = [run_config(r, req, given, values, "fixed") for r in rules]
-            base_cfg = RunConfig(rule=RULE_B, params={}, temperature=req.temperature, k=req.k,
-                                 max_new_tokens=req.max_new, seed=req.seed)
-            if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
-                yield empty, empty, empty, f"*{LOADING}*", gr.skip()
-            session = slot.session()
-            ids = session.encode(req.prompt)
-        except Exception as exc:
-            yield empty, empty, empty, fail(exc), gr.skip()
-            return
-        labels = [run_name(c) for c in cfgs]
-        if labels[0] == labels[1]:
-            labels = [f"A: {labels[0]}", f"B: {labels[1]}"]
-        labels.append("target-only")
-        html, curves, results, contended = [empty] * 3, {}, [], []
-        budget = settings.timeout_s
-        for i, name in enumerate(labels):
-            left = max(budget - sum(r.stats.decode_s for r in results), 0.0)
-            tracked = session.speculative(ids, cfgs[i], left) if i < 2 else session.baseline(ids, base_cfg, left)
-            run = runs.start(tracked)
-            for _ in frames(run):
-                events, _, samples = snapshot(run)
-                html[i] = viz.tokens_html(events, cursor=True)
-                yield *html, f"*racing: {name}…*", plot(viz.throughput_spec({**curves, name: samples}))
-            res = run.result()
-            html[i], curves[name] = viz.tokens_html(res.events), list(run.gen.samples)
-            if res.timed_out:
-                yield *html, message(timeout_note(budget) + f" (during {name})"), plot(viz.throughput_spec(curves))
-                return
-            results.append(res)
-            contended.append(run.contended)
-        if not any(contended):
-            session.remember_baseline(ids, base_cfg, run)  # the target-only run is a clean baseline
-        a, b = results[0].events, results[1].events
-        div = viz.first_divergence(a, b)
-        html[0], html[1] = viz.tokens_html(a, mark_position=div), viz.tokens_html(b, mark_position=div)
-        lines = _table(labels, results, contended)
-        if div is None:
-            lines.append(f"\n{labels[0]} and {labels[1]} emitted the same tokens.")
-        else:
-            lines.append(f"\nFirst divergence at position {div} (outlined): {labels[0]} emitted a **{a[div].kind}** "
-                         f"token {a[div].text!r} where {labels[1]} emitted {b[div].text!r}.")
-        yield *html, "\n".join(lines), plot(viz.throughput_spec(curves))
-
     return named(race, race_params(names, DEFAULT_RULE, RULE_B))
+
+
+def _race(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
+    """Rule A, rule B, then target-only on one prompt and seed (module terms), drawn while they decode."""
+    settings = slot.settings
+    empty = viz.tokens_html([])
+    try:
+        req = check_request(a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"],
+                            max_new_tokens=settings.max_new_tokens, max_prompt_chars=settings.max_prompt_chars)
+        # K drafts every round for both rules: the same draws at the same positions, so their first
+        # difference is where the rules decided differently (a policy would verify different positions)
+        cfgs = [run_config(r, req, given, [a[n] for n in given], "fixed") for r in (a["rule_a"], a["rule_b"])]
+        base_cfg = RunConfig(rule=RULE_B, params={}, temperature=req.temperature, k=req.k,
+                             max_new_tokens=req.max_new, seed=req.seed)
+        if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
+            yield empty, empty, empty, f"*{LOADING}*", gr.skip()
+        session = slot.session()
+        ids = session.encode(req.prompt)
+    except Exception as exc:
+        yield empty, empty, empty, fail(exc), gr.skip()
+        return
+    labels = [run_name(c) for c in cfgs]
+    if labels[0] == labels[1]:
+        labels = [f"A: {labels[0]}", f"B: {labels[1]}"]
+    labels.append("target-only")
+    html, curves, results, contended = [empty] * 3, {}, [], []
+    budget = settings.timeout_s
+    for i, name in enumerate(labels):
+        left = max(budget - sum(r.stats.decode_s for r in results), 0.0)
+        tracked = session.speculative(ids, cfgs[i], left) if i < 2 else session.baseline(ids, base_cfg, left)
+        run = runs.start(tracked)
+        for _ in frames(run):
+            events, _, samples = snapshot(run)
+            html[i] = viz.tokens_html(events, cursor=True)
+            yield *html, f"*racing: {name}…*", plot(viz.throughput_spec({**curves, name: samples}))
+        res = run.result()
+        html[i], curves[name] = viz.tokens_html(res.events), list(run.gen.samples)
+        if res.timed_out:
+            yield *html, message(timeout_note(budget) + f" (during {name})"), plot(viz.throughput_spec(curves))
+            return
+        results.append(res)
+        contended.append(run.contended)
+    if not any(contended):
+        session.remember_baseline(ids, base_cfg, run)  # the target-only run is a clean baseline
+    yield *_finish(labels, results, contended), plot(viz.throughput_spec(curves))
+
+
+def _finish(labels: Sequence[str], results: Sequence[Any], contended: Sequence[bool]) -> tuple[str, str, str, str]:
+    """The race's end: A's and B's tokens with their first divergence outlined, target-only's, and the table
+    with a sentence on where A and B first differ."""
+    a, b = results[0].events, results[1].events
+    div = viz.first_divergence(a, b)
+    lines = _table(labels, results, contended)
+    if div is None:
+        lines.append(f"\n{labels[0]} and {labels[1]} emitted the same tokens.")
+    else:
+        lines.append(f"\nFirst divergence at position {div} (outlined): {labels[0]} emitted a **{a[div].kind}** "
+                     f"token {a[div].text!r} where {labels[1]} emitted {b[div].text!r}.")
+    return (viz.tokens_html(a, mark_position=div), viz.tokens_html(b, mark_position=div),
+            viz.tokens_html(results[2].events), "\n".join(lines))
 
 
 @dataclass

@@ -102,6 +102,27 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     hi = (tmu + z * tsd).amax(-1)
     if shared_grid:
         lo, hi = lo.amin(), hi.amax()  # ()
+    inner = _grid_bound(tw, tmu, tsd, pw, pmu, psd, heavy, lo, hi, cells)  # (...)
+    inf = torch.full_like(lo, INF)
+    tail = _tails_bound(tw, tmu, tsd, pw, pmu, psd, heavy, lo, hi, inf)  # (...)
+    truncated = ~torch.isfinite(tail)
+    log_m = torch.maximum(inner, torch.where(truncated, -inf, tail))
+    if mediant and pw.shape[-1] == tw.shape[-1]:  # paired components: the global mediant bound, tight when T ~ P
+        med = _mediant_bound(tw, tmu, tsd, pw, pmu, psd, heavy, inf)  # (...)
+        log_m = torch.where(truncated & torch.isfinite(med), med, torch.minimum(log_m, med))
+        truncated = truncated & ~torch.isfinite(med)
+    log_m = log_m + LOG_SAFETY
+    outside = torch.zeros_like(lo)
+    if bool(truncated.any()):
+        cdf = torch.special.ndtr
+        mass = (torch.exp(tw) * (cdf((lo.unsqueeze(-1) - tmu) / tsd) + cdf((tmu - hi.unsqueeze(-1)) / tsd))).sum(-1)
+        outside = torch.where(truncated, mass, outside)
+    return log_m, lo, hi, outside, truncated
+
+
+def _grid_bound(tw, tmu, tsd, pw, pmu, psd, heavy, lo, hi, cells: int):
+    """log of the largest per-cell bound of target / proposal over ``cells`` equal cells of [lo, hi] (...)
+    (the heavy tail, if given, is one more proposal component)."""
     frac = torch.linspace(0, 1, cells + 1, dtype=tmu.dtype, device=tmu.device)
     y = lo.unsqueeze(-1) + (hi - lo).unsqueeze(-1) * frac  # (..., G+1) grid, or (G+1,) when shared
     pm, ps, pwh = pmu, psd, pw
@@ -120,8 +141,12 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
     zp = (y.unsqueeze(-1) - mu_p) / ps.unsqueeze(-2)  # (..., G+1, J) at the grid points
     ep = torch.exp(-0.5 * zp * zp)
     den = (torch.minimum(ep[..., :-1, :], ep[..., 1:, :]) @ cp).squeeze(-1)  # (..., G) proposal lower bound
-    inner = torch.log((num / den).amax(-1)) + (m_t - m_p).squeeze(-1)  # (...); den > 0 inside D
-    inf = torch.full_like(lo, INF)
+    return torch.log((num / den).amax(-1)) + (m_t - m_p).squeeze(-1)  # (...); den > 0 inside D
+
+
+def _tails_bound(tw, tmu, tsd, pw, pmu, psd, heavy, lo, hi, inf):
+    """log sup of target / proposal on the tails (-inf, lo] and [hi, inf) (...): against the heavy tail alone
+    (each target term's quadratic sup in closed form), else by paired components; +inf where unbounded."""
     if heavy is not None:  # tails against the heavy tail alone: log(w_k N_k / (eps h)) = A y^2 + B y + C
         le, mh, sh = (v.unsqueeze(-1) for v in heavy)  # (..., 1)
         ik, ih = 1 / (tsd * tsd), 1 / (sh * sh)
@@ -138,27 +163,19 @@ def mixture_log_bound(tw, tmu, tsd, pw, pmu, psd, heavy=None, *, cells: int = 12
         tails = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), ta, tb).amax(-1)
     else:
         tails = inf.unsqueeze(-1)
-    tail = tails.amax(-1)
-    truncated = ~torch.isfinite(tail)
-    log_m = torch.maximum(inner, torch.where(truncated, -inf, tail))
-    if mediant and pw.shape[-1] == tw.shape[-1]:  # paired components: the global mediant bound, tight when T ~ P
-        T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, R)
-        med = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), -inf.unsqueeze(-1).unsqueeze(-1),
-                       inf.unsqueeze(-1).unsqueeze(-1))  # (..., 1, R)
-        if heavy is not None:
-            hv = [h.unsqueeze(-1).unsqueeze(-1) for h in heavy]  # (..., 1, 1)
-            med = torch.minimum(med, quad_sup(*_pair_coeffs(torch.zeros_like(T[0]), T[1], T[2], *hv),
-                                              -inf.unsqueeze(-1).unsqueeze(-1), inf.unsqueeze(-1).unsqueeze(-1)))
-        med = med.amax(-1).squeeze(-1)  # (...)
-        log_m = torch.where(truncated & torch.isfinite(med), med, torch.minimum(log_m, med))
-        truncated = truncated & ~torch.isfinite(med)
-    log_m = log_m + LOG_SAFETY
-    outside = torch.zeros_like(lo)
-    if bool(truncated.any()):
-        cdf = torch.special.ndtr
-        mass = (torch.exp(tw) * (cdf((lo.unsqueeze(-1) - tmu) / tsd) + cdf((tmu - hi.unsqueeze(-1)) / tsd))).sum(-1)
-        outside = torch.where(truncated, mass, outside)
-    return log_m, lo, hi, outside, truncated
+    return tails.amax(-1)
+
+
+def _mediant_bound(tw, tmu, tsd, pw, pmu, psd, heavy, inf):
+    """The global mediant bound of paired components, max_k min(w_k N_k / (v_k N'_k), N_k / (eps h)) (...)."""
+    T = [t.unsqueeze(-2) for t in (tw, tmu, tsd)]  # (..., 1, R)
+    med = quad_sup(*_pair_coeffs(*T, *(p.unsqueeze(-2) for p in (pw, pmu, psd))), -inf.unsqueeze(-1).unsqueeze(-1),
+                   inf.unsqueeze(-1).unsqueeze(-1))  # (..., 1, R)
+    if heavy is not None:
+        hv = [h.unsqueeze(-1).unsqueeze(-1) for h in heavy]  # (..., 1, 1)
+        med = torch.minimum(med, quad_sup(*_pair_coeffs(torch.zeros_like(T[0]), T[1], T[2], *hv),
+                                          -inf.unsqueeze(-1).unsqueeze(-1), inf.unsqueeze(-1).unsqueeze(-1)))
+    return med.amax(-1).squeeze(-1)  # (...)
 
 
 def with_heavy_tail(mix: D.MixtureSameFamily, eps: float = 0.05, widen: float = 3.0) -> D.MixtureSameFamily:
