@@ -44,3 +44,25 @@ def screenshot_path(tmp_path: Path, name: str) -> Path:
     path = base / name
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
+
+
+# Bounding boxes of a plotly chart's parts, in page pixels: the legend's background, the chart's title,
+# the subplot titles (annotations), the plot areas (their drag rectangles) and the axis titles.
+_COLLISIONS_JS = """el => {
+  const boxes = sel => [...el.querySelectorAll(sel)].map(n => n.getBoundingClientRect())
+    .filter(r => r.width > 0 && r.height > 0);
+  const hit = (a, b) => a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1;
+  const parts = {"title": ".g-gtitle text", "subplot title": ".annotation-text-g text", "plot area": "rect.nsewdrag",
+                 "x-axis title": ".g-xtitle text, .g-x2title text", "y-axis title": ".g-ytitle text, .g-y2title text"};
+  const out = [];
+  for (const legend of boxes(".legend rect.bg"))
+    for (const [name, sel] of Object.entries(parts))
+      if (boxes(sel).some(b => hit(legend, b))) out.push(name);
+  return out;
+}"""
+
+
+def legend_collisions(page, chart: str) -> list[str]:
+    """The parts of the plotly chart inside ``chart`` (a CSS selector) that its legend covers: its title, a
+    subplot title, a plot area or an axis title. Empty when the legend sits clear of them all."""
+    return page.eval_on_selector(f"{chart} .js-plotly-plot", _COLLISIONS_JS)

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, require_chromium, screenshot_path
+from browser_support import ARGS, CHROMIUM, free_port, legend_collisions, require_chromium, screenshot_path
 
 COPY_PROMPT = "Copy this list exactly, twice: apples, pears, plums, figs, dates, limes."
 
@@ -92,6 +92,11 @@ def test_generate_streams_coloured_tokens_and_charts(page, tmp_path):
         page.wait_for_selector(f"{plot} .js-plotly-plot .main-svg", timeout=30_000)
     traces = page.eval_on_selector("#conf_plot .js-plotly-plot", "e => e.data.map(t => t.name)")
     assert "max P_target" in traces
+    for width in (1400, 1280):  # the issue's width, then the tests' own (the screenshot's)
+        page.set_viewport_size({"width": width, "height": 900})
+        page.wait_for_timeout(800)  # plotly redraws a chart when its window resizes
+        for plot in ("#conf_plot", "#ratio_plot", "#tput_plot", "#hist_plot"):
+            assert legend_collisions(page, plot) == [], f"{plot} at {width} px: the legend covers a part of the chart"
     summary = page.locator("#summary").inner_text()
     assert "a tree of depth" not in summary  # EARS at T = 0.9 on "auto": a chain run
     assert not page.locator("#tree_panel").is_visible()  # a chain run: no empty tree panel in the picture

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, require_chromium, screenshot_path
+from browser_support import ARGS, CHROMIUM, free_port, legend_collisions, require_chromium, screenshot_path
 
 require_chromium()
 
@@ -71,6 +71,8 @@ def test_draft_model_run_streams_a_coloured_timeline_acceptance_and_qq(page, tmp
     assert sum(counts) == 300 and counts[0] > 0 and counts[1] + counts[2] > 0  # drafted, replaced or bonus
     qq = page.eval_on_selector("#tpp_qq .js-plotly-plot", "e => e.data.map(t => t.name)")
     assert qq == ["autoregressive", "TPP-SD draft model", "Exp(1)"]
+    for plot in ("#tpp_timeline", "#tpp_accept", "#tpp_qq"):
+        assert legend_collisions(page, plot) == [], f"{plot}: the legend covers a part of the chart"
     shot = screenshot_path(tmp_path, "tpp/screenshot.png")
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 20_000

@@ -65,8 +65,10 @@ KIND_LABELS = {
     "bonus": "bonus (all K stood)",
     "target": "target-only",
 }
-_LAYOUT = dict(template="plotly_white", height=300, margin=dict(l=50, r=20, t=40, b=40),
-               legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+# The legend sits at the foot of the figure, under the x-axis title: plotly grows the bottom margin to fit
+# it, so however many rows it wraps into at a narrow width it never covers the title or a trace.
+_LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=50, r=20, t=40, b=40),
+               legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0))
 
 
 def _fig(title: str, x: str, y: str) -> go.Figure:

@@ -20,8 +20,9 @@ from .events import KINDS, RoundRecord
 __all__ = ["KIND_COLOURS", "timeline_figure", "acceptance_figure", "qq_figure", "rescaled_gaps"]
 
 KIND_COLOURS = {"accepted": "#2e7d32", "resampled": "#f59e0b", "bonus": "#7c3aed", "target": "#6b7280"}
-_LAYOUT = dict(template="plotly_white", height=300, margin=dict(l=50, r=20, t=40, b=40),
-               legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0))
+# The legend at the foot of the figure (as in report/viz.py): it never covers the title or a trace.
+_LAYOUT = dict(template="plotly_white", height=340, margin=dict(l=50, r=20, t=40, b=40),
+               legend=dict(orientation="h", yref="container", yanchor="bottom", y=0, x=0))
 
 
 def timeline_figure(times: list[float], types: list[int], kinds: list[str], num_types: int) -> go.Figure:
