@@ -37,6 +37,11 @@ cost-model  E(a, k) t_step / (k t_draft + t_verify): theory with the measured pr
             (t_verify) instead of one target step (t_step); on a CPU a pass over K+1 tokens costs
             more than one step, which is most of the gap between theory S and the measured ratio
 log-prob    the target's mean log-probability (at T = 1) of the tokens a run emitted
+clocks      tokens/s and ratios are on the decode clock (time inside the decoder, ``decode_s``); each run
+            also has its wall clock from the moment it was asked for (``wall_s``: the policy's snapshot,
+            the drafter, the decoding) and its time to first token (``ttft_s``), pooled beside them
+            (tok/s wall, vs target wall, TTFT); where the two clocks differ by more than 5 % the
+            table says why (``bench_report``)
 
 Outputs in --out: runs.csv (one row per run), summary.json (pooled rows per section and config,
 the machine and the command), report.html (self-contained plotly report), and a table on stdout.
@@ -62,7 +67,7 @@ from ears_core.report.bench_plan import (OWN_SECTIONS, SECTIONS, BenchSettings, 
                                          load_prompts, parse_frontier)
 from ears_core.report.quality_report import format_quality, write_quality
 from ears_core.quality.section import QualitySettings, run_section
-from ears_core.decode.api import autoregressive, stream
+from ears_core.decode.api import autoregressive_stream, stream
 from ears_core.rules import RULES
 from ears_core.decode.api import tree_stream
 
@@ -96,17 +101,18 @@ class Bench:
         return "transformers prompt lookup (prompt_lookup_num_tokens = K; the draft is not a transformers model)"
 
     def run(self, cfg: Config, ids: torch.Tensor, seed: int, max_new: int) -> dict[str, Any]:
+        since = time.perf_counter()  # the run's wall clock: from the moment it is asked for
         kw = dict(temperature=cfg.temperature, max_new_tokens=max_new, seed=seed, vocab_size=self.vocab_size,
                   tokenizer=self.tokenizer)
         if cfg.method == "target":
-            res = autoregressive(self.target, ids, **kw)
+            res = _since(autoregressive_stream(self.target, ids, **kw), since).result()
         elif cfg.method == "assisted":
             return self._assisted(cfg, ids, seed, max_new)
         elif cfg.shape == "tree":  # depth K, a budget of nodes: exactly (fixed) or sized by the cost model
             rule = cfg.rule()
             extra = self.session.tree_policy_for(rule, cfg.temperature, cfg.budget, cfg.draft) if self.session else {}
-            gen = tree_stream(self.target, self.drafter(), ids, rule=rule, budget=cfg.budget, depth=cfg.k, **kw,
-                              **extra)
+            gen = _since(tree_stream(self.target, self.drafter(), ids, rule=rule, budget=cfg.budget, depth=cfg.k,
+                                     **kw, **extra), since)
             res = gen.result()
             if self.session is not None:
                 calib = extra["keep"].calibration if "keep" in extra else None
@@ -114,12 +120,13 @@ class Bench:
         else:
             rule = cfg.rule()
             extra = self.session.policy_for(rule, cfg.temperature, cfg.k, cfg.draft) if self.session else {}
-            gen = stream(self.target, self.drafter(), ids, rule=rule, k=cfg.k, **kw, **extra)
+            gen = _since(stream(self.target, self.drafter(), ids, rule=rule, k=cfg.k, **kw, **extra), since)
             res = gen.result()
             if self.session is not None:
                 self.session.absorb(gen, rule, cfg.temperature, extra.get("calibration"))
         s = res.stats
-        return dict(token_ids=res.token_ids, text=res.text, new_tokens=s.new_tokens, wall_s=s.decode_s,
+        return dict(token_ids=res.token_ids, text=res.text, new_tokens=s.new_tokens, decode_s=s.decode_s,
+                    wall_s=s.wall_s, ttft_s=s.ttft_s, setup_s=s.setup_s,
                     steps=s.steps, drafted=s.drafted, accepted=s.accepted, pardoned=s.pardoned,
                     draft_ms=s.draft_ms, target_ms=s.target_ms, total_distortion=s.total_distortion)
 
@@ -138,7 +145,7 @@ class Bench:
         if eos is not None and eos in new:  # pads after an early stop are not tokens
             new = new[: new.index(eos) + 1]
         return dict(token_ids=new, text=self.tokenizer.decode(new, skip_special_tokens=True), new_tokens=len(new),
-                    wall_s=wall, steps=0, drafted=0, accepted=0, pardoned=0, draft_ms=0.0, target_ms=0.0,
+                    decode_s=wall, wall_s=wall, ttft_s=None, setup_s=0.0, steps=0, drafted=0, accepted=0, pardoned=0, draft_ms=0.0, target_ms=0.0,
                     total_distortion=0.0)
 
     @torch.no_grad()
@@ -150,6 +157,12 @@ class Bench:
         logits = self.target(full).logits[0, ids.shape[1] - 1 : -1, : self.vocab_size].float()  # (N, V)
         lp = torch.log_softmax(logits, dim=-1).gather(-1, full[0, ids.shape[1]:, None])  # (N, 1)
         return float(lp.mean())
+
+
+def _since(gen: Any, since: float) -> Any:
+    """``gen`` (a Generation) with its wall clock started at ``since``."""
+    gen.started_at = since
+    return gen
 
 
 def load_bench(s: BenchSettings) -> Bench:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Sequence
 
 import torch
@@ -101,9 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
         cfg.rule_and_temperature()  # a bad parameter fails before the models load
         session = Session(load_pair(args.target, args.draft, device=args.device))
+        since = time.perf_counter()  # the request's wall clock (a first-use price measurement is on it)
         cfg = session.resolved(cfg)  # "auto" -> tree or chain, printed below
         ids = session.encode(args.prompt, chat=not args.no_chat)
-        run = session.speculative(ids, cfg)
+        run = session.speculative(ids, cfg, since=since)
     except (ValueError, ModelLoadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -117,13 +119,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ev in run:
             print(f"{COLOURS[ev.kind]}{ev.text}{RESET}" if colour and ev.text else ev.text, end="", flush=True)
         stats = run.gen.result().stats
-        base_tps = None
+        base_tps = base_wall = None
         if not args.no_baseline:
             base = session.baseline(ids, cfg)
             for _ in base:
                 pass
-            base_tps = base.gen.stats().tokens_per_s
-    print("\n\n" + summary_text(summary_rows(stats, base_tps, shape=cfg.draft_shape)))
+            base_tps, base_wall = base.gen.stats().tokens_per_s, base.gen.stats().wall_tokens_per_s
+    print("\n\n" + summary_text(summary_rows(stats, base_tps, shape=cfg.draft_shape, baseline_wall_tps=base_wall)))
     return 0
 
 

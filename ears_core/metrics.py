@@ -14,16 +14,25 @@ E(a, K)               expected tokens per round with independent acceptances at 
                       (1 - a^(K+1)) / (1 - a)  (K + 1 when a = 1); a generation's theory figures
                       use the drafts actually made per round (K, or fewer when the draft stops early)
 S(a, K, c)            the speedup theory predicts over target-only decoding: E / (K c + 1)
+decode clock          seconds inside the decoder only (``decode_s``): what tokens/s and speedups use
+wall clock            seconds a user waits, from the request's start to its last token (``wall_s``); time to
+                      first token ``ttft_s`` likewise. ``clock_parts`` splits wall - decode into what it was
+                      spent on: the labelled ``waits``, the rest of the setup before decoding, and the time
+                      between tokens outside the decoder (a caller drawing a page, other threads)
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from ears_core.events import StepRecord, TokenEvent
 
-__all__ = ["GenerationStats", "summarize", "expected_tokens", "expected_tokens_per_step", "theoretical_speedup", "round_theory"]
+__all__ = ["GenerationStats", "summarize", "expected_tokens", "expected_tokens_per_step", "theoretical_speedup", "round_theory",
+           "clock_parts", "SETUP", "BETWEEN_TOKENS"]
+
+SETUP = "setting up the run before its first decode step"  # clock_parts' labels
+BETWEEN_TOKENS = "between tokens, outside the decoder (the caller's own work, other threads)"
 
 
 def expected_tokens(a: Sequence[float]) -> list[float]:
@@ -89,9 +98,29 @@ class GenerationStats:
     cost_ratio: float | None  # draft step / target verify pass
     theory_tokens_per_step: float | None
     theory_speedup: float | None
+    wall_s: float | None = None  # the wall clock, from the request's start to its latest token
+    ttft_s: float | None = None  # the wall clock from the request's start to its first token
+    first_token_decode_s: float | None = None  # the decode clock to the first token: the prefill and the first round
+    setup_s: float | None = None  # the wall clock from the request's start to the decoder's first call
+    waits: dict[str, float] = field(default_factory=dict)  # labelled seconds outside the decoder
+
+    @property
+    def wall_tokens_per_s(self) -> float | None:
+        return self.new_tokens / self.wall_s if self.wall_s else None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def clock_parts(stats: GenerationStats) -> list[tuple[str, float]]:
+    """What wall_s - decode_s was spent on, largest first: each labelled wait, ``SETUP`` (the rest of
+    the time before the first decode step) and ``BETWEEN_TOKENS``; [] without a wall clock."""
+    if stats.wall_s is None or stats.setup_s is None:
+        return []
+    waits = {k: v for k, v in stats.waits.items() if v > 0}
+    parts = {**waits, SETUP: stats.setup_s - sum(waits.values()),
+             BETWEEN_TOKENS: stats.wall_s - stats.setup_s - stats.decode_s}
+    return sorted(((k, v) for k, v in parts.items() if v > 0), key=lambda kv: -kv[1])
 
 
 def summarize(

@@ -98,6 +98,10 @@ def test_generate_returns_kinds_and_metrics(client):
     assert 0.0 <= s["acceptance_rate"] <= 1.0 and s["mean_accept_length"] >= 1.0
     assert d["baseline_tokens_per_s"] > 0 and d["speedup"] == pytest.approx(s["tokens_per_s"] / d["baseline_tokens_per_s"])
     assert "acceptance rate" in r["summary"] and "speedup, measured" in r["summary"]
+    # the wall clock from the request's arrival, beside the decode clock, and the time to first token
+    assert s["wall_s"] >= s["decode_s"] > 0 and 0 < s["first_token_decode_s"] <= s["ttft_s"] <= s["wall_s"]
+    assert "| time to first token |" in r["summary"] and "| wall clock |" in r["summary"]
+    assert "| speedup, wall clock |" in r["summary"]
     assert r["message"] == "" and r["theory_k"] == 4
     assert r["conf"] is not None and r["ratio"] is not None and r["hist"] is not None
     # with a fixed draft length the same seed gives the same tokens (the policy learns between runs, so
@@ -159,6 +163,7 @@ def test_race_and_export(client):
     assert len(re.findall(r'data-kind="target"', c)) == 16
     assert "pardoned" not in re.findall(r'data-kind="(\w+)"', b)
     assert "| target-only |" in md and "1.00×" in md and "| EARS (beta=0.5) |" in md
+    assert "| time to first token |" in md and re.search(r"\| \d+\.\d\d s \|", md)  # each run's, on the wall clock
     if "First divergence" in md:  # same draws: the runs agree up to a pardon
         pos = int(re.search(r"position (\d+)", md).group(1))
         kinds_a = re.findall(r'data-kind="(\w+)"', a)

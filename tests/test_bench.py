@@ -46,7 +46,7 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     printed = capsys.readouterr().out
     for section in ("[main]", "[sweep]", "[k]", "[fidelity]", "[frontier]", "[policy]", "[tree]"):
         assert section in printed
-    assert "vs target" in printed and "cost-model S" in printed
+    assert "vs target" in printed and "cost-model S" in printed and "tok/s wall" in printed and "TTFT s" in printed
     assert printed.count("prices at the ") == 2 and "verify price in steps for m = 1..9" in printed  # start and end
 
     with open(out / "runs.csv", newline="") as f:
@@ -55,7 +55,8 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     assert {r["method"] for r in runs} == {"target", "ordinary", "ears", "typical", "entropy", "assisted",
                                            "ears-entropy", "fly", "ears-budget"}
     for r in runs:
-        assert 1 <= int(r["new_tokens"]) <= 10 and float(r["wall_s"]) > 0 and r["sections"]
+        assert 1 <= int(r["new_tokens"]) <= 10 and float(r["wall_s"]) >= float(r["decode_s"]) > 0 and r["sections"]
+        assert r["method"] == "assisted" or 0 < float(r["ttft_s"]) <= float(r["wall_s"])
         assert float(r["logprob"]) < 0
     spec = [r for r in runs if r["method"] in ("ordinary", "ears", "typical", "entropy") and r["draft_length"] == "fixed"]
     assert all(int(r["drafted"]) > 0 and 0 <= int(r["accepted"]) <= int(r["drafted"]) for r in spec)
@@ -228,6 +229,24 @@ def test_pooling_arithmetic_on_known_numbers() -> None:
     assert out["target"]["agreement"] == 1.0 and out["target"]["ratio"] == 1.0
     lo, hi = wilson(1, 2)
     assert e["accuracy_ci"] == [round(lo, 3), round(hi, 3)] and 0 < lo < 0.5 < hi < 1
+
+
+def test_pooling_keeps_the_wall_clock_apart_and_says_why_it_differs() -> None:
+    tgt, spec = Config("target", 0.9), Config("ears", 0.9, 4, 0.1)
+    jobs = [_J(tgt, 0), _J(spec, 0)]
+    rows = {jobs[0]: _row(new_tokens=10, decode_s=1.0, wall_s=1.0, ttft_s=0.1, setup_s=0.0, steps=10, target_ms=1e3),
+            # 20 tokens: 1 s decoding, 3 s on the wall clock, 1.5 s of it before the first decode step
+            jobs[1]: _row(new_tokens=20, decode_s=1.0, wall_s=3.0, ttft_s=1.6, setup_s=1.5, steps=8, drafted=16,
+                          accepted=8, draft_ms=80.0, target_ms=900.0)}
+    out = {r["method"]: r for r in pool(jobs, rows)}
+    e = out["ears"]
+    assert e["tokens_per_s"] == 20.0 and e["ratio"] == 2.0  # the decode clock, as before
+    assert e["wall_tokens_per_s"] == pytest.approx(20 / 3, abs=0.01) and e["wall_ratio"] == pytest.approx(0.667, abs=1e-3)
+    assert e["ttft_s"] == 1.6 and e["seconds"] == 1.0 and e["wall_seconds"] == 3.0
+    assert "200 % above the decode clock" in e["clock_note"] and "1.50 s setting runs up" in e["clock_note"]
+    assert "0.50 s between tokens" in e["clock_note"] and out["target"]["clock_note"] is None
+    old = {j: {k: v for k, v in r.items() if k not in ("decode_s", "ttft_s", "setup_s")} for j, r in rows.items()}
+    assert {r["method"]: r["tokens_per_s"] for r in pool(jobs, old)} == {"target": 10.0, "ears": 6.67}  # old files
 
 
 def test_wilson_interval_known_value() -> None:

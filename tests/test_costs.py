@@ -144,6 +144,42 @@ def test_running_prices_and_calibration_learn_from_rounds():
     assert cal.copy().seen == cal.seen and cal.copy() is not cal
 
 
+def test_a_stale_profile_is_folded_in_from_the_rounds_plain_steps():
+    # Profile V = [10, 20, 30] (weight 1 each, alpha 0.5). Two plain steps of 30 ms: V(1) = 10 -> 20 -> 25,
+    # the profile's share of it 1/2 -> 1/4; one pass over 2 tokens of 40 ms: V(2) = 30, share 1/2.
+    run = RunningPrices(PriceCurve([10.0, 20.0, 30.0], 1.0, 0.0, measured_at="now"), alpha=0.5, measured_weight=1)
+    assert run.fold_in_step() == 1.0 and run.curve.verify_ms == [10.0, 20.0, 30.0]  # no plain step seen: unchanged
+    for ms in (30.0, 30.0):
+        run.observe(0, draft_ms=0.0, verify_ms=ms, overhead_ms=0.0)
+    run.observe(1, draft_ms=1.0, verify_ms=40.0, overhead_ms=0.0)
+    assert run.curve.verify_ms == [25.0, 30.0, 30.0]
+    # the rounds' own plain step is 30 ms, 3x the profile's: its part of each V(m) is tripled
+    assert run.fold_in_step() == pytest.approx(3.0)
+    assert run.curve.verify_ms == pytest.approx([30.0, 0.5 * 60.0 + 20.0, 90.0]) and run.profile == [30.0, 60.0, 90.0]
+    run.observe(0, draft_ms=0.0, verify_ms=30.0, overhead_ms=0.0)  # it goes on learning from there
+    assert run.curve.verify_ms[0] == pytest.approx(30.0)
+
+
+def test_a_measurement_runs_pass_by_pass_and_stops_where_a_piece_refuses():
+    from contextlib import contextmanager
+
+    from conftest import tiny_llama
+    from ears_core.model.pass_times import measure_pass_ms
+    model, pieces = tiny_llama(0), []
+
+    @contextmanager
+    def piece():
+        if len(pieces) == 5:
+            raise RuntimeError("a request began")
+        pieces.append(1)
+        yield
+
+    with pytest.raises(RuntimeError, match="a request began"):
+        measure_pass_ms(model, max_m=3, repeats=2, piece=piece)
+    pieces.clear()
+    assert len(measure_pass_ms(model, max_m=2, repeats=1, piece=lambda: contextmanager(lambda: (yield))())) == 2
+
+
 def test_a_depth_calibration_keeps_one_table_per_draft_depth():
     cal = DepthCalibration([Calibration(bins=4, prior_weight=2.0) for _ in range(2)])
     for _ in range(8):

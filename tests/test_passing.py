@@ -48,9 +48,9 @@ def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypa
 
 
 def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_thread(monkeypatch, tiny_pair):
-    # Session.prices measures again when the rounds say the profile is stale: from an app's request
-    # worker (a long-lived thread) that would leave the worker a pool that throttles later decodes.
-    import ears_core.serve.session as session_mod
+    # Session.prices reads or measures the profile on first use: from an app's request worker (a
+    # long-lived thread) that would leave the worker a pool that throttles later decodes.
+    import ears_core.serve.prices as prices_mod
     from ears_core.policy.costs import PriceCurve
     from ears_core.pair import ModelPair
     from ears_core.serve.session import Session
@@ -61,7 +61,7 @@ def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_t
         seen.append(threading.get_ident())
         return PriceCurve([10.0] * 9, 0.4, measured_at="now")
 
-    monkeypatch.setattr(session_mod, "load_or_measure", fake_measure)
+    monkeypatch.setattr(prices_mod, "load_or_measure", fake_measure)
     target, draft = tiny_pair
     session = Session(ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
     assert session.prices.measured_at == "now"

@@ -62,7 +62,7 @@ def test_a_greedy_tree_run_with_the_cost_budget_is_the_targets_greedy_output(ses
     assert any(s.expected is not None for s in gen.steps)
     # the run taught the session: a tree calibration apart from the chain's, verify prices only
     assert ("greedy", 0.0, "tree") in session._calibrations and ("greedy", 0.0) not in session._calibrations
-    learnt = session._prices.curve  # (``session.prices`` would measure the tiny pair again: its steps are faster)
+    learnt = session.prices  # (the tiny pair's steps are faster: folded in, never measured again here)
     assert learnt.draft_ms == before[1] and learnt.verify_ms != before[0]
 
     stats = gen.stats()
@@ -156,27 +156,39 @@ def test_auto_is_a_chain_for_a_draft_without_a_distribution(tiny_pair):
 
 
 def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair, tmp_path, monkeypatch):
-    """A cached profile is only a start: warm_up measures this machine now (its curve moves in a
-    day), and that fresh curve is the one the session's policy reads. A curve given is kept."""
+    """A cached profile is only a start: warm_up measures this machine again (its curve moves in a
+    day), and that fresh curve is the one the session's policy reads: at once, or with
+    background_prices between requests, in a thread of its own after the warm-up's decodes (the
+    warm-up itself reads the cached profile). A curve given is kept."""
+    import threading
+
     import ears_core.policy.costs as costs
     target, draft = tiny_pair
     pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
-    curves = iter([PriceCurve([10.0] * 9, 0.4, measured_at="cached"), PriceCurve([11.0 + m for m in range(9)], 0.4,
-                                                                                   measured_at="fresh")])
-    monkeypatch.setattr(costs, "measure_prices", lambda *a, **k: next(curves))
+    curves = iter([PriceCurve([10.0] * 9, 0.4, measured_at="cached"),
+                   PriceCurve([11.0 + m for m in range(9)], 0.4, measured_at="fresh"),
+                   PriceCurve([12.0 + m for m in range(9)], 0.4, measured_at="between requests")])
+    threads = []
+
+    def measure(*a, **k):
+        threads.append(threading.current_thread().name)
+        return next(curves)
+
+    monkeypatch.setattr(costs, "measure_prices", measure)
     Session(pair, cache_dir=tmp_path).prices  # noqa: B018  (writes the "cached" profile)
     fresh = Session(pair, cache_dir=tmp_path)
     assert fresh.prices.measured_at == "cached"
     monkeypatch.setattr(Session, "encode", lambda self, prompt, chat=True: torch.tensor([PROMPTS[0]]))
     fresh.warm_up(4)
     assert fresh.prices.verify_ms[4:] == [15.0 + m for m in range(5)]  # m >= 5: as measured (the run moves m <= 3)
-    given = Session(pair, prices=PRICES, cache_dir=tmp_path)
+    served = Session(pair, cache_dir=tmp_path, background_prices=True)
+    served.warm_up(4)
+    assert served.pricing.wait(60) and threads[-1] == "ears-prices"  # measured in the background, not in warm_up
+    assert served.prices.measured_at == "between requests" and served.prices.verify_ms == [12.0 + m for m in range(9)]
+    given = Session(pair, prices=PRICES, cache_dir=tmp_path, background_prices=True)
     given.warm_up(4)
-    assert given.prices.verify_ms[3:] == PRICES.verify_ms[3:]
-    given._refresh = True  # the rounds found the given curve stale: warm_up must not cancel that
-    curves = iter([PriceCurve([20.0 + m for m in range(9)], 0.4, measured_at="stale-refresh")] * 3)
-    given.warm_up(4)
-    assert given.prices.verify_ms[4:] == [24.0 + m for m in range(5)]
+    assert not given.pricing.pending and given.prices.verify_ms[3:] == PRICES.verify_ms[3:]
+    assert len(threads) == 3
 
 
 def test_auto_is_a_chain_where_a_wide_verify_pass_is_dear(tiny_pair, tmp_path):

@@ -8,6 +8,11 @@ generation   an iterator of TokenEvents as the decode loop decides them; ``event
 decode clock ``decode_s`` counts only the time spent inside ``next()`` (decoding), never the caller's time
              between tokens (rendering): a run that streams charts and one that does not are measured alike.
              ``samples`` holds (decode_s, tokens so far) after every token, for a throughput chart.
+wall clock   what a user waits, from ``started_at`` (the Generation's creation, or the request's arrival when a
+             front end sets it earlier) to the latest token: ``stats()`` gives ``wall_s``, time to first token
+             ``ttft_s``, the decode clock's part of it (``first_token_decode_s``: the prefill and the first
+             round), ``setup_s`` (until the first ``next()``) and ``waits``: labelled parts of the time
+             outside the decoder that whoever caused them recorded (e.g. a wait for the model pair to load).
 deadline     ``deadline_s`` seconds of decoding at most: once they are spent (and at least one token is out)
              iteration ends, ``timed_out`` is set and ``result()`` gives the tokens so far.
 max_drafts   the most drafts one round may send: K for a chain, the node budget for a tree (0: target only).
@@ -16,7 +21,7 @@ max_drafts   the most drafts one round may send: K for a chain, the node budget 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 import torch
@@ -54,6 +59,11 @@ class Generation:
         self.deadline_s = deadline_s
         self.decode_s = 0.0
         self.timed_out = False
+        self.started_at = time.perf_counter()  # the wall clock's start (module terms)
+        self.waits: dict[str, float] = {}  # labelled seconds outside the decoder, on the wall clock
+        self._first_call: float | None = None  # perf_counter() at the first next()
+        self._first_token: tuple[float, float] | None = None  # (perf_counter(), decode_s) at the first token
+        self._last = self.started_at  # perf_counter() after the latest next()
         self._it = events_iter
         self._finished = False
 
@@ -67,20 +77,31 @@ class Generation:
             self.timed_out = self._finished = True
             raise StopIteration
         t0 = time.perf_counter()
+        if self._first_call is None:
+            self._first_call = t0
         try:
             ev = next(self._it)
         except StopIteration:
             self._finished = True
             raise
         finally:
-            self.decode_s += time.perf_counter() - t0
+            self._last = time.perf_counter()
+            self.decode_s += self._last - t0
+        if self._first_token is None:
+            self._first_token = (self._last, self.decode_s)
         self.events.append(ev)
         self.samples.append((self.decode_s, len(self.events)))
         return ev
 
     def stats(self) -> GenerationStats:
-        """Metrics of the tokens so far, on the decode clock."""
-        return summarize(self.method, self.events, self.steps, self.decode_s, self.max_drafts)
+        """Metrics of the tokens so far, on the decode clock, with the wall clock's fields (module terms)."""
+        stats = summarize(self.method, self.events, self.steps, self.decode_s, self.max_drafts)
+        if self._first_call is None:
+            return stats
+        first = self._first_token
+        return replace(stats, wall_s=self._last - self.started_at, setup_s=self._first_call - self.started_at,
+                       ttft_s=None if first is None else first[0] - self.started_at,
+                       first_token_decode_s=None if first is None else first[1], waits=dict(self.waits))
 
     def result(self) -> GenerationResult:
         """Finish decoding (unless the deadline passed) and fold everything into a result."""

@@ -17,6 +17,10 @@ value(k)           E(k) / T(k): expected tokens per millisecond. k = 0 is a plai
 profile            a PriceCurve measured once per (model, device, dtype, threads) in a few seconds
                    and cached as JSON under $EARS_CACHE/costs/; ``RunningPrices`` keeps it current
                    from the rounds' own timings (exponential moving averages).
+fold in            ``RunningPrices.fold_in_step()``: when the rounds' plain steps disagree with the
+                   profile's (the machine got slower or faster), the profile's part of every V(m) is
+                   rescaled by their ratio, so the curve's scale is right at once, with no measurement;
+                   its shape is the profile's until the rounds (or a new measurement) say otherwise.
 calibration        ``Calibration`` maps a drafter's confidence at position i (its own probability
                    mass on its top token, known BEFORE the token is drawn) to a_i: a Beta-smoothed
                    table per confidence bin, learnt online from the rounds (per rule and
@@ -35,7 +39,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -246,6 +250,8 @@ class RunningPrices:
         self.curve = PriceCurve(list(prices.verify_ms), prices.draft_ms, prices.overhead_ms, prices.key,
                                 prices.measured_at)
         self.alpha = alpha
+        self.profile = list(prices.verify_ms)  # the measured V(m) (rescaled by ``fold_in_step``)
+        self._share = [1.0] * prices.max_m  # the profile's weight in each running V(m)
         self._n_verify = [measured_weight] * prices.max_m
         self._n_draft = 0 if prices.measured_at else measured_weight
         self._n_overhead = 0
@@ -260,6 +266,7 @@ class RunningPrices:
         m = k + 1
         if m <= c.max_m and verify_ms > 0:
             c.verify_ms[m - 1] = self._mix(c.verify_ms[m - 1], verify_ms, self._n_verify[m - 1])
+            self._share[m - 1] *= 1 - max(self.alpha, 1.0 / (self._n_verify[m - 1] + 1))
             self._n_verify[m - 1] += 1
         if k > 0 and draft_ms >= 0:
             c.draft_ms = self._mix(c.draft_ms, draft_ms / k, self._n_draft)
@@ -267,6 +274,20 @@ class RunningPrices:
         if overhead_ms >= 0:
             c.overhead_ms = self._mix(c.overhead_ms, overhead_ms, self._n_overhead)
             self._n_overhead += 1
+
+    def fold_in_step(self) -> float:
+        """Rescale the profile by the plain steps the rounds measured (module terms: fold in) and
+        return the factor: each V(m) is share_m * profile_m + the rounds' part, and its profile part
+        is multiplied by f = (the rounds' mean plain step) / (the profile's step), so V(1) becomes
+        the rounds' own mean. 1.0 (nothing changes) before any plain step was measured."""
+        c, s, p1 = self.curve, self._share[0], self.profile[0]
+        if s >= 1.0:
+            return 1.0
+        f = (c.verify_ms[0] - s * p1) / (1.0 - s) / p1
+        for i, (share, p) in enumerate(zip(self._share, self.profile)):
+            c.verify_ms[i] += share * p * (f - 1.0)
+            self.profile[i] = p * f
+        return f
 
 
 # ------------------------------------------------------------------------------------ policy
@@ -343,11 +364,12 @@ def profile_key(model: torch.nn.Module, extra: str = "") -> str:
 
 
 def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
-                   repeats: int = 5, vocab: int | None = None, key: str = "") -> PriceCurve:
+                   repeats: int = 5, vocab: int | None = None, key: str = "", piece: Callable[[], Any] | None = None
+                   ) -> PriceCurve:
     """A price curve whose V(1) .. V(max_m) are ``target``'s fastest passes over m new tokens
-    (model/pass_times.py). ``drafter_ms``: a measured draft step (else 5 % of a step until the
-    rounds measure it)."""
-    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab)
+    (model/pass_times.py; ``piece``: each pass runs in ``piece()``, for a measurement made in the
+    background). ``drafter_ms``: a measured draft step (else 5 % of a step until the rounds measure it)."""
+    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab, piece=piece)
     return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,
                       time.strftime("%Y-%m-%d %H:%M:%S"))
 
@@ -362,7 +384,7 @@ def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
 
 
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
-                    refresh: bool = False, key_extra: str = "") -> PriceCurve:
+                    refresh: bool = False, key_extra: str = "", piece: Callable[[], Any] | None = None) -> PriceCurve:
     """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
     seconds) written to the cache. ``refresh`` measures again and returns the new curve; it replaces
     the cached one when its step is at most ``REFRESH_SLOWER`` times the cached step (the machine
@@ -370,7 +392,8 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     refresh that reads slower than that is measured once more and the faster of the two kept, per m
     (the machine jitters for seconds at a time); if that still reads much slower it serves this
     process only: another job on the cores only ever adds time, and a profile measured under it
-    (e.g. a refresh asked for while a training job ran) would mislead every later process here."""
+    (e.g. a refresh asked for while a training job ran) would mislead every later process here.
+    ``piece``: as ``measure_prices``'s (a measurement it stops writes nothing)."""
     key = profile_key(target, key_extra)
     path = _cache_file(key, cache_dir)
     cached = None
@@ -383,9 +406,9 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
         cached = None  # too short a curve: measured again and replaced
     if cached is not None and not refresh:
         return cached
-    curve = measure_prices(target, max_m=max_m, key=key)
+    curve = measure_prices(target, max_m=max_m, key=key, piece=piece)
     if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:  # a refresh that reads much slower
-        again = measure_prices(target, max_m=max_m, key=key)  # a passing slow moment? the faster of two, per m
+        again = measure_prices(target, max_m=max_m, key=key, piece=piece)  # a passing slow moment? the faster of two, per m
         curve = PriceCurve([min(a, b) for a, b in zip(curve.verify_ms, again.verify_ms)],
                            min(curve.draft_ms, again.draft_ms), 0.0, key, again.measured_at)
     if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:

@@ -4,6 +4,10 @@ summary.json, a self-contained plotly report.html (and PNGs), and the text table
 Terms are those of ``bench``. Pooling is over runs, never a mean of per-run ratios: tokens/s is
 total tokens / total seconds, the acceptance rate is total drafts that stood / total drafted, the
 distortion is total exact TV / total tokens. A confidence interval is Wilson's at 95 %.
+tokens/s and "vs target" are on the decode clock (``decode_s``); "tok/s wall" and "vs target wall" on
+each run's wall clock (``wall_s``), TTFT the mean time to first token. A config whose wall clock reads
+more than ``CLOCKS_DIFFER`` above its decode clock gets a ``clock_note`` saying where the time went.
+(Runs written before the two clocks were kept apart have ``wall_s`` only, and it was the decode clock.)
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ __all__ = ["pool", "write_all", "reaggregate", "format_table", "wilson", "tree_s
 
 RUN_FIELDS = ["method", "label", "temperature", "k", "beta", "params", "draft_length", "draft_shape", "tree_budget",
               "sections", "prompt_id", "task", "seed",
-              "max_new_tokens", "new_tokens", "wall_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
+              "max_new_tokens", "new_tokens", "wall_s", "decode_s", "ttft_s", "setup_s", "tokens_per_s", "steps", "drafted", "accepted", "pardoned",
               "draft_ms", "target_ms", "total_distortion", "logprob", "expected", "answer", "correct", "text"]
 
 
@@ -46,6 +50,27 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, nd)
 
 
+CLOCKS_DIFFER = 0.05  # the wall clock this far above the decode clock: the pooled row says why
+
+
+def _decode_s(r: dict[str, Any]) -> float:
+    return r["decode_s"] if r.get("decode_s") is not None else r["wall_s"]
+
+
+def _clocks(rs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Pooled wall-clock fields: seconds, tokens/s, mean time to first token, and the note (module doc)."""
+    wall, dec = sum(r["wall_s"] for r in rs), sum(_decode_s(r) for r in rs)
+    ttft = [r["ttft_s"] for r in rs if r.get("ttft_s") is not None]
+    setup = sum(r.get("setup_s") or 0.0 for r in rs)
+    note = None
+    if dec > 0 and wall - dec > CLOCKS_DIFFER * dec:
+        note = (f"wall clock {(wall - dec) / dec * 100:.0f} % above the decode clock: {setup:.2f} s setting runs up "
+                f"before their first decode step (the policy, the drafter), {max(wall - dec - setup, 0.0):.2f} s "
+                "between tokens outside the decoder")
+    return dict(wall_seconds=_r(wall, 2), wall_tokens_per_s=_r(sum(r["new_tokens"] for r in rs) / wall, 2) if wall > 0
+                else None, ttft_s=_r(sum(ttft) / len(ttft), 3) if ttft else None, clock_note=note)
+
+
 def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any]]:
     """One pooled row per config over the given jobs, with ratios to target-only at the same T."""
     groups: dict[Any, list[Any]] = defaultdict(list)
@@ -56,20 +81,23 @@ def pool(jobs: list[Any], rows: dict[Any, dict[str, Any]]) -> list[dict[str, Any
     out = []
     for cfg, js in groups.items():
         rs = [rows[j] for j in js]
-        tot = {k: sum(r[k] for r in rs) for k in ("new_tokens", "wall_s", "steps", "drafted", "accepted", "pardoned",
+        tot = {k: sum(r[k] for r in rs) for k in ("new_tokens", "steps", "drafted", "accepted", "pardoned",
                                                   "draft_ms", "target_ms", "total_distortion")}
-        tps = tot["new_tokens"] / tot["wall_s"] if tot["wall_s"] > 0 else math.nan
+        tot["decode_s"] = sum(_decode_s(r) for r in rs)
+        tps = tot["new_tokens"] / tot["decode_s"] if tot["decode_s"] > 0 else math.nan
         row: dict[str, Any] = dict(config=cfg.key, method=cfg.method, label=cfg.label, temperature=cfg.temperature,
                                    k=cfg.k, beta=cfg.beta, draft=cfg.draft, shape=cfg.shape,
                                    runs=len(rs), tokens=tot["new_tokens"],
-                                   seconds=_r(tot["wall_s"], 2), tokens_per_s=_r(tps, 2))
+                                   seconds=_r(tot["decode_s"], 2), tokens_per_s=_r(tps, 2), **_clocks(rs))
         b = base.get(cfg.temperature)
         if b is not None:
-            bt = sum(rows[j]["new_tokens"] for j in groups[b]) / max(1e-9, sum(rows[j]["wall_s"] for j in groups[b]))
+            bt = sum(rows[j]["new_tokens"] for j in groups[b]) / max(1e-9, sum(_decode_s(rows[j]) for j in groups[b]))
             row["ratio"] = _r(tps / bt, 3)
+            bw = _clocks([rows[j] for j in groups[b]])["wall_tokens_per_s"]
+            row["wall_ratio"] = _r(row["wall_tokens_per_s"] / bw, 3) if bw and row["wall_tokens_per_s"] else None
             t_step = sum(rows[j]["target_ms"] for j in groups[b]) / max(1, sum(rows[j]["steps"] for j in groups[b]))
         else:
-            row["ratio"], t_step = None, None
+            row["ratio"], row["wall_ratio"], t_step = None, None, None
         lps = [r["logprob"] for r in rs if not math.isnan(r["logprob"])]
         row["logprob"] = _r(sum(lps) / len(lps)) if lps else None
         if tot["drafted"]:
@@ -118,7 +146,7 @@ def write_all(s: Any, prompts: list[dict[str, Any]], rows: dict[Any, dict[str, A
                             params=";".join(f"{k}={v:g}" for k, v in j.config.params), draft_length=j.config.draft,
                             draft_shape=j.config.shape, tree_budget=j.config.budget,
                             prompt_id=j.prompt_id, task=p.get("task"), seed=j.seed, max_new_tokens=j.max_new_tokens,
-                            tokens_per_s=round(r["new_tokens"] / r["wall_s"], 3) if r["wall_s"] else None,
+                            tokens_per_s=round(r["new_tokens"] / _decode_s(r), 3) if _decode_s(r) else None,
                             expected=p.get("answer"), **{k: r[k] for k in RUN_FIELDS if k in r}))
     summary = dict(meta, sections={sec: pool(jobs, rows) for sec, jobs in by_section.items()})
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
@@ -165,6 +193,7 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
             expected = r["expected"] or None
             answer = final_answer(r["text"]) if expected else None
             rows[job] = dict({k: float(r[k]) for k in ("wall_s", "draft_ms", "target_ms", "total_distortion", "logprob")},
+                             **{k: float(r[k]) if r.get(k) else None for k in ("decode_s", "ttft_s", "setup_s")},
                              **{k: int(r[k]) for k in ("new_tokens", "steps", "drafted", "accepted", "pardoned")},
                              text=r["text"], answer=answer,
                              correct=None if expected is None else answer == final_answer(expected))
@@ -177,6 +206,8 @@ def reaggregate(out: Path, images: bool = False) -> dict[str, Any]:
 
 
 COLUMNS = [("config", "config", "{}"), ("tokens_per_s", "tok/s", "{:.1f}"), ("ratio", "vs target", "{:.2f}x"),
+           ("wall_tokens_per_s", "tok/s wall", "{:.1f}"), ("wall_ratio", "vs target wall", "{:.2f}x"),
+           ("ttft_s", "TTFT s", "{:.3f}"),
            ("acceptance", "accept", "{:.3f}"), ("drafts_per_round", "drafts/round", "{:.2f}"),
            ("accept_length", "tok/round", "{:.2f}"), ("accepted_per_round", "acc/round", "{:.2f}"),
            ("pardon_rate", "pardon", "{:.3f}"), ("distortion", "distortion", "{:.4f}"),
@@ -214,6 +245,7 @@ def format_table(summary: dict[str, Any]) -> str:
         parts.append(f"\n[{sec}]")
         parts += ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
                   for line in body]
+        parts += [f"  {r['config']}: {r['clock_note']}" for r in rows if r.get("clock_note")]
     return "\n".join(parts)
 
 
@@ -231,7 +263,8 @@ def write_html(path: Path, summary: dict[str, Any], figs: dict[str, go.Figure]) 
         cols = _cols(rows)
         th = "".join(f"<th>{h}</th>" for _, h, _ in cols)
         trs = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in _cells(r, cols)) + "</tr>" for r in rows)
-        tables.append(f"<h2>{sec}</h2><table><tr>{th}</tr>{trs}</table>")
+        notes = "".join(f"<p>{r['config']}: {r['clock_note']}</p>" for r in rows if r.get("clock_note"))
+        tables.append(f"<h2>{sec}</h2><table><tr>{th}</tr>{trs}</table>{notes}")
     style = ("<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}</style>")
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>EARS benchmark</title>{style}</head>"

@@ -63,8 +63,10 @@ class PairSlot:
     def _load(self, choice: tuple[str, str | None]) -> Session:
         try:
             pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
-            session = Session(pair, self._activity, cache_dir=self.settings.cache)
-            session.warm_up()  # the price curve and a short decode, before any request is timed
+            # the cached price curve and a short decode, before any request is timed; the curve is
+            # measured again between requests, never on a request's path (serve/prices.py)
+            session = Session(pair, self._activity, cache_dir=self.settings.cache, background_prices=True)
+            session.warm_up()
         except BaseException as exc:
             self.error = exc
             raise
@@ -119,6 +121,8 @@ class PairSlot:
                 return self._session
             if check and not self._injected(choice):
                 check_pair(target, draft, cache_dir=self.settings.cache, allow_download=self.settings.allow_download)
+            if self._session is not None:
+                self._session.close()  # its background price measurements stop with it
             previous, self._session = self.choice, None
             _free_memory()
             if progress is not None:

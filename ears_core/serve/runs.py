@@ -4,6 +4,12 @@ Terms
 -----
 contended   a run that overlapped another decode in this process: two decodes on the same cores
             time each other, so such a run is labelled and its baseline is never cached.
+quiet       no decode has run in this process for some seconds (``ActivityLog.quiet_for``): when work
+            that must not slow a request (a price measurement) may run.
+piece       one short unit of such background work (one forward pass), run under ``ActivityLog.piece()``:
+            it raises ``Busy`` once a decode has begun, and a decode that begins while a piece runs waits
+            for that piece only, never for the rest of the work (``Tracked`` records the wait in the
+            Generation's ``waits``).
 Tracked     a Generation whose decoding is registered with the ``ActivityLog`` while it runs;
             ``on_end(gen)`` (optional) is called when it stops (the session learns prices there).
 Background  a Tracked run decoded in a thread of its own, to completion, a deadline or ``stop()``;
@@ -13,34 +19,71 @@ Background  a Tracked run decoded in a thread of its own, to completion, a deadl
 from __future__ import annotations
 
 import threading
+import time
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
 
 from ears_core.decode.generation import Generation
 
-__all__ = ["ActivityLog", "ACTIVITY", "Tracked", "Background"]
+__all__ = ["ActivityLog", "ACTIVITY", "Busy", "Tracked", "Background", "PIECE_WAIT"]
+
+PIECE_WAIT = "a background price measurement finishing its current pass"  # a Generation.waits label
+
+
+class Busy(RuntimeError):
+    """Background work put aside: a decode has begun (``ActivityLog.piece``)."""
 
 
 class ActivityLog:
-    """Which decodes run now in this process; a decode that overlaps another is contended."""
+    """Which decodes run now in this process; a decode that overlaps another is contended. Background
+    work runs in pieces between decodes (module terms)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._active: list[dict[str, bool]] = []
+        self._active: list[dict[str, Any]] = []
+        self._last_end = float("-inf")  # perf_counter() when the latest decode ended
+        self._begun = 0  # decodes begun in this process so far
+        self._piece = threading.Lock()  # held while a piece of background work runs
 
-    def begin(self) -> dict[str, bool]:
+    def begin(self) -> dict[str, Any]:
+        """Register a decode; it waits for a piece of background work in hand (``waited_s``)."""
         with self._lock:
-            mark = {"contended": bool(self._active)}
+            mark: dict[str, Any] = {"contended": bool(self._active)}
             for other in self._active:
                 other["contended"] = True
             self._active.append(mark)
-            return mark
+            self._begun += 1
+        t0 = time.perf_counter()
+        with self._piece:  # the piece now running, if any, ends; the next one sees this decode and stops
+            mark["waited_s"] = time.perf_counter() - t0
+        return mark
 
-    def end(self, mark: dict[str, bool]) -> None:
+    def end(self, mark: dict[str, Any]) -> None:
         with self._lock:
             if mark in self._active:
                 self._active.remove(mark)
+            self._last_end = time.perf_counter()
+
+    @property
+    def begun(self) -> int:
+        """Decodes begun in this process so far (background work compares it before and after)."""
+        with self._lock:
+            return self._begun
+
+    def quiet_for(self, seconds: float) -> bool:
+        """No decode runs now, and none ended in the last ``seconds``."""
+        with self._lock:
+            return not self._active and time.perf_counter() - self._last_end >= seconds
+
+    @contextmanager
+    def piece(self) -> Iterator[None]:
+        """One piece of background work; raises ``Busy`` (before running it) once a decode has begun."""
+        with self._piece:
+            if self.active:
+                raise Busy("a decode began: background work is put aside until the next quiet")
+            yield
 
     @property
     def active(self) -> int:
@@ -60,6 +103,8 @@ class Tracked:
 
     def __iter__(self) -> Iterator[Any]:
         self._mark = self._activity.begin()
+        if self._mark["waited_s"] > 1e-3 and hasattr(self.gen, "waits"):  # a piece was running
+            self.gen.waits[PIECE_WAIT] = self._mark["waited_s"]
         try:
             for ev in self.gen:
                 yield ev

@@ -12,9 +12,10 @@ Session     a loaded ``ModelPair`` and what runs on it: ``speculative()`` and ``
 contended   a run that overlapped another decode (serve/runs.py): labelled, its baseline never cached.
 policy      how many drafts each round sends (policy/costs.py: ``DraftPolicy``): from this machine's price
             curve (measured once per model, device, dtype and threads, cached, and kept current
-            from every finished run) and a confidence calibration per rule and temperature (also
-            learnt from the runs). ``RunConfig.draft_length`` "policy" (default), "fixed" (always
-            K) or "threshold" (stop when the draft's confidence falls below 0.35).
+            from every finished run; never measured inside a request: serve/prices.py) and a
+            confidence calibration per rule and temperature (also learnt from the runs).
+            ``RunConfig.draft_length`` "policy" (default), "fixed" (always K) or "threshold" (stop
+            when the draft's confidence falls below 0.35).
 shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). ``Session.resolved()``
             makes "auto" concrete: a tree when the draft length is "policy", the drafter can branch (a
             head or a draft model; not n-gram lookup), the rule is lossless and a ratio rule (greedy
@@ -35,12 +36,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import InitVar, dataclass, field, replace
 from typing import Any, Sequence
 
 import torch
 
-from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, describe, load_or_measure
+from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, describe
 from ears_core.decode.api import tree_stream
 from ears_core.policy.tree_budget import TreeBudget, TreeCalibration
 from ears_core.decode.api import autoregressive_stream, stream
@@ -51,10 +53,11 @@ from ears_core.model.hub import describe_device
 from ears_core.pair import ModelPair
 from ears_core.model.passing import in_passing_thread
 from ears_core.rules import BETA, AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
+from ears_core.serve.prices import ON_PATH, STALE, SessionPrices
 from ears_core.serve.runs import ACTIVITY, ActivityLog, Background, Tracked
 
 __all__ = ["RunConfig", "Session", "Background", "Tracked", "ActivityLog", "DRAFT_LENGTHS", "DRAFT_SHAPES", "MAX_K",
-           "MAX_TREE_NODES"]
+           "MAX_TREE_NODES", "STALE"]
 
 DRAFT_LENGTHS = ("policy", "fixed", "threshold")
 DRAFT_SHAPES = ("auto", "chain", "tree")
@@ -64,7 +67,6 @@ THRESHOLD = 0.35  # the old fixed confidence threshold, now checked before each 
 MAX_K = 8  # K (drafts per round, a tree's depth) at most: the app's slider and checks, the CLI and RunConfig read it
 TREE_NODE_STEPS = 0.035  # a tree node's price beyond the chain's, in target steps, before any tree round (policy/tree_budget.py)
 DRIFT_MEMORY = 64.0  # verified drafts per depth the shipped calibration's drift ratio follows (costs.DepthCalibration)
-STALE = 1.3  # a plain step 30 % off the profile's: the profile is measured again
 
 
 @dataclass
@@ -136,22 +138,20 @@ class RunConfig:
 class Session:
     """One loaded pair and the runs made on it (see the module's terms).
 
-    prices: this machine's price curve for the target (``costs.load_or_measure`` on first use,
-    then kept current from every finished speculative run); calibrations: drafter confidence ->
+    prices: this machine's price curve for the target (``pricing``, serve/prices.py: read or
+    measured on first use, then kept current from every finished speculative run, and with
+    ``background_prices`` measured again between requests); calibrations: drafter confidence ->
     acceptance, one per (rule, temperature), learnt from the runs."""
 
     def __init__(self, pair: ModelPair, activity: ActivityLog | None = None, prices: PriceCurve | None = None,
-                 cache_dir: str | os.PathLike | None = None) -> None:
+                 cache_dir: str | os.PathLike | None = None, background_prices: bool = False) -> None:
         self.pair = pair
         self.activity = activity or ACTIVITY
         self._baselines: dict[tuple, GenerationStats] = {}
         self._calibrations: dict[tuple, Calibration] = {}  # (rule, temperature[, "tree"]) -> calibration
         self._node_ms: dict[tuple, float] = {}  # (rule, temperature, "tree") -> a tree node's price, learnt
-        self._prices = RunningPrices(prices) if prices is not None else None
-        self._measured_step: float | None = prices.step_ms if prices is not None else None
-        self._refresh = False  # the rounds disagree with the cached profile: measure again
-        self._given = prices is not None  # the caller's curve: warm_up keeps it
-        self._cache_dir = cache_dir
+        self.pricing = SessionPrices(pair, self.activity, max_m=MAX_K + 1, prices=prices, cache_dir=cache_dir,
+                                     background=background_prices)
         self._lock = threading.Lock()
         self._can_branch: bool | None = None  # the drafter has propose_tree (asked once)
 
@@ -173,34 +173,31 @@ class Session:
 
     @property
     def prices(self) -> PriceCurve:
-        """The price curve in force (measured on first use: a few seconds, then cached on disk)."""
-        with self._lock:
-            if self._prices is None or self._refresh:
-                # in a thread that exits: a measurement asked for from a long-lived thread (an app's
-                # request worker) would leave it an OpenMP pool that throttles every later decode
-                curve = in_passing_thread(load_or_measure, self.pair.target, max_m=MAX_K + 1,
-                                          cache_dir=self._cache_dir, refresh=self._refresh)
-                self._prices, self._measured_step, self._refresh = RunningPrices(curve), curve.step_ms, False
-            return self._prices.curve
+        """The price curve in force (read or measured on first use only: serve/prices.py)."""
+        return self.pricing.curve
+
+    def close(self) -> None:
+        """Stop measuring in the background (the session is dropped: a pair switched out)."""
+        self.pricing.close()
 
     def warm_up(self, tokens: int = 24) -> None:
-        """Measure the prices afresh (about a second; the cached profile is only the starting point
-        of a session that never warms up) and run one short speculative generation with K = 2:
-        the first kernels run, and the draft step and per-round overhead are measured. Where the
-        drafter can branch, one short tree of fixed size follows, learnt from by nothing (its first
-        passes with a tree mask are slow, and would teach the tree budget a node price that stops it
-        drafting)."""
+        """Make sure of a price curve and run one short speculative generation with K = 2: the first
+        kernels run, and the draft step and per-round overhead are measured. Where the drafter can
+        branch, one short tree of fixed size follows, learnt from by nothing (its first passes with
+        a tree mask are slow, and would teach the tree budget a node price that stops it drafting).
+        A cached curve can be hours old, and a machine's curve moves (docs/measurements.md, price
+        curves), so unless the caller gave one it is measured again: now, before the decodes, or
+        with ``background_prices`` between requests, after them (the warm-up then only reads the
+        cached profile: a request waiting for a server's first load never waits for a measurement)."""
         in_passing_thread(self._warm_up, tokens)  # leaves no OpenMP pool in the caller (passing.py)
 
     def _warm_up(self, tokens: int) -> None:
-        # A cached curve can be hours old, and a machine's curve moves (docs/measurements.md, price
-        # curves). Measured again, in force for this session (load_or_measure keeps the file only if
-        # the new step is much slower). A curve the caller gave is kept.
-        with self._lock:
-            self._refresh = self._refresh or not self._given  # a stale-profile refresh already asked for stands
-        self.prices  # noqa: B018
-        if self.pair.draft is None:
-            return
+        self.pricing.before_warm_up()
+        if self.pair.draft is not None:
+            self._warm_up_decodes(tokens)
+        self.pricing.after_warm_up()
+
+    def _warm_up_decodes(self, tokens: int) -> None:
         ids = self.encode("Say hello in one short sentence.")
         run = self.speculative(ids, RunConfig(rule="standard", params={}, k=2, max_new_tokens=tokens,
                                               draft_length="fixed", draft_shape="chain"))
@@ -284,17 +281,11 @@ class Session:
     def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None,
                shape: str = "chain") -> None:
         """Fold a finished run into the session: its rounds' timings into the running prices (a
-        tree's: the verify pass only), its calibration (learnt during the run) into the one for
-        (rule, temperature) and its draft shape."""
+        tree's: the verify pass only; a stale curve is folded in, never measured here: serve/prices.py),
+        its calibration (learnt during the run) into the one for (rule, temperature) and its draft shape."""
         tree = shape == "tree"
+        self.pricing.observe(gen.steps, tree)
         with self._lock:
-            if self._prices is not None:
-                for st in gen.steps:
-                    self._prices.observe(st.drafted, -1.0 if tree else st.draft_ms, st.target_ms,
-                                         -1.0 if tree else st.overhead_ms)
-                step, measured = self._prices.curve.step_ms, self._measured_step
-                if measured and len(gen.steps) >= 8 and not 1 / STALE < step / measured < STALE:
-                    self._refresh = True  # e.g. measured while another job held the cores
             if calibration is not None and calibration.prior_weight < 1e9:
                 self._calibrations[(rule.describe(), temperature, *(("tree",) if tree else ()))] = calibration
 
@@ -322,18 +313,31 @@ class Session:
         steps on this machine (module terms: shape): what a tree's extra nodes need to pay."""
         return self.prices.steps(TREE_WIDTH_M) <= TREE_MAX_STEPS
 
-    def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
+    def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None,
+                    since: float | None = None) -> Tracked:
         """The speculative run of ``cfg`` on ``ids`` with a fresh drafter and the draft-length
         policy of ``cfg.draft_length`` (iterate it, or run it in ``Background``). A draft shape of
-        "auto" is resolved first (``resolved``): front ends resolve it themselves to label the run."""
+        "auto" is resolved first (``resolved``): front ends resolve it themselves to label the run.
+        ``since``: when the request began (``time.perf_counter()``; default now), where the run's
+        wall clock starts; a first-use price measurement since then is labelled in its ``waits``."""
+        since = time.perf_counter() if since is None else since
         cfg = self.resolved(cfg)
         rule, temperature = cfg.rule_and_temperature()
         if cfg.draft_shape == "tree":
-            return self._tree_run(ids, cfg, rule, temperature, deadline_s)
+            return self._since(self._tree_run(ids, cfg, rule, temperature, deadline_s), since)
         extra = self.policy_for(rule, temperature, cfg.k, cfg.draft_length)
         gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, k=cfg.k,
                      deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common(), **extra)
-        return Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
+        run = Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
+        return self._since(run, since)
+
+    def _since(self, run: Tracked, since: float) -> Tracked:
+        """``run`` with its wall clock started at ``since``, and a price measurement on its path labelled."""
+        run.gen.started_at = min(since, run.gen.started_at)
+        on_path = self.pricing.on_path(since)
+        if on_path > 0:
+            run.gen.waits[ON_PATH] = on_path
+        return run
 
     def _tree_run(self, ids: torch.Tensor, cfg: RunConfig, rule: AcceptanceRule, temperature: float,
                   deadline_s: float | None) -> Tracked:

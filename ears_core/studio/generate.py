@@ -5,7 +5,9 @@ Terms
 request    the shared controls' values (``controls``): prompt, rule and its parameters, temperature,
            K, length, seed, and whether to measure the target-only baseline.
 speed      tokens/s on the Generation's own decode clock, for the speculative run and for the
-           baseline alike (``live``: each decodes in its own thread while the page redraws).
+           baseline alike (``live``: each decodes in its own thread while the page redraws); beside
+           it the wall clock from the moment the request arrived, and the time to first token
+           (serve/summary.py: where the two clocks differ, the summary says why).
 baseline   target-only decoding of the same request, measured right after the speculative run
            (its decode budget is what the speculative run left of ``Settings.timeout_s``), or
            the session's cached figure; cached only when no part of the request overlapped
@@ -22,6 +24,7 @@ tree run   with the tree box ticked each round drafts a tree (``session``: draft
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -106,6 +109,7 @@ def theory_outputs(stats: Any, k: int, measured: Any) -> dict[str, Any]:
                 theory_c=round(min(stats.cost_ratio, 1.0), 3))
 
 
+LOAD_WAIT = "waiting for the model pair to load"  # a Generation.waits label
 CHART_EVERY = 3  # frames between chart redraws while decoding
 
 
@@ -129,15 +133,17 @@ def make_generate(slot: PairSlot, names: Sequence[str]) -> Callable:
 
 def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
     """One request (module terms): checked, decoded while drawn, its baseline, then the summary."""
-    settings = slot.settings
+    settings, since = slot.settings, time.perf_counter()  # the request's wall clock starts here
     try:
         req = check_request(a["prompt"], a["temperature"], a["k"], a["max_new"], a["seed"],
                             max_new_tokens=settings.max_new_tokens, max_prompt_chars=settings.max_prompt_chars)
         cfg = run_config(a["rule_name"], req, given, [a[n] for n in given], a["draft_length"], a["shape"],
                          a["tree_budget"])
-        if slot.loaded is None:  # the pair is still loading (a server's start, a switch): wait for it
+        loading = slot.loaded is None
+        if loading:  # the pair is still loading (a server's start, a switch): wait for it
             yield pack(message="", summary=f"*{LOADING}*")
         session = slot.session()
+        waits = {LOAD_WAIT: time.perf_counter() - since} if loading else {}
         cfg = session.resolved(cfg)  # "auto" -> tree or chain, so the page names what ran
         ids = session.encode(req.prompt)
     except Exception as exc:  # bad input, model load failure: show it, keep serving
@@ -146,20 +152,21 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
     shape = cfg.draft_shape
     yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None,
                tree_panel=gr.Column(visible=shape == "tree"))
-    res, run, rounds, tree_out = yield from _decode(runs, session, ids, cfg, settings.timeout_s)
+    res, run, rounds, tree_out = yield from _decode(runs, session, ids, cfg, settings.timeout_s, since, waits)
     note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
     contended, curves = run.contended, {run.gen.method: list(run.gen.samples)}
     budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
     yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.k, curves, budget),
                summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)), **tree_out)
-    base_tps, base_note = None, ""
+    base_tps, base_wall, base_note = None, None, ""
     if a["with_baseline"] and not res.timed_out:
-        base_tps, base_note, contended, cut = yield from _baseline(runs, session, ids, cfg, res, curves, contended,
-                                                                   settings.timeout_s)
+        base_tps, base_wall, base_note, contended, cut = yield from _baseline(runs, session, ids, cfg, res, curves,
+                                                                              contended, settings.timeout_s)
         if cut:
             note = message(timeout_note(settings.timeout_s) + " (during the target-only baseline)")
     state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
-    rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape)
+    rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape,
+                        baseline_wall_tps=base_wall)
     drawn = f"; a tree of depth {cfg.k}, {cfg.tree_budget} nodes" if shape == "tree" else ""
     yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
                summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
@@ -167,11 +174,14 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
                details=details, state=state, **theory_outputs(res.stats, cfg.k, state["measured"]), **tree_out)
 
 
-def _decode(runs: Runs, session: Any, ids: Any, cfg: Any, timeout_s: float):
+def _decode(runs: Runs, session: Any, ids: Any, cfg: Any, timeout_s: float, since: float, waits: dict[str, float]):
     """The speculative run, drawn while it decodes: the tokens every frame, the charts (heavy to build and
-    send) and a tree run's latest tree every ``CHART_EVERY`` frames.
+    send) and a tree run's latest tree every ``CHART_EVERY`` frames. Its wall clock starts at ``since``
+    (the request's arrival); ``waits``: what held the request before it, labelled.
     Returns (its result, the run, its rounds' trees (``labelled``), the tree outputs of the page)."""
-    run = runs.start(session.speculative(ids, cfg, deadline_s=timeout_s))
+    tracked = session.speculative(ids, cfg, deadline_s=timeout_s, since=since)
+    tracked.gen.waits.update(waits)
+    run = runs.start(tracked)
     label = run.gen.method
     budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
     trees = getattr(run.gen, "trees", None)  # a tree run's rounds (grows while it decodes)
@@ -195,11 +205,12 @@ def _baseline(runs: Runs, session: Any, ids: Any, cfg: Any, res: Any, curves: di
               timeout_s: float):
     """The request's target-only figure: the session's cached one, else measured now in what the
     speculative run left of the time limit (drawn while it decodes; ``curves`` gains its samples) and
-    cached when clean. Returns (tokens/s, the summary's note on it, contended, cut by the time limit)."""
+    cached when clean. Returns (tokens/s, tokens/s on the wall clock, the summary's note on it, contended,
+    cut by the time limit)."""
     cached = session.cached_baseline(ids, cfg)
     if cached is not None:
         curves["target-only (cached)"] = steady_samples(cached)
-        return cached.tokens_per_s, " (cached)", contended, False
+        return cached.tokens_per_s, cached.wall_tokens_per_s, " (cached)", contended, False
     base = runs.start(session.baseline(ids, cfg, deadline_s=max(timeout_s - res.stats.decode_s, 0.0)))
     waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=cfg.draft_shape)) + \
         "\n\n*measuring target-only…*"
@@ -208,12 +219,13 @@ def _baseline(runs: Runs, session: Any, ids: Any, cfg: Any, res: Any, curves: di
     bres = base.result()
     contended = contended or base.contended
     curves["target-only"] = list(base.gen.samples)
+    tps, wall = bres.stats.tokens_per_s, bres.stats.wall_tokens_per_s
     if bres.timed_out:  # a partial baseline still measures tokens/s, but is not cached
-        return bres.stats.tokens_per_s, " (cut by the time limit; not cached)", contended, True
+        return tps, wall, " (cut by the time limit; not cached)", contended, True
     if contended:
-        return bres.stats.tokens_per_s, " (contended; not cached)", contended, False
+        return tps, wall, " (contended; not cached)", contended, False
     session.remember_baseline(ids, cfg, base)
-    return bres.stats.tokens_per_s, "", contended, False
+    return tps, wall, "", contended, False
 
 
 def export(state: dict | None) -> tuple[Any, Any, str]:

@@ -4,7 +4,8 @@ Terms
 -----
 racers       rule A and rule B, any two rules of the registry (EARS and the ordinary rule by
              default), with the shared parameter sliders, then target-only decoding. They run one
-             after another, each in its own thread on its own decode clock (``live``).
+             after another, each in its own thread on its own decode clock (``live``); the table
+             gives each one's wall clock and time to first token beside it.
 same draws   every run derives its uniform draws from (seed, position), so A and B make the same
              decisions until the first position where their rules disagree: the first divergence
              (outlined in both), e.g. a pardon of EARS that the ordinary rule refused.
@@ -34,13 +35,16 @@ RULE_B = "standard"
 
 def _table(names: Sequence[str], results: Sequence[Any], contended: Sequence[bool]) -> list[str]:
     base_tps = results[-1].stats.tokens_per_s
-    lines = ["| run | tokens/s | speedup | acceptance | pardons | mean distortion |", "|---|---|---|---|---|---|"]
+    lines = ["| run | tokens/s | speedup | tokens/s, wall clock | time to first token | acceptance | pardons | "
+             "mean distortion |", "|---|---|---|---|---|---|---|---|"]
     for name, res, busy in zip(names, results, contended):
         s = res.stats
         acc = "–" if s.acceptance_rate is None else f"{s.acceptance_rate:.2f}"
         speed = f"{s.tokens_per_s / base_tps:.2f}×" if base_tps else "–"
-        lines.append(f"| {name} | {s.tokens_per_s:.1f}{' (contended)' if busy else ''} | {speed} | {acc} | "
-                     f"{s.pardoned} | {s.mean_distortion:.4f} |")
+        wall = "–" if s.wall_tokens_per_s is None else f"{s.wall_tokens_per_s:.1f}"
+        ttft = "–" if s.ttft_s is None else f"{s.ttft_s:.2f} s"
+        lines.append(f"| {name} | {s.tokens_per_s:.1f}{' (contended)' if busy else ''} | {speed} | {wall} | {ttft} | "
+                     f"{acc} | {s.pardoned} | {s.mean_distortion:.4f} |")
     if any(contended):
         lines.append("\n*contended*: another decode ran at the same time, so these speeds are not clean figures.")
     return lines
