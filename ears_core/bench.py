@@ -145,8 +145,8 @@ class Bench:
         if eos is not None and eos in new:  # pads after an early stop are not tokens
             new = new[: new.index(eos) + 1]
         return dict(token_ids=new, text=self.tokenizer.decode(new, skip_special_tokens=True), new_tokens=len(new),
-                    decode_s=wall, wall_s=wall, ttft_s=None, setup_s=0.0, steps=0, drafted=0, accepted=0, pardoned=0, draft_ms=0.0, target_ms=0.0,
-                    total_distortion=0.0)
+                    decode_s=wall, wall_s=wall, ttft_s=None, setup_s=0.0, steps=0, drafted=0, accepted=0, pardoned=0,
+                    draft_ms=0.0, target_ms=0.0, total_distortion=0.0)
 
     @torch.no_grad()
     def mean_logprob(self, ids: torch.Tensor, new: list[int]) -> float:
