@@ -160,17 +160,21 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
     day), and that fresh curve is the one the session's policy reads: at once, or with
     background_prices between requests, in a thread of its own after the warm-up's decodes (the
     warm-up itself reads the cached profile). A curve given is kept."""
+    import itertools
     import threading
 
     import ears_core.policy.costs as costs
+    from ears_core.serve.runs import ActivityLog
     target, draft = tiny_pair
     pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
-    curves = iter([PriceCurve([10.0] * 9, 0.4, measured_at="cached"),
-                   PriceCurve([11.0 + m for m in range(9)], 0.4, measured_at="fresh"),
-                   PriceCurve([12.0 + m for m in range(9)], 0.4, measured_at="between requests")])
+    curves = itertools.chain([PriceCurve([10.0] * 9, 0.4, measured_at="cached"),
+                              PriceCurve([11.0 + m for m in range(9)], 0.4, measured_at="fresh")],
+                             itertools.repeat(PriceCurve([12.0 + m for m in range(9)], 0.4, measured_at="between requests")))
     threads = []
 
-    def measure(*a, **k):
+    def measure(model, *a, **k):
+        if model is not target:  # another test's server, measuring its own pair between its requests
+            return costs.PriceCurve([1.0] * 9, 0.1, measured_at="other")
         threads.append(threading.current_thread().name)
         return next(curves)
 
@@ -181,14 +185,16 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
     monkeypatch.setattr(Session, "encode", lambda self, prompt, chat=True: torch.tensor([PROMPTS[0]]))
     fresh.warm_up(4)
     assert fresh.prices.verify_ms[4:] == [15.0 + m for m in range(5)]  # m >= 5: as measured (the run moves m <= 3)
-    served = Session(pair, cache_dir=tmp_path, background_prices=True)
+    served = Session(pair, ActivityLog(), cache_dir=tmp_path, background_prices=True)  # its own: no other test's decodes
     served.warm_up(4)
     assert served.pricing.wait(60) and threads[-1] == "ears-prices"  # measured in the background, not in warm_up
     assert served.prices.measured_at == "between requests" and served.prices.verify_ms == [12.0 + m for m in range(9)]
-    given = Session(pair, prices=PRICES, cache_dir=tmp_path, background_prices=True)
+    measured = len(threads)
+    given = Session(pair, ActivityLog(), prices=PRICES, cache_dir=tmp_path, background_prices=True)
     given.warm_up(4)
     assert not given.pricing.pending and given.prices.verify_ms[3:] == PRICES.verify_ms[3:]
-    assert len(threads) == 3
+    assert len(threads) == measured  # a curve given is not measured again
+    served.close()
 
 
 def test_auto_is_a_chain_where_a_wide_verify_pass_is_dear(tiny_pair, tmp_path):

@@ -137,6 +137,12 @@ class PairSlot:
             return self._session
 
 
+    def close(self) -> None:
+        """Stop the pair's background work (price measurements between requests): the server closes."""
+        if self._session is not None:
+            self._session.close()
+
+
 def _free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():

@@ -114,4 +114,11 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
     demo.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
     calm_queue(demo)
     demo.ears_slot = slot
+    close = demo.close
+
+    def close_all(*args: Any, **kwargs: Any) -> Any:  # the server closes: the pair's background work stops too
+        slot.close()
+        return close(*args, **kwargs)
+
+    demo.close = close_all
     return demo
