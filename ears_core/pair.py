@@ -237,8 +237,12 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
                              "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
     dt = resolve_dtype(dtype, dev)
     draft = resolve_draft(target, draft)
-    try:  # in a thread that exits: the caller keeps no OpenMP pool to throttle its decoding (passing.py)
-        return in_passing_thread(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
+    # On the CPU, in a thread that exits: the caller keeps no OpenMP pool to throttle its decoding
+    # (passing.py). On a GPU, in the caller's thread: ZeroGPU places weights on CUDA only from the
+    # thread that imported `spaces` (its torch patches are per thread; ears_core/studio/zerogpu.py).
+    run = in_passing_thread if dev.type == "cpu" else _here
+    try:
+        return run(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -251,6 +255,10 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
                              f"{'' if draft is None else f' with the draft {draft!r}'}: pick a smaller pair, "
                              "use a machine with more memory, or device 'cuda' (no index) so accelerate's device "
                              "map spreads the target over every GPU") from exc
+
+
+def _here(fn: Any, *args: Any) -> Any:
+    return fn(*args)
 
 
 def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.PathLike | None = None,

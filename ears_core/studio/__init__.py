@@ -15,6 +15,7 @@ quality    the Quality tab: accuracy against speed from the bench, and a live sw
 tpp        the "Point processes" tab (seed 001, ``/tpp_sample``)
 live       decoding in a thread of its own while the page redraws at a steady frame rate
 errors     messages for the page and the checks of a request's values
+zerogpu    the ZeroGPU Space (spaces/zerogpu): the decoding handlers inside ``spaces.GPU`` calls
 
 Terms
 -----
@@ -65,7 +66,9 @@ INTRO = ("# EARS Studio\nSpeculative decoding with **EARS**: a draft proposes K 
 
 
 def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Settings | None = None,
-              loader: Callable[[str, str | None], ModelPair] | None = None, preload: bool = True) -> gr.Blocks:
+              loader: Callable[[str, str | None], ModelPair] | None = None, preload: bool = True,
+              gpu_call: Callable[[Callable, str], Callable] | None = None, slot: PairSlot | None = None
+              ) -> gr.Blocks:
     """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot``.
 
     ``pair_loader()`` loads the configured pair (tests inject a tiny pair): with ``preload`` it
@@ -73,9 +76,13 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
     (the page says "loading" until then, and a Generate sent sooner waits for it); without, on the
     first request. ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on
     the settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders
-    are read from ``rules.RULES`` now."""
-    settings = settings or Settings.from_env()
-    slot = PairSlot(settings, pair_loader, loader)
+    are read from ``rules.RULES`` now. ``gpu_call(handler, name)`` wraps each handler that decodes
+    (``name``: "generate" or "race") before it is wired; default: no wrapping (the ZeroGPU Space runs
+    them inside ``spaces.GPU`` calls: ``studio.zerogpu``). ``slot``: a PairSlot the caller made
+    (its own settings and loaders are then the app's)."""
+    slot = slot or PairSlot(settings or Settings.from_env(), pair_loader, loader)
+    settings = slot.settings
+    on_gpu = gpu_call or (lambda handler, name: handler)
     if preload:
         slot.preload()
     with gr.Blocks(title="EARS Studio") as demo:
@@ -95,12 +102,12 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
                     theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c, tree=gen_tab.tree,
                     tree_round=gen_tab.tree_round, tree_panel=gen_tab.tree_panel)
         decode = dict(concurrency_id=DECODE_GROUP, concurrency_limit=settings.concurrency)
-        gen_event = gen_tab.go.click(generate.make_generate(slot, controls.names),
+        gen_event = gen_tab.go.click(on_gpu(generate.make_generate(slot, controls.names), "generate"),
                                      [*controls.request, controls.rule, controls.with_base, *controls.extra,
                                       controls.draft_length, controls.tree, controls.tree_budget],
                                      [outs[n] for n in generate.OUT], api_name="generate", **decode)
         gen_tab.stop.click(None, cancels=[gen_event])
-        race_event = race_tab.go.click(race.make_race(slot, controls.names),
+        race_event = race_tab.go.click(on_gpu(race.make_race(slot, controls.names), "race"),
                                        [*controls.request, race_tab.rule_a, race_tab.rule_b, *controls.extra],
                                        [*race_tab.html, race_tab.summary, race_tab.plot], api_name="race", **decode)
         race_tab.stop.click(None, cancels=[race_event])
