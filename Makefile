@@ -6,7 +6,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 TESTS_STAMP := $(VENV)/.installed-tests
 
-.PHONY: install browser test test-fast screenshots demo demo-cli bench clean test-vllm .venv-vllm
+.PHONY: install browser test test-fast screenshots demo demo-cli bench clean test-vllm .venv-vllm zerogpu-space
 
 # What the app runs on: the Dockerfile runs these same steps, in this order (tests/test_dockerfile.py).
 $(STAMP): requirements.txt pyproject.toml
@@ -59,6 +59,12 @@ demo-cli: install
 # The benchmark on the embedded pair into bench_out/ (see docs/benchmarks.md); flags with ARGS=.
 bench: install
 	$(PY) -m ears_core.bench --out bench_out $(ARGS)
+
+# The ZeroGPU Space (spaces/zerogpu/README.md) in build/zerogpu-space, ready for
+# `hf upload USER/SPACE build/zerogpu-space . --repo-type space`; ARGS=--no-embedded-target leaves out
+# the embedded target's GGUF (94 MB) that serves where no GPU is attached.
+zerogpu-space: $(STAMP)
+	$(PY) scripts/zerogpu_space.py --out build/zerogpu-space $(ARGS)
 
 # The vLLM plug-in's own environment (integrations/vllm): vLLM pins an older transformers than the
 # app, so never in .venv or the Docker image. torch first (the CPU wheel), then every pinned package

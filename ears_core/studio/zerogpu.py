@@ -1,0 +1,166 @@
+"""The ZeroGPU Space (spaces/zerogpu/app.py): the Studio with each request's GPU work inside a
+``spaces.GPU`` call, on a real pair on CUDA, or on the embedded pair where no GPU is attached.
+
+Terms
+-----
+ZeroGPU     Hugging Face's shared GPUs for Gradio-SDK Spaces. A Space holds a GPU only while a function
+            decorated with ``spaces.GPU`` runs. That call runs in a worker process forked from the
+            app's, which is given the GPU; its arguments and each value it yields are pickled across,
+            so a generator streams as it yields (spaces 0.51: ``zero/wrappers.py``). An idle worker is
+            kept for the next call, so what a call leaves there (a Session, its learnt prices and
+            cached baselines) serves later calls on that worker, never the app's own process.
+on ZeroGPU  ``spaces.config.Config.zero_gpu`` (the Space sets SPACES_ZERO_GPU). ``import spaces`` then
+            patches torch: in the thread that imported it, moving weights to "cuda" is recorded (they
+            reach the GPU in each worker); in any other thread of the app's process CUDA work fails.
+            Off ZeroGPU ``spaces.GPU`` returns the function it decorates unchanged.
+start-up    on ZeroGPU the pair loads in the main thread while the app is built (``load_pair`` on
+            "cuda:0"), and the app's process makes no Session: the first decorated call of each
+            worker makes it (``PairSlot.session``), measuring the device's prices and warming up there,
+            on the GPU. Off ZeroGPU, as the root app: the pair loads and warms up in a background thread.
+duration    the GPU seconds a request asks for (``gpu_seconds``): ``START_S`` (a worker's start, the
+            weights' move to the GPU, a worker's first Session and warm-up) plus ``S_PER_TOKEN`` per
+            token of each decode the request makes (``RUNS``: generate's speculative run and its
+            target-only baseline; the race's two rules and target-only), at most ``timeout_s`` (the
+            request's decoding budget). The shorter it is, the sooner ZeroGPU schedules the request.
+pair        on a GPU ``GPU_TARGET`` with its preset draft Qwen2.5-0.5B-Instruct (``pair.PRESETS``: one
+            tokenizer), about 16 GB in bfloat16 of the 70 GB a ZeroGPU call gets; where no GPU is
+            attached, the embedded pair. ``EARS_TARGET`` / ``EARS_DRAFT`` override. On ZeroGPU the
+            picker cannot load another pair (a load must run in the main thread): it says so.
+defaults    ``SPACE_ENV``: the Space's own defaults for ``Settings`` (shorter requests than the root
+            app's, downloads on, presets only); a variable set in the environment wins.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+import gradio as gr
+import torch
+
+from ears_core.model.hub import ModelLoadError
+from ears_core.pair import EMBEDDED, ModelPair, load_pair
+from ears_core.serve.pair_slot import PairSlot
+from ears_core.serve.settings import Settings
+
+from . import LAUNCH_KW, build_app
+
+__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "RUNS", "SPACE_ENV", "StartupPair", "on_zero_gpu",
+           "space_settings", "gpu_seconds", "request_seconds", "gpu_call", "build_space", "launch_kw"]
+
+GPU_TARGET = "Qwen/Qwen2.5-7B-Instruct"  # its preset draft: Qwen/Qwen2.5-0.5B-Instruct
+START_S = 20.0
+S_PER_TOKEN = 0.05  # a 7B target in bfloat16 decodes a token in ~25 ms in transformers' eager mode: twice that
+RUNS = {"generate": 2, "race": 3}  # decodes a request makes at most (module terms: duration)
+SPACE_ENV = {"EARS_MAX_NEW_TOKENS": "256", "EARS_TIMEOUT_S": "60", "EARS_ALLOW_DOWNLOAD": "1",
+             "EARS_CUSTOM_MODELS": "0"}
+ONE_PAIR = ("this ZeroGPU Space serves the pair it loaded when it started (ZeroGPU lends a GPU only inside a "
+            "request, so a pair is placed on it at start-up): set EARS_TARGET and EARS_DRAFT in the Space's "
+            "settings and restart it to serve another")
+
+
+def _spaces() -> Any:
+    try:
+        import spaces
+    except ImportError as exc:
+        raise ImportError("the ZeroGPU Space needs the package `spaces`: pip install spaces "
+                          "(spaces/zerogpu/requirements.txt pins it)") from exc
+    return spaces
+
+
+def on_zero_gpu() -> bool:
+    """Whether this process runs on ZeroGPU (module terms)."""
+    _spaces()
+    from spaces.config import Config
+
+    return bool(Config.zero_gpu)
+
+
+def space_settings(env: Mapping[str, str] | None = None, zero_gpu: bool = False) -> Settings:
+    """The Space's settings: ``SPACE_ENV`` under the environment's own values, the target by the
+    hardware (module terms: pair) and, on ZeroGPU, one GPU ("cuda:0": no device map to plan)."""
+    env = os.environ if env is None else env
+    gpu = zero_gpu or torch.cuda.is_available()  # no CUDA work: a device count (ZeroGPU answers it itself)
+    given = {k: v for k, v in env.items() if v.strip()}
+    settings = Settings.from_env({**SPACE_ENV, "EARS_TARGET": GPU_TARGET if gpu else EMBEDDED, **given})
+    if zero_gpu and settings.device in ("auto", "cuda"):
+        settings = replace(settings, device="cuda:0")
+    return settings
+
+
+def gpu_seconds(settings: Settings, runs: int, max_new: int) -> int:
+    """The duration of a request making ``runs`` decodes of ``max_new`` tokens (module terms)."""
+    return math.ceil(START_S + min(runs * max_new * S_PER_TOKEN, settings.timeout_s))
+
+
+def request_seconds(handler: Callable, settings: Settings, name: str) -> Callable[..., int]:
+    """``spaces.GPU``'s duration for the ``name`` handler ("generate" or "race"): called with the
+    handler's own arguments, it reads the request's token limit and, for generate, whether the
+    target-only baseline runs. A value the handler will refuse counts as the server's limit."""
+    signature = inspect.signature(handler)
+
+    def duration(*args: Any, **kwargs: Any) -> int:
+        try:
+            request = signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            request = {}
+        max_new = request.get("max_new")
+        if isinstance(max_new, bool) or not isinstance(max_new, (int, float)) or not max_new >= 1:
+            max_new = settings.max_new_tokens
+        runs = RUNS[name] - int(name == "generate" and request.get("with_baseline") is False)
+        return gpu_seconds(settings, runs, min(int(max_new), settings.max_new_tokens))
+
+    return duration
+
+
+def gpu_call(settings: Settings) -> Callable[[Callable, str], Callable]:
+    """``build_app``'s ``gpu_call``: a decoding handler inside ``spaces.GPU``, with its request's duration."""
+    spaces = _spaces()
+
+    def wrap(handler: Callable, name: str) -> Callable:
+        return spaces.GPU(duration=request_seconds(handler, settings, name))(handler)
+
+    return wrap
+
+
+class StartupPair(PairSlot):
+    """A ZeroGPU Space's slot (module terms: start-up): ``pair`` was loaded in the main thread; each
+    worker's first ``session()`` makes its Session and warms it up. ``switch`` refuses another pair."""
+
+    def __init__(self, settings: Settings, pair: ModelPair) -> None:
+        super().__init__(settings, lambda: pair)
+
+    def switch(self, target: str, draft: str | None, check: bool = True,
+               progress: Callable[[str], Any] | None = None) -> Any:
+        if self.same((target, draft), self.choice):
+            return self.loaded  # the pair it serves: nothing to load
+        raise ModelLoadError(ONE_PAIR)
+
+
+def build_space(env: Mapping[str, str] | None = None, pair_loader: Callable[[], ModelPair] | None = None
+                ) -> gr.Blocks:
+    """The Space's app (module terms). ``pair_loader()`` loads the pair instead (tests)."""
+    zero = on_zero_gpu()
+    settings = space_settings(env, zero)
+    wrap = gpu_call(settings)
+    if not zero:
+        return build_app(pair_loader, settings, gpu_call=wrap)
+    pair = pair_loader() if pair_loader is not None else load_pair(
+        settings.target, settings.draft, device=settings.torch_device, cache_dir=settings.cache,
+        allow_download=settings.allow_download)  # here, in the main thread (module terms: on ZeroGPU)
+    return build_app(preload=False, gpu_call=wrap, slot=StartupPair(settings, pair))
+
+
+def launch_kw(settings: Settings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``launch()``'s keywords: the theme and css, and HOST / PORT where the environment sets them
+    (else Gradio's own: a Space sets GRADIO_SERVER_NAME and GRADIO_SERVER_PORT)."""
+    env = os.environ if env is None else env
+    kw: dict[str, Any] = dict(LAUNCH_KW, show_error=False)
+    if env.get("HOST", "").strip():
+        kw["server_name"] = settings.host
+    if env.get("PORT", "").strip():
+        kw["server_port"] = settings.port
+    return kw

