@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import tiny_llama
 from test_app import tiny_backend
 from ears_core.model.hub import ModelLoadError
 from ears_core.pair import PRESETS
@@ -29,6 +31,8 @@ from ears_core.serve.settings import Settings
 from ears_core.studio import zerogpu
 
 spaces = pytest.importorskip("spaces")
+if not hasattr(spaces, "GPU"):  # the repository's folder spaces/, imported in place of the missing package
+    pytest.skip("the package spaces is not installed (requirements-test.txt)", allow_module_level=True)
 yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +160,7 @@ def test_the_handlers_that_decode_are_the_decorated_ones(tiny_space):
     assert {"tpp_sample", "load", "export", "tree_round"} <= names  # the CPU-only handlers stay as they are
 
 
-def test_a_request_streams_through_the_gpu_call(tiny_space):
+def test_a_request_goes_through_the_gpu_call_pickled(tiny_space):
     demo, log = tiny_space
     gen = handler(demo, "generate")
     assert "max_new" in inspect.signature(gen).parameters  # the API keeps its names
@@ -180,10 +184,11 @@ def test_the_startup_pair_is_the_only_pair():
     assert slot.session().pair.name == "tiny random pair"  # a worker's first call makes its Session
 
 
-EMULATE = r"""
-# Import spaces/zerogpu/app.py as on ZeroGPU: spaces' own torch emulation (SPACES_ZERO_GPU), on this
-# CPU build of torch, which lacks what spaces patches (a CUDA build has them). Any CUDA start is logged.
-import json, runpy, sys, threading
+ZEROGPU = r"""
+# As on ZeroGPU: SPACES_ZERO_GPU makes `import spaces` patch torch with its own CUDA emulation. This CPU
+# build of torch lacks what spaces patches (a CUDA build has it), so it gets stand-ins here; any CUDA
+# start is logged with its thread's name, and raises.
+import json, os, runpy, sys, threading, time
 import torch
 torch.version.cuda = "12.8"
 def never_bad_fork():
@@ -194,6 +199,11 @@ def cuda_start(*args, **kwargs):
     touched.append(threading.current_thread().name)
     raise RuntimeError("CUDA started outside a spaces.GPU call")
 torch._C._cuda_init = torch.cuda._lazy_init = torch.cuda.init = cuda_start
+import spaces
+assert spaces.config.Config.zero_gpu
+"""
+
+IMPORT = ZEROGPU + r"""
 from ears_core.serve.session import Session
 def warm_up(self, *args, **kwargs):
     touched.append("warm_up")
@@ -202,30 +212,100 @@ demo = runpy.run_path("spaces/zerogpu/app.py", run_name="app")["demo"]
 slot = demo.ears_slot
 pair = slot._default_loader()
 after_import = list(touched)
+tpp = {}
+def sample():  # the point-process tab, undecorated: on the CPU, in a request thread of the app's process
+    tpp["outs"] = list(next(f.fn for f in demo.fns.values() if f.api_name == "tpp_sample")(
+        "hawkes", "draft", "cost model", 4, 200, 0))
+request = threading.Thread(target=sample, name="request")
+request.start(); request.join()
 probe = threading.Thread(target=lambda: torch.zeros(1).to("cuda:0"), name="probe")  # the log catches this
 probe.start(); probe.join()
 print(json.dumps({
     "touched": after_import, "probe": touched[len(after_import):], "state": slot.state,
+    "tpp": str(tpp["outs"][-1][0]) if tpp else None,
     "decorated": sorted(f.api_name for f in demo.fns.values() if hasattr(f.fn, "zerogpu")),
     "device": str(next(pair.target.parameters()).device), "threads": [t.name for t in threading.enumerate()],
     "settings": [slot.settings.device, slot.settings.max_new_tokens, slot.settings.custom_models]}))
 """
 
+# spaces' own ZeroGPU wrapper, with the GPU scheduler (an HTTP service on a Space) answering at once and
+# no GPU to initialise or move weights to: the call forks its worker process, and the arguments and
+# every value yielded cross back pickled, as on a Space. The pair is the tiny one saved to a folder, each
+# target pass made to last 30 ms, so that a run spans several of the page's frames on any machine.
+WORKER = ZEROGPU + r"""
+from spaces.zero import client, torch as zero_torch
+from spaces.zero.api import ScheduleResponse
+client.schedule = lambda **kw: ScheduleResponse(idle=True, nvidiaIndex=0, nvidiaUUID="GPU-0", allowToken="t")
+client.release = client.allow = lambda *args, **kwargs: None
+zero_torch.init = zero_torch.move = lambda *args, **kwargs: None
+from transformers import LlamaForCausalLM
+forward = LlamaForCausalLM.forward
+def slow_forward(self, *args, **kwargs):
+    time.sleep(0.03)
+    return forward(self, *args, **kwargs)
+LlamaForCausalLM.forward = slow_forward
+demo = runpy.run_path("spaces/zerogpu/app.py", run_name="app")["demo"]
+generate = next(f.fn for f in demo.fns.values() if f.api_name == "generate")
+requests = []
+for seed in (0, 1):
+    frames = []
+    for out in generate("the water is long and the", 0.5, 1.0, 4, 48, seed, "ears", False, draft_length="fixed"):
+        frames.append([out[0] if isinstance(out[0], str) else None, str(out[2]), out[7] if isinstance(out[7], dict) else None])
+    requests.append(frames)
+print(json.dumps({"requests": requests, "app_session": demo.ears_slot.loaded is not None, "touched": touched,
+                  "pid": os.getpid()}))
+"""
+
+
+def run_as_on_zerogpu(code: str, **env: str) -> dict:
+    """Run ``code`` in a fresh interpreter as on ZeroGPU (module ``ZEROGPU``); its last line of JSON. The
+    interpreter gets a session of its own, so a ZeroGPU worker it forked goes with it on a timeout."""
+    env = {**os.environ, "SPACES_ZERO_GPU": "true", "SPACES_ZERO_DEVICE_API_URL": "http://127.0.0.1:9/",
+           "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **env}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker, if the interpreter left it behind
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
 
 @pytest.mark.slow
 def test_on_zerogpu_importing_the_app_touches_no_cuda():
     """The pair loads in the main thread onto spaces' emulated "cuda:0"; no Session, warm-up, price
-    measurement or thread starts; the decoding handlers are spaces' real ZeroGPU wrappers."""
-    env = {**os.environ, "SPACES_ZERO_GPU": "true", "SPACES_ZERO_DEVICE_API_URL": "http://127.0.0.1:9/",
-           "EARS_TARGET": "embedded", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", EMULATE], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
+    measurement or thread starts; the decoding handlers are spaces' real ZeroGPU wrappers; the point
+    process tab samples on the CPU, outside any GPU call."""
+    out = run_as_on_zerogpu(IMPORT, EARS_TARGET="embedded")
     assert out["touched"] == [] and out["probe"] == ["probe"]  # the log works: a thread's CUDA start is caught
+    assert "200 events" in out["tpp"]  # the CPU-only tab works beside spaces' patches
     assert out["device"] == "cuda:0" and out["state"] == "idle"  # placed, not yet in a Session
     assert out["decorated"] == ["generate", "race"]
     assert "pair-preload" not in out["threads"] and out["settings"] == ["cuda:0", 256, False]
+
+
+@pytest.mark.slow
+def test_on_zerogpu_a_request_runs_in_the_gpu_worker_and_streams(tmp_path):
+    """Through spaces' own wrapper (module ``WORKER``): the first request of the worker makes the
+    Session and warms up there (the page says "loading" meanwhile), then streams its tokens frame by
+    frame; the second reuses the worker's Session; the app's own process never makes one."""
+    pair = tiny_backend(tiny_llama(0, max_pos=1024))
+    pair.target.save_pretrained(tmp_path)
+    pair.tokenizer.save_pretrained(tmp_path)
+    out = run_as_on_zerogpu(WORKER, EARS_TARGET=str(tmp_path), EARS_DRAFT="ngram", EARS_DEVICE="cpu")
+    first, second = out["requests"]
+    assert "loading the model pair" in first[0][1] and not any("loading" in f[1] for f in second)
+    for frames in (first, second):
+        counts = [f[0].count("data-kind=") for f in frames if f[0] and "ears-tokens" in f[0]]
+        final = frames[-1][2]
+        assert counts == sorted(counts) and counts[-1] == final["stats"]["new_tokens"] == len(final["kinds"]) == 48
+        assert set(final["kinds"]) <= KINDS and final["device"].startswith("cpu")
+        assert any(0 < c < 48 for c in counts), "no frame came while the run decoded: nothing streamed"
+    assert not out["app_session"] and out["touched"] == []
 
 
 @pytest.mark.slow

@@ -63,11 +63,14 @@ ONE_PAIR = ("this ZeroGPU Space serves the pair it loaded when it started (ZeroG
 
 
 def _spaces() -> Any:
+    """The package ``spaces`` (not the repository's folder of that name, which Python would also import)."""
     try:
         import spaces
-    except ImportError as exc:
+    except ImportError:
+        spaces = None
+    if getattr(spaces, "GPU", None) is None:
         raise ImportError("the ZeroGPU Space needs the package `spaces`: pip install spaces "
-                          "(spaces/zerogpu/requirements.txt pins it)") from exc
+                          "(spaces/zerogpu/requirements.txt pins it)")
     return spaces
 
 
