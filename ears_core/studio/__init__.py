@@ -77,9 +77,9 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
     first request. ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on
     the settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders
     are read from ``rules.RULES`` now. ``gpu_call(handler, name)`` wraps each handler that decodes
-    (``name``: "generate" or "race") before it is wired; default: no wrapping (the ZeroGPU Space runs
-    them inside ``spaces.GPU`` calls: ``studio.zerogpu``). ``slot``: a PairSlot the caller made
-    (its own settings and loaders are then the app's)."""
+    (``name``: "generate", "race" or "quality_sweep") before it is wired; default: no wrapping (the
+    ZeroGPU Space runs them inside ``spaces.GPU`` calls: ``studio.zerogpu``). ``slot``: a PairSlot
+    the caller made (its own settings and loaders are then the app's)."""
     slot = slot or PairSlot(settings or Settings.from_env(), pair_loader, loader)
     settings = slot.settings
     on_gpu = gpu_call or (lambda handler, name: handler)
@@ -111,7 +111,7 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
                                        [*controls.request, race_tab.rule_a, race_tab.rule_b, *controls.extra],
                                        [*race_tab.html, race_tab.summary, race_tab.plot], api_name="race", **decode)
         race_tab.stop.click(None, cancels=[race_event])
-        quality.wire(quality_tab, slot, **decode)
+        quality.wire(quality_tab, slot, on_gpu, **decode)
         gen_tab.tree_round.release(generate.show_round, [state, gen_tab.tree_round], gen_tab.tree, api_name="tree_round",
                                    queue=False)
         gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],

@@ -188,8 +188,11 @@ def build(path: Path | None = None) -> QualityTab:
     return QualityTab(go_btn, stop, questions, betas, progress, fig, live, shipped)
 
 
-def wire(tab: QualityTab, slot: PairSlot, **decode: Any) -> None:
-    """Connect the Run and Stop buttons; ``decode``: the decode queue group's keyword arguments."""
-    event = tab.go.click(make_sweep(slot, tab.shipped), [tab.questions, tab.betas], [tab.progress, tab.plot, tab.live],
-                         api_name="quality_sweep", **decode)
+def wire(tab: QualityTab, slot: PairSlot, gpu_call: Callable[[Callable, str], Callable] | None = None,
+         **decode: Any) -> None:
+    """Connect the Run and Stop buttons; ``decode``: the decode queue group's keyword arguments;
+    ``gpu_call``: as ``build_app``'s (the sweep decodes)."""
+    handler = make_sweep(slot, tab.shipped)
+    event = tab.go.click(gpu_call(handler, "quality_sweep") if gpu_call else handler, [tab.questions, tab.betas],
+                         [tab.progress, tab.plot, tab.live], api_name="quality_sweep", **decode)
     tab.stop.click(None, cancels=[event])

@@ -19,9 +19,10 @@ start-up    on ZeroGPU the pair loads in the main thread while the app is built 
             on the GPU. Off ZeroGPU, as the root app: the pair loads and warms up in a background thread.
 duration    the GPU seconds a request asks for (``gpu_seconds``): ``START_S`` (a worker's start, the
             weights' move to the GPU, a worker's first Session and warm-up) plus ``S_PER_TOKEN`` per
-            token of each decode the request makes (``RUNS``: generate's speculative run and its
-            target-only baseline; the race's two rules and target-only), at most ``timeout_s`` (the
-            request's decoding budget). The shorter it is, the sooner ZeroGPU schedules the request.
+            token of each decode the request makes (``decodes``: generate's speculative run and its
+            target-only baseline; the race's two rules and target-only; the quality sweep's methods on
+            each question), at most ``timeout_s`` (the request's decoding budget). The shorter it is,
+            the sooner ZeroGPU schedules the request.
 pair        on a GPU ``GPU_TARGET`` with its preset draft Qwen2.5-0.5B-Instruct (``pair.PRESETS``: one
             tokenizer), about 16 GB in bfloat16 of the 70 GB a ZeroGPU call gets; where no GPU is
             attached, the embedded pair. ``EARS_TARGET`` / ``EARS_DRAFT`` override. On ZeroGPU the
@@ -46,15 +47,14 @@ from ears_core.pair import EMBEDDED, ModelPair, load_pair
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings
 
-from . import LAUNCH_KW, build_app
+from . import LAUNCH_KW, build_app, quality
 
-__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "RUNS", "SPACE_ENV", "StartupPair", "on_zero_gpu",
-           "space_settings", "gpu_seconds", "request_seconds", "gpu_call", "build_space", "launch_kw"]
+__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "SPACE_ENV", "StartupPair", "on_zero_gpu", "space_settings",
+           "gpu_seconds", "decodes", "request_seconds", "gpu_call", "build_space", "launch_kw"]
 
 GPU_TARGET = "Qwen/Qwen2.5-7B-Instruct"  # its preset draft: Qwen/Qwen2.5-0.5B-Instruct
 START_S = 20.0
 S_PER_TOKEN = 0.05  # a 7B target in bfloat16 decodes a token in ~25 ms in transformers' eager mode: twice that
-RUNS = {"generate": 2, "race": 3}  # decodes a request makes at most (module terms: duration)
 SPACE_ENV = {"EARS_MAX_NEW_TOKENS": "256", "EARS_TIMEOUT_S": "60", "EARS_ALLOW_DOWNLOAD": "1",
              "EARS_CUSTOM_MODELS": "0"}
 ONE_PAIR = ("this ZeroGPU Space serves the pair it loaded when it started (ZeroGPU lends a GPU only inside a "
@@ -99,22 +99,40 @@ def gpu_seconds(settings: Settings, runs: int, max_new: int) -> int:
     return math.ceil(START_S + min(runs * max_new * S_PER_TOKEN, settings.timeout_s))
 
 
+def _count(value: Any, limit: int) -> int:
+    """A request's whole number at most ``limit``; a value the handler will refuse counts as the limit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value:
+        return limit
+    return min(int(value), limit)
+
+
+def decodes(name: str, request: Mapping[str, Any], settings: Settings) -> tuple[int, int]:
+    """(decodes, tokens each) that the ``name`` handler makes at most for ``request`` (its arguments by
+    name; module terms: duration). A handler this module does not know: as many as its time allows."""
+    if name in ("generate", "race"):
+        runs = 3 if name == "race" else 1 if request.get("with_baseline") is False else 2
+        return runs, _count(request.get("max_new"), settings.max_new_tokens)
+    if name == "quality_sweep":  # target-only, the ordinary rule and EARS at each beta, on each question
+        betas = request.get("betas")
+        methods = 2 + (min(len(betas), quality.MAX_BETAS) if isinstance(betas, (list, tuple)) else quality.MAX_BETAS)
+        questions = _count(request.get("questions"), quality.MAX_QUESTIONS)
+        return questions * methods, min(quality.MAX_NEW, settings.max_new_tokens)
+    return 1, 10**9
+
+
 def request_seconds(handler: Callable, settings: Settings, name: str) -> Callable[..., int]:
-    """``spaces.GPU``'s duration for the ``name`` handler ("generate" or "race"): called with the
-    handler's own arguments, it reads the request's token limit and, for generate, whether the
-    target-only baseline runs. A value the handler will refuse counts as the server's limit."""
+    """``spaces.GPU``'s duration for the handler wired as ``name``: called with the handler's own
+    arguments (``spaces.GPU`` passes them), it reads what the request will decode (``decodes``)."""
     signature = inspect.signature(handler)
 
     def duration(*args: Any, **kwargs: Any) -> int:
         try:
-            request = signature.bind_partial(*args, **kwargs).arguments
+            request = signature.bind_partial(*args, **kwargs)
         except TypeError:
-            request = {}
-        max_new = request.get("max_new")
-        if isinstance(max_new, bool) or not isinstance(max_new, (int, float)) or not max_new >= 1:
-            max_new = settings.max_new_tokens
-        runs = RUNS[name] - int(name == "generate" and request.get("with_baseline") is False)
-        return gpu_seconds(settings, runs, min(int(max_new), settings.max_new_tokens))
+            return gpu_seconds(settings, *decodes("", {}, settings))
+        request.apply_defaults()
+        arguments = request.arguments
+        return gpu_seconds(settings, *decodes(name, arguments, settings))
 
     return duration
 
