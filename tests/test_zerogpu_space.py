@@ -121,6 +121,8 @@ def test_the_spaces_defaults_yield_to_the_environment():
     s = zerogpu.space_settings({"EARS_MAX_NEW_TOKENS": "64", "EARS_TARGET": "x/y", "EARS_DEVICE": " "}, zero_gpu=True)
     assert (s.target, s.max_new_tokens, s.device) == ("x/y", 64, "cuda:0")
     assert zerogpu.space_settings({}, zero_gpu=True).target == zerogpu.GPU_TARGET
+    readme = (SPACE / "README.md").read_text(encoding="utf-8")
+    assert all(f"`{k}={v}`" in readme for k, v in zerogpu.SPACE_ENV.items())  # the Space's README says them
     assert zerogpu.space_settings({"EARS_DEVICE": "cpu"}, zero_gpu=True).device == "cpu"
     assert zerogpu.launch_kw(s, {}).keys() == {"theme", "css", "show_error"}  # a Space's own GRADIO_SERVER_* rule
     assert zerogpu.launch_kw(Settings(host="0.0.0.0", port=7861), {"HOST": "0.0.0.0", "PORT": "7861"})[
