@@ -53,8 +53,10 @@ __all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "SPACE_ENV", "StartupPair", "
            "gpu_seconds", "decodes", "request_seconds", "gpu_call", "build_space", "launch_kw"]
 
 GPU_TARGET = "Qwen/Qwen2.5-7B-Instruct"  # its preset draft: Qwen/Qwen2.5-0.5B-Instruct
+# Allowances, not measurements (no 7B pair has run on a GPU here; docs/gpu.md has what has): a worker's
+# start with its first Session and warm-up, and a token of one decode, a target step at worst, with room.
 START_S = 20.0
-S_PER_TOKEN = 0.05  # a 7B target in bfloat16 decodes a token in ~25 ms in transformers' eager mode: twice that
+S_PER_TOKEN = 0.05
 SPACE_ENV = {"EARS_MAX_NEW_TOKENS": "256", "EARS_TIMEOUT_S": "60", "EARS_ALLOW_DOWNLOAD": "1",
              "EARS_CUSTOM_MODELS": "0"}
 ONE_PAIR = ("this ZeroGPU Space serves the pair it loaded when it started (ZeroGPU lends a GPU only inside a "
