@@ -27,6 +27,7 @@ from conftest import tiny_llama
 from test_app import tiny_backend
 from ears_core.model.hub import ModelLoadError
 from ears_core.pair import PRESETS
+from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings
 from ears_core.studio import zerogpu
 
@@ -191,7 +192,10 @@ def test_the_startup_pair_is_the_only_pair():
     assert slot.switch("embedded", "auto") is None and slot.state == "idle"  # nothing loads in the app's process
     with pytest.raises(ModelLoadError, match="EARS_TARGET"):
         slot.switch("Qwen/Qwen2.5-7B-Instruct", "auto")
-    assert slot.session().pair.name == "tiny random pair"  # a worker's first call makes its Session
+    session = slot.session()  # a worker's first call makes its Session, its prices measured then and there
+    assert session.pair.name == "tiny random pair" and session.pricing.running is not None
+    assert session.pricing.between is None  # nothing measures between requests: the worker holds no GPU then
+    assert PairSlot(Settings()).background_prices  # a server's slot does (serve/prices.py)
 
 
 ZEROGPU = r"""

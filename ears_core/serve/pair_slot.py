@@ -34,7 +34,11 @@ class PairSlot:
 
     ``settings`` give the configured pair and how to load (device, cache, downloads);
     ``default_loader()`` loads the configured pair instead (tests inject a tiny one) and
-    ``loader(target, draft)`` any other (default ``models.load_pair`` on the settings)."""
+    ``loader(target, draft)`` any other (default ``models.load_pair`` on the settings).
+    ``background_prices``: its Sessions measure the price curve again between requests (serve/prices.py);
+    off where nothing may run between requests (a ZeroGPU worker holds no GPU then: studio/zerogpu.py)."""
+
+    background_prices = True
 
     def __init__(self, settings: Settings | None = None, default_loader: Callable[[], ModelPair] | None = None,
                  loader: Callable[[str, str | None], ModelPair] | None = None,
@@ -65,7 +69,8 @@ class PairSlot:
             pair = self._default_loader() if self._injected(choice) else self._loader(*choice)
             # the cached price curve and a short decode, before any request is timed; the curve is
             # measured again between requests, never on a request's path (serve/prices.py)
-            session = Session(pair, self._activity, cache_dir=self.settings.cache, background_prices=True)
+            session = Session(pair, self._activity, cache_dir=self.settings.cache,
+                              background_prices=self.background_prices)
             session.warm_up()
         except BaseException as exc:
             self.error = exc

@@ -19,6 +19,9 @@ zerogpu    the ZeroGPU Space (spaces/zerogpu): the decoding handlers inside ``sp
 
 Terms
 -----
+gpu_call      ``build_app``'s ``gpu_call(handler, name)``: what each handler that decodes (``name``:
+              "generate", "race", "quality_sweep") is wired as; ``as_is`` by default, ``spaces.GPU``
+              in the ZeroGPU Space (``zerogpu``).
 decode group  ``/generate``, ``/race``, ``/quality_sweep`` and ``/tpp_sample`` share one queue group of
               ``Settings.concurrency`` workers (1 by default): requests beyond it wait in Gradio's
               queue, which shows their position, instead of timing each other.
@@ -37,7 +40,7 @@ from ears_core.serve.settings import Settings
 from . import generate, pairs, quality, race, theory, tpp
 from .controls import build_controls
 
-__all__ = ["build_app", "LAUNCH_KW", "CSS", "calm_queue", "QUEUE_POLL_S", "PROGRESS_POLL_S"]
+__all__ = ["build_app", "as_is", "LAUNCH_KW", "CSS", "calm_queue", "QUEUE_POLL_S", "PROGRESS_POLL_S"]
 
 CSS = ".ears-tokens {font-family: ui-sans-serif, system-ui;} #message {color: #b91c1c; font-weight: 600;}"
 LAUNCH_KW: dict[str, Any] = dict(theme=gr.themes.Soft(primary_hue="pink"), css=CSS)
@@ -65,10 +68,14 @@ INTRO = ("# EARS Studio\nSpeculative decoding with **EARS**: a draft proposes K 
          "β·(1 − max P_target).")
 
 
+def as_is(handler: Callable, name: str) -> Callable:
+    """``build_app``'s default ``gpu_call``: the handler itself (module terms)."""
+    return handler
+
+
 def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Settings | None = None,
               loader: Callable[[str, str | None], ModelPair] | None = None, preload: bool = True,
-              gpu_call: Callable[[Callable, str], Callable] | None = None, slot: PairSlot | None = None
-              ) -> gr.Blocks:
+              gpu_call: Callable[[Callable, str], Callable] = as_is, slot: PairSlot | None = None) -> gr.Blocks:
     """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot``.
 
     ``pair_loader()`` loads the configured pair (tests inject a tiny pair): with ``preload`` it
@@ -76,13 +83,10 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
     (the page says "loading" until then, and a Generate sent sooner waits for it); without, on the
     first request. ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on
     the settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders
-    are read from ``rules.RULES`` now. ``gpu_call(handler, name)`` wraps each handler that decodes
-    (``name``: "generate", "race" or "quality_sweep") before it is wired; default: no wrapping (the
-    ZeroGPU Space runs them inside ``spaces.GPU`` calls: ``studio.zerogpu``). ``slot``: a PairSlot
-    the caller made (its own settings and loaders are then the app's)."""
+    are read from ``rules.RULES`` now. ``gpu_call``: wraps the handlers that decode (module terms);
+    ``slot``: a PairSlot the caller made, with its own settings and loaders."""
     slot = slot or PairSlot(settings or Settings.from_env(), pair_loader, loader)
     settings = slot.settings
-    on_gpu = gpu_call or (lambda handler, name: handler)
     if preload:
         slot.preload()
     with gr.Blocks(title="EARS Studio") as demo:
@@ -102,16 +106,16 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
                     theory=theory_tab.plot, theory_k=theory_tab.k, theory_c=theory_tab.c, tree=gen_tab.tree,
                     tree_round=gen_tab.tree_round, tree_panel=gen_tab.tree_panel)
         decode = dict(concurrency_id=DECODE_GROUP, concurrency_limit=settings.concurrency)
-        gen_event = gen_tab.go.click(on_gpu(generate.make_generate(slot, controls.names), "generate"),
+        gen_event = gen_tab.go.click(gpu_call(generate.make_generate(slot, controls.names), "generate"),
                                      [*controls.request, controls.rule, controls.with_base, *controls.extra,
                                       controls.draft_length, controls.tree, controls.tree_budget],
                                      [outs[n] for n in generate.OUT], api_name="generate", **decode)
         gen_tab.stop.click(None, cancels=[gen_event])
-        race_event = race_tab.go.click(on_gpu(race.make_race(slot, controls.names), "race"),
+        race_event = race_tab.go.click(gpu_call(race.make_race(slot, controls.names), "race"),
                                        [*controls.request, race_tab.rule_a, race_tab.rule_b, *controls.extra],
                                        [*race_tab.html, race_tab.summary, race_tab.plot], api_name="race", **decode)
         race_tab.stop.click(None, cancels=[race_event])
-        quality.wire(quality_tab, slot, on_gpu, **decode)
+        quality.wire(quality_tab, slot, gpu_call, **decode)
         gen_tab.tree_round.release(generate.show_round, [state, gen_tab.tree_round], gen_tab.tree, api_name="tree_round",
                                    queue=False)
         gen_tab.export.click(generate.export, state, [gen_tab.csv_file, gen_tab.json_file, gen_tab.message],

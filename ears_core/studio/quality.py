@@ -191,7 +191,7 @@ def build(path: Path | None = None) -> QualityTab:
 def wire(tab: QualityTab, slot: PairSlot, gpu_call: Callable[[Callable, str], Callable] | None = None,
          **decode: Any) -> None:
     """Connect the Run and Stop buttons; ``decode``: the decode queue group's keyword arguments;
-    ``gpu_call``: as ``build_app``'s (the sweep decodes)."""
+    ``gpu_call``: ``build_app``'s (the sweep decodes)."""
     handler = make_sweep(slot, tab.shipped)
     event = tab.go.click(gpu_call(handler, "quality_sweep") if gpu_call else handler, [tab.questions, tab.betas],
                          [tab.progress, tab.plot, tab.live], api_name="quality_sweep", **decode)

@@ -16,7 +16,9 @@ on ZeroGPU  ``spaces.config.Config.zero_gpu`` (the Space sets SPACES_ZERO_GPU). 
 start-up    on ZeroGPU the pair loads in the main thread while the app is built (``load_pair`` on
             "cuda:0"), and the app's process makes no Session: the first decorated call of each
             worker makes it (``PairSlot.session``), measuring the device's prices and warming up there,
-            on the GPU. Off ZeroGPU, as the root app: the pair loads and warms up in a background thread.
+            on the GPU, and no price measurement runs between requests (the GPU goes back when a call
+            ends; ``StartupPair``). Off ZeroGPU, as the root app: the pair loads and warms up in a
+            background thread, and its prices are measured again between requests.
 duration    the GPU seconds a request asks for (``gpu_seconds``): ``START_S`` (a worker's start, the
             weights' move to the GPU, a worker's first Session and warm-up) plus ``S_PER_TOKEN`` per
             token of each decode the request makes (``decodes``: generate's speculative run and its
@@ -151,7 +153,11 @@ def gpu_call(settings: Settings) -> Callable[[Callable, str], Callable]:
 
 class StartupPair(PairSlot):
     """A ZeroGPU Space's slot (module terms: start-up): ``pair`` was loaded in the main thread; each
-    worker's first ``session()`` makes its Session and warms it up. ``switch`` refuses another pair."""
+    worker's first ``session()`` makes its Session and warms it up, measuring the price curve there
+    and then; nothing is measured between requests (the worker holds no GPU then). ``switch``
+    refuses another pair."""
+
+    background_prices = False
 
     def __init__(self, settings: Settings, pair: ModelPair) -> None:
         super().__init__(settings, lambda: pair)
