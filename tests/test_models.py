@@ -219,6 +219,19 @@ def test_check_tokenizers_shared_prefix_and_dtype_errors() -> None:
         hub.resolve_dtype("float33", torch.device("cpu"))
 
 
+def test_the_default_dtype_is_float32_on_a_cpu_bfloat16_on_cuda_and_ears_dtype_overrides(monkeypatch) -> None:
+    monkeypatch.delenv("EARS_DTYPE", raising=False)
+    monkeypatch.setattr(hub, "native_bf16", lambda: True)  # even where bfloat16 is native: an opt-in (greedy parts)
+    assert hub.resolve_dtype(None, torch.device("cpu")) == torch.float32
+    assert hub.resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setenv("EARS_DTYPE", "bfloat16")
+    assert hub.resolve_dtype(None, torch.device("cpu")) == torch.bfloat16
+    assert hub.resolve_dtype("float32", torch.device("cpu")) == torch.float32  # an argument wins
+    monkeypatch.setenv("EARS_DTYPE", "bf16")
+    with pytest.raises(ValueError, match="EARS_DTYPE"):
+        hub.resolve_dtype(None, torch.device("cpu"))
+
+
 def test_prepare_embedded_never_leaves_a_half_cache(monkeypatch, tmp_path: Path) -> None:
     bogus = tmp_path / "pkg" / "broken.gguf"
     bogus.parent.mkdir()

@@ -1,0 +1,114 @@
+"""The embedded pair's speedup as a user of the app meets it: issue 40's protocol, measured (not a test).
+
+Through the Session with its defaults (draft-length policy, shape ``auto``, K = 4), on the held-out prompts
+of assets/prompts.json, ``--tokens`` new tokens each, every speculative run interleaved with target-only
+decoding of the same prompt and seed: T = 0 (greedy), the ordinary rule at T = 0.9 and EARS (beta 0.1) at
+T = 0.9. Several target dtypes (``--dtypes``) load side by side and take turns prompt by prompt, so a
+slow spell of the machine falls on all of them. Reported per dtype and setting: tokens/s of both, the
+ratio on the decode clock and on the wall clock (each run's request-to-last-token time), the lowest
+per-prompt ratio, tokens a round, time to first token, and the dtype's price curve and draft step.
+Greedy speculative output is checked against target-only output prompt by prompt.
+
+    python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes float32,bfloat16] [--out F.json]
+
+Run it alone on the machine; state its price curve (printed) next to any figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ears_core import load_pair
+from ears_core.policy.costs import describe
+from ears_core.serve.session import RunConfig, Session
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTINGS = {"T=0": ("greedy", {}, 0.0), "ordinary T=0.9": ("standard", {}, 0.9),
+            "EARS 0.1 T=0.9": ("ears", {"beta": 0.1}, 0.9)}
+
+
+def _drain(run: Any) -> dict[str, Any]:
+    tokens = [ev.token_id for ev in run]
+    s = run.stats()
+    return {"tokens": tokens, "n": s.new_tokens, "decode_s": s.decode_s, "wall_s": s.wall_s or s.decode_s,
+            "ttft_s": s.ttft_s, "rounds": s.steps, "drafted": s.drafted, "accepted": s.accepted}
+
+
+def _one_prompt(session: Session, ids: torch.Tensor, tokens: int, seed: int) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, (rule, params, temp) in SETTINGS.items():
+        cfg = RunConfig(rule=rule, params=params, temperature=temp, max_new_tokens=tokens, seed=seed)
+        if f"base T={temp}" not in out:
+            out[f"base T={temp}"] = _drain(session.baseline(ids, cfg))
+        out[name] = _drain(session.speculative(ids, cfg))
+        out[name]["shape"] = session.resolved(cfg).draft_shape
+    return out
+
+
+def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    table = {}
+    for name, (_, _, temp) in SETTINGS.items():
+        spec = [r[name] for r in runs]
+        base = [r[f"base T={temp}"] for r in runs]
+        tot = lambda rows, key: sum(x[key] for x in rows)  # noqa: E731
+        per_prompt = [(b["decode_s"] / b["n"]) / (s["decode_s"] / s["n"]) for s, b in zip(spec, base)]
+        table[name] = {
+            "target_only_tokens_per_s": tot(base, "n") / tot(base, "decode_s"),
+            "speculative_tokens_per_s": tot(spec, "n") / tot(spec, "decode_s"),
+            "ratio_decode": (tot(spec, "n") / tot(spec, "decode_s")) / (tot(base, "n") / tot(base, "decode_s")),
+            "ratio_wall": (tot(spec, "n") / tot(spec, "wall_s")) / (tot(base, "n") / tot(base, "wall_s")),
+            "lowest_prompt_ratio": min(per_prompt), "tokens_per_round": tot(spec, "n") / max(tot(spec, "rounds"), 1),
+            "acceptance": tot(spec, "accepted") / max(tot(spec, "drafted"), 1),
+            "ttft_s_mean": sum(x["ttft_s"] or 0 for x in spec) / len(spec),
+            "shapes": sorted({x["shape"] for x in spec}),
+            "greedy_equal": sum(s["tokens"] == b["tokens"] for s, b in zip(spec, base)) if name == "T=0" else None,
+        }
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    prompts = json.loads((ROOT / "assets" / "prompts.json").read_text())["prompts"][: a.prompts]
+    sessions = {}
+    for dt in a.dtypes.split(","):
+        session = Session(load_pair("embedded", dtype=dt))
+        session.warm_up()
+        sessions[dt] = session
+        print(dt, session.profile_text(), flush=True)
+    runs: dict[str, list] = {dt: [] for dt in sessions}
+    t0 = time.time()
+    for i, p in enumerate(prompts):
+        for dt, session in sessions.items():
+            runs[dt].append(_one_prompt(session, session.encode(p["prompt"]), a.tokens, seed=i))
+        print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s)", flush=True)
+    result = {"machine": f"{platform.processor() or platform.machine()}, {a.threads} threads, torch {torch.__version__}",
+              "prompts": len(prompts), "tokens": a.tokens, "minutes": round((time.time() - t0) / 60, 1),
+              "dtypes": {dt: {"price_curve": describe(s.prices), "profile": s.profile_text(), "settings": _fold(runs[dt])}
+                         for dt, s in sessions.items()}}
+    for dt, r in result["dtypes"].items():
+        print(f"\n{dt}: {r['profile']}")
+        for name, row in r["settings"].items():
+            print(f"  {name:16} target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
+                  f"{row['speculative_tokens_per_s']:.1f}: {row['ratio_decode']:.2f}x decode, {row['ratio_wall']:.2f}x wall, "
+                  f"lowest prompt {row['lowest_prompt_ratio']:.2f}x, {row['tokens_per_round']:.2f} a round, "
+                  f"{row['shapes']}, TTFT {row['ttft_s_mean']:.2f} s"
+                  + (f", greedy = target on {row['greedy_equal']}/{len(prompts)}" if row["greedy_equal"] is not None else ""))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
