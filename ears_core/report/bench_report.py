@@ -308,10 +308,16 @@ def _sweep_figure(rows: list[dict[str, Any]]) -> go.Figure:
                         name=f"T={t:g}", legendgroup=str(t), line=colour, row=1, col=1)
         fig.add_scatter(x=xs, y=[r["ratio"] for r in pts], text=lab, mode="lines+markers", name=f"T={t:g}",
                         legendgroup=str(t), showlegend=False, line=colour, row=1, col=2)
-    fig.update_xaxes(title_text="mean exact distortion (TV per token)")
+    return _against_distortion(fig, "mean exact distortion (TV per token)",
+                               "beta x temperature: the speed-distortion frontier (beta 0 = ordinary)")
+
+
+def _against_distortion(fig: go.Figure, x_title: str, title: str) -> go.Figure:
+    """The axes of a two-panel figure of acceptance (left) and speed (right) against distortion."""
+    fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
-    fig.update_layout(title="beta x temperature: the speed-distortion frontier (beta 0 = ordinary)")
+    fig.update_layout(title=title)
     return fig
 
 
@@ -349,11 +355,8 @@ def _lossy_figure(rows: list[dict[str, Any]]) -> go.Figure:
         for col, key in ((1, "acceptance"), (2, "ratio")):
             fig.add_scatter(x=[r["distortion"] for r in pts], y=[r.get(key) for r in pts], text=[r["label"] for r in pts],
                             name=m, legendgroup=m, showlegend=col == 1, row=1, col=col, **style)
-    fig.update_xaxes(title_text="mean exact distortion, TV per token (FLy: its approximation)")
-    fig.update_yaxes(title_text="acceptance rate", row=1, col=1)
-    fig.update_yaxes(title_text="tokens/s vs target-only", row=1, col=2)
-    fig.update_layout(title="Lossy rules, same prompts and seeds: acceptance and speed vs distortion")
-    return fig
+    return _against_distortion(fig, "mean exact distortion, TV per token (FLy: its approximation)",
+                               "Lossy rules, same prompts and seeds: acceptance and speed vs distortion")
 
 
 def _fidelity_figure(rows: list[dict[str, Any]]) -> go.Figure:
