@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
 
@@ -34,6 +36,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def launch(demo: Any) -> str:
+    """Serve a built app on a free local port without blocking; its URL."""
+    from ears_core.studio import LAUNCH_KW
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
+    return f"http://127.0.0.1:{port}/"
+
+
+@contextmanager
+def served(demo: Any) -> Iterator[str]:
+    """``launch(demo)``, closed again on the way out."""
+    try:
+        yield launch(demo)
+    finally:
+        demo.close()
 
 
 def screenshot_path(tmp_path: Path, name: str) -> Path:

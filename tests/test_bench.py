@@ -9,28 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from ears_core import bench
 from ears_core.report.bench_plan import PROMPTS_FILE, BenchSettings, Config, Job, build_plan, final_answer, load_prompts, spread
 from ears_core.report.bench_report import RUN_FIELDS, pool, wilson
-from test_models import _save_tiny
+from test_models import save_noisy_pair
 
 HAS_CHROMIUM = os.path.exists("/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
 def tiny_folders(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("bench_pair")
-    _save_tiny(root / "target", seed=0)
-    _save_tiny(root / "draft", seed=0)
-    draft = AutoModelForCausalLM.from_pretrained(root / "draft")
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # the draft is the target plus a little noise: high but not full acceptance
-        for p in draft.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g))
-    draft.save_pretrained(root / "draft")
-    return root / "target", root / "draft"
+    return save_noisy_pair(tmp_path_factory.mktemp("bench_pair"), noise=0.05)
 
 
 def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys) -> None:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, legend_collisions, require_chromium, screenshot_path
+from browser_support import ARGS, CHROMIUM, launch, legend_collisions, require_chromium, screenshot_path, served
 
 COPY_PROMPT = "Copy this list exactly, twice: apples, pears, plums, figs, dates, limes."
 
@@ -21,21 +21,11 @@ pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-def launch(demo) -> str:
-    from ears_core.studio import LAUNCH_KW
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
-    return f"http://127.0.0.1:{port}/"
-
-
 @pytest.fixture(scope="module")
 def url():
     from ears_core.studio import build_app
-    demo = build_app()  # the embedded pair, as `python app.py` serves it: it starts loading now
-    try:
-        yield launch(demo)
-    finally:
-        demo.close()
+    with served(build_app()) as url:  # the embedded pair, as `python app.py` serves it: it starts loading now
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, require_chromium, screenshot_path
+from browser_support import ARGS, CHROMIUM, require_chromium, screenshot_path, served
 from test_quality import rows_for_figure
 
 require_chromium()
@@ -23,7 +23,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 @pytest.fixture(scope="module")
 def app_url(tmp_path_factory):
-    from ears_core.studio import LAUNCH_KW, build_app, quality
+    from ears_core.studio import build_app, quality
 
     shipped = tmp_path_factory.mktemp("quality") / "bench_quality.json"
     shipped.write_text(json.dumps(dict(
@@ -34,12 +34,8 @@ def app_url(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(quality, "SHIPPED", shipped)
         demo = build_app()  # the embedded pair, as `python app.py` serves it: it starts loading now
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    with served(demo) as url:
+        yield url
 
 
 def test_the_quality_tab_shows_the_frontier_and_runs_a_live_sweep(app_url, tmp_path):

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from browser_support import ARGS, CHROMIUM, free_port, legend_collisions, require_chromium, screenshot_path
+from browser_support import ARGS, CHROMIUM, legend_collisions, require_chromium, screenshot_path, served
 
 require_chromium()
 
@@ -23,14 +23,9 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 @pytest.fixture(scope="module")
 def app_url():
-    from ears_core.studio import LAUNCH_KW, build_app
-    demo = build_app()  # the language models load lazily, on a first Generate: not needed here
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=port, quiet=True, **LAUNCH_KW)
-    try:
-        yield f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    from ears_core.studio import build_app
+    with served(build_app()) as url:  # the language models load lazily, on a first Generate: not needed here
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,19 @@ def _save_tiny(folder: Path, *, model_vocab: int = 100, seed: int = 0, tokenizer
     return model
 
 
+def save_noisy_pair(root: Path, noise: float) -> tuple[Path, Path]:
+    """root/target, a tiny model, and root/draft, the same model plus seeded noise on every weight: high but
+    not full acceptance. -> (target folder, draft folder)."""
+    _save_tiny(root / "target", seed=0)
+    draft = _save_tiny(root / "draft", seed=0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(noise * torch.randn(p.shape, generator=g))
+    draft.save_pretrained(root / "draft")
+    return root / "target", root / "draft"
+
+
 @pytest.fixture
 def tiny(tmp_path: Path) -> tuple[Path, LlamaForCausalLM]:
     folder = tmp_path / "tiny"
@@ -221,7 +234,6 @@ def test_check_tokenizers_shared_prefix_and_dtype_errors() -> None:
 
 def test_the_default_dtype_is_float32_on_a_cpu_bfloat16_on_cuda_and_ears_dtype_overrides(monkeypatch) -> None:
     monkeypatch.delenv("EARS_DTYPE", raising=False)
-    monkeypatch.setattr(hub, "native_bf16", lambda: True)  # even where bfloat16 is native: an opt-in (greedy parts)
     assert hub.resolve_dtype(None, torch.device("cpu")) == torch.float32
     assert hub.resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
     monkeypatch.setenv("EARS_DTYPE", "bfloat16")

@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from ears_core import bench
 from ears_core.decode.api import autoregressive
 from ears_core.pair import load_pair
 from ears_core.quality.score import first_answer, phrases
 from ears_core.report.quality_report import FILES
-from test_models import WORDS, _save_tiny
+from test_models import WORDS, save_noisy_pair
 
 HAS_CHROMIUM = os.path.exists("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,16 +27,7 @@ SWEEPS = "ears:beta=0.5/1,typical:eps=0.3,fly:gate=0.3"
 
 @pytest.fixture(scope="module")
 def tiny_folders(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("quality_pair")
-    _save_tiny(root / "target", seed=0)
-    _save_tiny(root / "draft", seed=0)
-    draft = AutoModelForCausalLM.from_pretrained(root / "draft")
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # the target plus a little noise: high but not full acceptance
-        for p in draft.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-    draft.save_pretrained(root / "draft")
-    return root / "target", root / "draft"
+    return save_noisy_pair(tmp_path_factory.mktemp("quality_pair"), noise=0.1)
 
 
 @pytest.fixture(scope="module")
