@@ -34,7 +34,7 @@ from ears_core.gpu_check.synthetic import small_pair
 from ears_core.model.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule, EARSRule, GreedyRule, StandardRule
 
-__all__ = ["greedy_equality", "lossless", "emitted_distribution", "same_decisions", "bad_draft_ids", "rollback",
+__all__ = ["parting", "greedy_equality", "lossless", "emitted_distribution", "same_decisions", "bad_draft_ids", "rollback",
            "TIE_ULPS"]
 
 TIE_ULPS = 4
@@ -43,14 +43,16 @@ TREE_PARENTS = [-1, -1, -1, 0, 0, 1, 3, 3, 3, 3, 5, 5]  # 12 nodes, depth 3
 STOPS = max(depths(TREE_PARENTS)) + 1  # depths a tree walk may stop at: one sample draw each
 
 
-def _parting(target: torch.nn.Module, prompt: list[int], ref: list[int], got: list[int]) -> tuple[int, float, float] | None:
-    """None if equal; else (position, top-2 logit gap there, the dtype's tie band at that size)."""
+def parting(target: torch.nn.Module, ids: torch.Tensor, ref: list[int], got: list[int], vocab: int | None = None
+            ) -> tuple[int, float, float] | None:
+    """Where ``got`` parts from the target's own greedy ``ref`` after the prompt ``ids`` (1, T): None if they
+    are equal, else (position, top-2 logit gap there, the dtype's tie band at that size: module terms)."""
     j = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
     if j is None:
         return None if len(ref) == len(got) else (min(len(ref), len(got)), float("inf"), 0.0)
-    dev = next(target.parameters()).device
+    seq = torch.cat([ids, torch.tensor([ref[:j]], dtype=torch.long, device=ids.device)], 1)  # (1, T + j)
     with torch.no_grad():
-        logits = target(torch.tensor([prompt + ref[:j]], device=dev)).logits[0, -1].float()  # (V,)
+        logits = target(seq).logits[0, -1, :vocab].float()  # (V,)
     top2 = logits.topk(2).values
     band = TIE_ULPS * torch.finfo(next(target.parameters()).dtype).eps * float(top2[0].abs())
     return j, float(top2[0] - top2[1]), band
@@ -69,10 +71,10 @@ def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 
                                       max_new_tokens=new_tokens)}
         for shape, out in runs.items():
             accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
-            parting = _parting(target, prompt, ref, out.token_ids)
-            if parting is None:
+            parted = parting(target, ids, ref, out.token_ids)
+            if parted is None:
                 continue
-            j, gap, band = parting
+            j, gap, band = parted
             if gap > band:
                 return Check("", "fail", f"{shape} parts from the target's greedy output at token {j} of prompt "
                              f"{prompt} (top-2 gap {gap:.3g} > tie band {band:.3g})",

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from ears_core.decode.api import autoregressive, generate, tree_generate
-from ears_core.gpu_check.correctness import TIE_ULPS
+from ears_core.gpu_check.correctness import parting
 from ears_core.gpu_check.outcome import Check
 from ears_core.model.embedded import CACHE_SUBDIR, MARKER, cache_root
 from ears_core.pair import EMBEDDED, PRESETS, ModelPair, load_pair
@@ -63,29 +63,21 @@ def present_pairs() -> list[tuple[str, str, int]]:
 
 def _greedy_parts(pair: ModelPair, new_tokens: int) -> list[str]:
     """Where speculative greedy output parts from the target's own beyond a near-tie, per prompt and shape."""
-    drafter = pair.new_drafter()
     shapes = {"chain": lambda ids: generate(pair.target, pair.new_drafter(), ids, rule=GreedyRule(), k=4,
                                             temperature=0.0, max_new_tokens=new_tokens, vocab_size=pair.vocab_size)}
-    if hasattr(drafter, "propose_tree"):
+    if hasattr(pair.new_drafter(), "propose_tree"):
         shapes["tree"] = lambda ids: tree_generate(pair.target, pair.new_drafter(), ids, rule=GreedyRule(), budget=8,
                                                    depth=4, temperature=0.0, max_new_tokens=new_tokens,
                                                    vocab_size=pair.vocab_size)
     parts = []
-    eps = torch.finfo(pair.dtype).eps
     for prompt in REAL_PROMPTS:
         ids = pair.encode(prompt)  # (1, T)
         ref = autoregressive(pair.target, ids, temperature=0.0, max_new_tokens=new_tokens,
                              vocab_size=pair.vocab_size).token_ids
         for shape, run in shapes.items():
-            got = run(ids).token_ids
-            j = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
-            if j is None:
-                continue
-            with torch.no_grad():
-                seq = torch.cat([ids, torch.tensor([ref[:j]], dtype=torch.long, device=ids.device)], 1)
-                top2 = pair.target(seq).logits[0, -1, : pair.vocab_size].float().topk(2).values
-            if float(top2[0] - top2[1]) > TIE_ULPS * eps * float(top2[0].abs()):
-                parts.append(f"{shape} parts at token {j} of {prompt!r}")
+            parted = parting(pair.target, ids, ref, run(ids).token_ids, pair.vocab_size)
+            if parted is not None and parted[1] > parted[2]:  # beyond a near-tie
+                parts.append(f"{shape} parts at token {parted[0]} of {prompt!r}")
     return parts
 
 
