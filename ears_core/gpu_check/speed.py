@@ -24,7 +24,7 @@ import torch
 from ears_core.gpu_check.outcome import Check
 from ears_core.model.pass_times import measure_pass_ms
 from ears_core.pair import ModelPair
-from ears_core.policy.costs import PriceCurve
+from ears_core.policy.costs import PriceCurve, measure_prices
 from ears_core.serve.session import RunConfig, Session
 
 __all__ = ["price_curve", "curve_of", "tokens_per_second", "host_syncs", "MAX_M"]
@@ -34,9 +34,11 @@ MAX_M = 16
 
 def price_curve(pair: ModelPair) -> Check:
     """The target's price curve m = 1..16 and the draft step (a draft model's own one-token pass)."""
-    verify_ms = measure_pass_ms(pair.target, max_m=MAX_M, cache_len=256, repeats=5, vocab=pair.vocab_size)
     draft = pair.draft if isinstance(pair.draft, torch.nn.Module) else None
-    draft_ms = measure_pass_ms(draft, max_m=1, cache_len=256, repeats=5)[0] if draft is not None else 0.05 * verify_ms[0]
+    measured = measure_pass_ms(draft, max_m=1, cache_len=256, repeats=5)[0] if draft is not None else None
+    curve = measure_prices(pair.target, measured, max_m=MAX_M, cache_len=256, repeats=5, vocab=pair.vocab_size,
+                           key="gpu_check")  # a head's step: measure_prices's stand-in until rounds measure it
+    verify_ms, draft_ms = curve.verify_ms, curve.draft_ms
     steps = [round(v / verify_ms[0], 2) for v in verify_ms]
     detail = (f"step {verify_ms[0]:.2f} ms; V(m) in steps, m = 1..{MAX_M}: {' '.join(f'{s:.2f}' for s in steps)}; "
               f"draft step {draft_ms:.2f} ms ({draft_ms / verify_ms[0]:.3f} of a step)")
