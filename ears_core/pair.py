@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,8 @@ class ModelPair:
     name: str  # "target" or "target <- draft"
     vocab_size: int  # ids both models score: use logits[..., :vocab_size]
     draft_spec: str | None = None  # the resolved spec: "embedded", "ngram", an id or folder; None: no draft
+    rows_exact: bool | None = None  # a bfloat16 CPU target: did a wide pass equal one-token passes bit for bit
+    # (model/exact_rows.py)? None where it was not checked (float32, CUDA)
 
     def new_drafter(self) -> Any:
         """A drafter with no decode state, sharing this pair's weights: one per generation."""
@@ -236,13 +239,23 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
         raise ModelLoadError(f"device {str(dev)!r} was asked for but no CUDA GPU is visible: use device 'cpu' "
                              "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
     dt = resolve_dtype(dtype, dev)
+    chosen_here = dtype is None and not os.environ.get("EARS_DTYPE", "").strip()  # not the user's choice
     draft = resolve_draft(target, draft)
     # On the CPU, in a thread that exits: the caller keeps no OpenMP pool to throttle its decoding
     # (passing.py). On a GPU, in the caller's thread: ZeroGPU places weights on CUDA only from the
     # thread that imported `spaces` (its torch patches are per thread; ears_core/studio/zerogpu.py).
     run = in_passing_thread if dev.type == "cpu" else _here
     try:
-        return run(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
+        pair = run(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
+        if pair.rows_exact is False:
+            if not chosen_here:
+                warnings.warn(f"{pair.name} in {dt}: a pass over several tokens does not give bit for bit the "
+                              "logits of one-token passes on this CPU, so greedy speculative output may part from "
+                              "target-only greedy output at near-ties; load it in float32 for exact greedy output",
+                              stacklevel=2)
+            else:  # the default picked bfloat16 for this CPU, but only an exact target may be the default
+                pair = run(_load_pair, target, draft, dev, torch.float32, cache_dir, allow_download)
+        return pair
     except ModelLoadError:
         raise
     except Exception as exc:
@@ -299,11 +312,13 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
     target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
+    rows_exact = None
     if dev.type == "cpu":  # the fastest matmul kernels for a few rows on this CPU (output_head.py, packed_linear.py)
         from ears_core.model.output_head import install_planned_head
         from ears_core.model.packed_linear import choose_kernels
         install_planned_head(target_model)
         choose_kernels(target_model)
+        rows_exact = _exact_rows(target_model) if dt == torch.bfloat16 else None
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:
@@ -326,5 +341,14 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
 
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)
     shown = {None: "", EMBEDDED: " <- embedded draft", NGRAM: " <- n-gram prompt lookup"}.get(draft, f" <- {draft}")
-    return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft)
+    return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft,
+                     rows_exact)
+
+
+def _exact_rows(target_model: torch.nn.Module) -> bool:
+    """Switch a bfloat16 CPU target to exact attention with a row cap under which its rows agree
+    (model/exact_rows.py); False leaves a model that may round by pass width."""
+    from ears_core.model.exact_rows import make_rows_exact
+
+    return make_rows_exact(target_model) is not None
 

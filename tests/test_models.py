@@ -63,7 +63,7 @@ def tiny(tmp_path: Path) -> tuple[Path, LlamaForCausalLM]:
 
 @pytest.mark.slow
 def test_embedded_target_generates_deterministic_greedy_text() -> None:
-    pair = load_pair("embedded", None, device="cpu")  # converts the GGUF once if no cache yet; no draft
+    pair = load_pair("embedded", None, device="cpu", dtype="float32")  # converts the GGUF once if no cache yet
     assert pair.draft is None and not pair.target.training
     with pytest.raises(ValueError, match="loaded without a draft"):
         pair.new_drafter()
@@ -84,8 +84,10 @@ def test_embedded_target_generates_deterministic_greedy_text() -> None:
     assert marker["check"]["greedy_tokens"] == new[:8]
 
 
-def test_local_folder_loads_like_a_hub_id(tiny) -> None:
+def test_local_folder_loads_like_a_hub_id(tiny, monkeypatch) -> None:
     folder, original = tiny
+    monkeypatch.setattr(hub, "native_bf16", lambda: False)  # the default dtype is float32 on such a CPU
+    monkeypatch.delenv("EARS_DTYPE", raising=False)
     pair = load_pair(str(folder), None, device="cpu")
     assert isinstance(pair.target, LlamaForCausalLM) and not pair.target.training
     assert pair.draft is None and pair.vocab_size == 100 and pair.dtype == torch.float32
@@ -190,6 +192,7 @@ def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypat
     assert em.is_head_dir(tmp_path / "h") and not em.is_head_dir(folder) and not em.is_head_dir(None)
     assert em.check_pair(str(folder), str(tmp_path / "h")) == 100
     monkeypatch.setenv("EARS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("EARS_DTYPE", "float32")  # a float32 target: its head's dtype is timed, not given
     # as on a CPU with native bfloat16 and no oneDNN packing, whatever this one has
     monkeypatch.setattr(em, "candidates", lambda device, dtype: candidates(device, dtype, bf16=True, packing=False))
     pair = load_pair(str(folder), str(tmp_path / "h"), device="cpu")
@@ -232,10 +235,14 @@ def test_check_tokenizers_shared_prefix_and_dtype_errors() -> None:
         hub.resolve_dtype("float33", torch.device("cpu"))
 
 
-def test_the_default_dtype_is_float32_on_a_cpu_bfloat16_on_cuda_and_ears_dtype_overrides(monkeypatch) -> None:
+def test_the_default_dtype_is_bfloat16_where_the_cpu_has_it_natively_and_ears_dtype_overrides(monkeypatch) -> None:
     monkeypatch.delenv("EARS_DTYPE", raising=False)
+    monkeypatch.setattr(hub, "native_bf16", lambda: False)
     assert hub.resolve_dtype(None, torch.device("cpu")) == torch.float32
     assert hub.resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
+    monkeypatch.setattr(hub, "native_bf16", lambda: True)
+    assert hub.resolve_dtype(None, torch.device("cpu")) == torch.bfloat16
+    monkeypatch.setattr(hub, "native_bf16", lambda: False)
     monkeypatch.setenv("EARS_DTYPE", "bfloat16")
     assert hub.resolve_dtype(None, torch.device("cpu")) == torch.bfloat16
     assert hub.resolve_dtype("float32", torch.device("cpu")) == torch.float32  # an argument wins

@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_llama
 from ears_core import pair as em
-from ears_core.model.hub import describe_device
+from ears_core.model.hub import describe_device, resolve_dtype
 from ears_core.pair import AUTO, ModelPair
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.session import RunConfig
@@ -90,12 +90,13 @@ def test_a_free_text_pair_from_folders_loads_and_generates(picker_client, folder
     demo, client = picker_client
     status, msg = load(client, CUSTOM, str(folders / "tiny-target"), str(folders / "tiny-draft"))
     assert msg == ""
-    assert "Ready:" in status and "tiny-target <- tiny-draft" in status and "cpu (float32)" in status
+    where = f"cpu ({str(resolve_dtype(None, torch.device('cpu'))).removeprefix('torch.')})"  # this CPU's default
+    assert "Ready:" in status and "tiny-target <- tiny-draft" in status and where in status
     assert str(folders) not in status  # the folder's name only, never its path
     r = call(client, prompt="w5 w6 w7", max_new=8, baseline=False, temperature=0.0, rule="greedy")
     assert r["message"] == "" and r["details"]["stats"]["new_tokens"] == 8
-    assert r["details"]["model"] == "tiny-target <- tiny-draft" and r["details"]["device"] == "cpu (float32)"
-    assert "on cpu (float32)" in r["summary"]
+    assert r["details"]["model"] == "tiny-target <- tiny-draft" and r["details"]["device"] == where
+    assert f"on {where}" in r["summary"]
     be = demo.ears_slot.loaded.pair
     assert be.target.config.vocab_size == 100  # the folder's model, not the injected default
     # Greedy speculative decoding reproduces the target's own greedy tokens.

@@ -32,9 +32,10 @@ from typing import Any, Callable
 
 import torch
 
+from ears_core.model.hub import native_bf16
 from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
 
-__all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant", "native_bf16"]
+__all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant"]
 
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REPEATS = 7
@@ -68,13 +69,6 @@ class HeadChoice:
     @property
     def variant(self) -> Variant:
         return Variant(self.dtype, self.packed)
-
-
-def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (else oneDNN emulates it, slower than float32)."""
-    cpu = getattr(torch, "cpu", None)
-    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(bool(check()) for check in checks if check is not None)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -22,7 +22,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 __all__ = ["ModelLoadError", "describe_device", "is_out_of_memory", "folder_or_hub_id", "load_tokenizer",
-           "load_model", "check_tokenizers", "resolve_dtype", "encode_prompt"]
+           "load_model", "check_tokenizers", "native_bf16", "resolve_dtype", "encode_prompt"]
 
 
 class ModelLoadError(ValueError):
@@ -129,16 +129,28 @@ def check_tokenizers(target_tok: Any, draft_tok: Any) -> int:
     return n
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; else oneDNN emulates it, slower
+    than float32)."""
+    cpu = getattr(torch, "cpu", None)
+    checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(bool(check()) for check in checks if check is not None)
+
+
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
-    """The dtype a model loads in. None: ``$EARS_DTYPE`` if set, else bfloat16 on CUDA and float32 on a CPU.
-    A CPU that multiplies bfloat16 natively (AVX512-BF16 or AMX) runs a bfloat16 target faster, with a verify
-    pass over up to 9 tokens at about one decode step, but its passes over 1 and over m tokens round
-    differently, so speculative greedy output may part from target-only greedy output at near-ties:
-    opt in with ``EARS_DTYPE=bfloat16`` (docs/benchmarks.md has both dtypes' figures)."""
+    """The dtype a model loads in. None: ``$EARS_DTYPE`` if set, else bfloat16 on CUDA and on a CPU that
+    multiplies bfloat16 natively (AVX512-BF16 or AMX), float32 on other CPUs.
+
+    On such a CPU a bfloat16 target takes a decode step in less time than float32 and a verify pass over
+    up to 9 tokens in about 1.1 steps (float32: 1.6-1.8). ``load_pair`` runs a bfloat16 CPU target with
+    exact attention and a row cap on its packed layers (model/exact_rows.py), so a pass over m tokens
+    gives bit for bit the logits of m one-token passes and greedy speculative output equals target-only
+    greedy output; where a CPU fails that check the default falls back to float32 (docs/benchmarks.md
+    has both dtypes' figures)."""
     if dtype is None:
         dtype = os.environ.get("EARS_DTYPE", "").strip() or None
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if device.type == "cuda" or native_bf16() else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
     value = getattr(torch, str(dtype).removeprefix("torch."), None)

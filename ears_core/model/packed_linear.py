@@ -71,6 +71,7 @@ class PackedLinear(nn.Module):
         self.in_features, self.out_features = int(self.weight.shape[1]), int(self.weight.shape[0])
         self._inner = (inner,)  # a tuple: not registered, so parameters and state dicts are unchanged
         self.active = True
+        self.max_rows: int | None = None  # row cap: more rows run in chunks of this many (exact_rows.py)
         self._pack()
 
     def _pack(self) -> None:
@@ -87,7 +88,11 @@ class PackedLinear(nn.Module):
         if w._version != self._version:
             self._pack()
         h = x.reshape(-1, self.in_features)  # (r, in)
-        y = torch.ops.mkldnn._linear_pointwise(h, self._packed, self._bias, "none", [], "")  # (r, out)
+        if self.max_rows is None or h.shape[0] <= self.max_rows:
+            y = torch.ops.mkldnn._linear_pointwise(h, self._packed, self._bias, "none", [], "")  # (r, out)
+        else:  # the same kernel as for a few rows, chunk by chunk: a row's result does not depend on r
+            y = torch.cat([torch.ops.mkldnn._linear_pointwise(c, self._packed, self._bias, "none", [], "")
+                           for c in h.split(self.max_rows)])  # (r, out)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -1,0 +1,133 @@
+"""Target passes whose rows do not depend on how many tokens a pass carries (bfloat16 targets on a CPU).
+
+Terms
+-----
+row invariance  a target pass over m new tokens gives each of them, bit for bit, the logits that m
+                one-token passes give. Greedy speculative output equals target-only greedy output only
+                if it holds: the verify pass scores drafts with m = k + 1 rows, target-only decoding
+                with one.
+where it breaks PyTorch's CPU attention (the SDPA flash kernel, and eager attention alike) sums a
+                row's softmax and its weighted values in an order that depends on the number of query
+                rows and on the key length. In float32 the differences (~1e-6) rarely turn an argmax;
+                in bfloat16 an attention output moves by one bfloat16 step (~4e-3 relative), the error
+                grows through the layers and greedy output parts at near-ties (2 of 16 held-out
+                prompts kept target-only's greedy text: docs/benchmarks.md). The linear layers (packed
+                oneDNN kernels, and the planned output head) are row-invariant up to a width (the
+                row cap below).
+exact attention the bfloat16 q, k, v are widened to float64 for the attention alone. A product of two
+                bfloat16 numbers is exact in float64 and a sum of a few thousand of them keeps ~1e-16
+                relative error, 13 orders below one bfloat16 step, so the output rounded back to
+                bfloat16 no longer depends on the summation order. The rest of the layer stays
+                bfloat16. Speculative and target-only decoding both run it: the target stays one
+                function of its input, whatever the pass width.
+cost            float64 matmuls over the key length: about +2 ms a step on a 128-token cache and +4 ms
+                on a 400-token one (a 33 ms step, Intel Xeon with AMX; docs/measurements.md).
+rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if
+                every logit is equal.
+row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX: passes of 1 to 32 rows
+                agree bit for bit, 40 rows do not). So a packed layer (packed_linear.py) with a cap of
+                c rows multiplies a longer input c rows at a time, with the kernel it uses for a few
+                rows: a prompt's prefill then rounds each row as a one-token pass would, in
+                speculative and target-only decoding, in transformers' own ``generate`` and in a
+                user's code alike. ``make_rows_exact`` tries caps of 32, 16 and 8 rows and keeps the
+                widest under which passes of 2, 9, 17 and 40 rows agree with one-token passes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["CAPS", "CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree",
+           "use_exact_attention"]
+
+EXACT_ATTENTION = "ears_float64"  # the name under which transformers' AttentionInterface knows it
+CAPS = (32, 16, 8)  # row caps tried, widest first (module terms)
+CHECKED_WIDTHS = (2, 9, 17, 40)  # pass widths checked: a chain's and a tree's verify passes, a prompt past a cap
+
+
+def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value: Tensor,
+                    attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    **kwargs: object) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query (B, H, m, D), key and value (B, Hkv, n, D)
+    with H a multiple of Hkv (grouped queries), attention_mask (B, 1, m, >= n) additive or None
+    -> output (B, m, H, D) in the query's dtype, no attention weights."""
+    b, h, m, d = query.shape
+    kv_heads, n = key.shape[1], key.shape[-2]
+    groups = h // kv_heads
+    # the queries of one key/value head side by side, so no copy of the keys per query head
+    q = query.double().reshape(b, kv_heads, groups * m, d)  # (B, Hkv, G*m, D)
+    scores = torch.matmul(q, key.double().transpose(-1, -2)).reshape(b, h, m, n)  # (B, H, m, n)
+    scores = scores * (scaling if scaling is not None else d ** -0.5)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, :n]  # (B, 1, m, n)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
+    probs = torch.softmax(scores, dim=-1).reshape(b, kv_heads, groups * m, n)  # (B, Hkv, G*m, n)
+    out = torch.matmul(probs, value.double()).reshape(b, h, m, d).to(query.dtype)  # (B, H, m, D)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(EXACT_ATTENTION, exact_attention)
+    AttentionMaskInterface.register(EXACT_ATTENTION, eager_mask)  # an additive mask, never skipped
+
+
+def use_exact_attention(model: nn.Module) -> bool:
+    """Switch a transformers model to exact attention; False (and the model unchanged) when the model
+    does not dispatch its attention through transformers' AttentionInterface."""
+    _register()
+    setter = getattr(model, "set_attn_implementation", None)
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if setter is None or (can_set is not None and not can_set()):
+        return False
+    setter(EXACT_ATTENTION)
+    return getattr(model.config, "_attn_implementation", None) == EXACT_ATTENTION
+
+
+@torch.no_grad()
+def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int = 24, seed: int = 0) -> bool:
+    """Whether, after a ``prompt_len``-token prompt of random ids, a pass over w new tokens gives bit for
+    bit the logits of w one-token passes, for every w in ``widths`` (see the module's terms)."""
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(seed)
+    emb = model.get_input_embeddings().weight  # (V, d)
+    widest = max(widths)
+    ids = torch.randint(0, emb.shape[0], (1, prompt_len + widest), generator=gen).to(emb.device)  # (1, P + W)
+    prompt, new = ids[:, :prompt_len], ids[:, prompt_len:]
+
+    def after_prompt() -> DynamicCache:
+        cache = DynamicCache(config=model.config)
+        model(prompt, past_key_values=cache, use_cache=True)
+        return cache
+
+    cache = after_prompt()
+    narrow = torch.cat([model(new[:, j:j + 1], past_key_values=cache, use_cache=True).logits[0]
+                        for j in range(widest)])  # (W, V)
+    return all(torch.equal(model(new[:, :w], past_key_values=after_prompt(), use_cache=True).logits[0], narrow[:w])
+               for w in widths)
+
+
+def make_rows_exact(model: nn.Module) -> int | None:
+    """Switch ``model`` to exact attention and give its packed layers the widest row cap of ``CAPS``
+    under which passes of ``CHECKED_WIDTHS`` rows agree with one-token passes; that cap, or None with
+    the model left as it was when it cannot switch or no cap agrees."""
+    from ears_core.model.packed_linear import PackedLinear
+
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    before = getattr(model.config, "_attn_implementation", None)
+    if not use_exact_attention(model):
+        return None
+    for cap in CAPS:
+        for layer in packed:
+            layer.max_rows = cap
+        if rows_agree(model, CHECKED_WIDTHS):
+            model.ears_row_cap = cap
+            return cap
+    for layer in packed:
+        layer.max_rows = None
+    model.set_attn_implementation(before)
+    return None
