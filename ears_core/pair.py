@@ -231,7 +231,8 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
 
     Tokenizers are loaded and compared before any weights, so a mismatched pair fails fast.
     device: default cuda if available else cpu; "cuda" (no index) spreads the target with
-    accelerate's device_map="auto". dtype: default float32 on CPU, bfloat16 on CUDA.
+    accelerate's device_map="auto". dtype: default ``resolve_dtype``'s (bfloat16 on CUDA and on a CPU with
+    native bfloat16, there with exact rows: model/exact_rows.py; float32 on other CPUs).
     """
     dev = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")

@@ -20,8 +20,8 @@ exact attention the bfloat16 q, k, v are widened to float64 for the attention al
                 bfloat16 no longer depends on the summation order. The rest of the layer stays
                 bfloat16. Speculative and target-only decoding both run it: the target stays one
                 function of its input, whatever the pass width.
-cost            float64 matmuls over the key length: about +2 ms a step on a 128-token cache and +4 ms
-                on a 400-token one (a 33 ms step, Intel Xeon with AMX; docs/measurements.md).
+cost            float64 matmuls over the key length: about 4 % of a decode step on a 128-token cache and
+                12 % on a 400-token one (Intel Xeon with AMX; docs/measurements.md).
 rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if
                 every logit is equal.
 row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX: passes of 1 to 32 rows

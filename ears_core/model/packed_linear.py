@@ -24,6 +24,10 @@ scope         CPU, float32 or bfloat16 weights, models with at least ``MIN_ELEME
               weights (the tiny test models are left as they are), inference only: a call that
               needs gradients, or an input on another device or dtype, runs the original layer. A
               weight changed in place after packing is packed again at its next call.
+row cap       ``max_rows`` (None by default): a call with more rows runs them that many at a time, each chunk
+              through the kernel a few rows get, so a row's result does not depend on how many rows
+              came with it (oneDNN blocks many rows differently). Set on a bfloat16 target by
+              ``exact_rows.make_rows_exact``.
 memory        the packed copy sits beside the original weights (which stay for tying, state dicts
               and gradients): +1x the linear weights (SmolLM2-135M: +0.5 GB).
 """
