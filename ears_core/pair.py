@@ -247,15 +247,12 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
     # thread that imported `spaces` (its torch patches are per thread; ears_core/studio/zerogpu.py).
     run = in_passing_thread if dev.type == "cpu" else _here
     try:
-        pair = run(_load_pair, target, draft, dev, dt, cache_dir, allow_download)
-        if pair.rows_exact is False:
-            if not chosen_here:
-                warnings.warn(f"{pair.name} in {dt}: a pass over several tokens does not give bit for bit the "
-                              "logits of one-token passes on this CPU, so greedy speculative output may part from "
-                              "target-only greedy output at near-ties; load it in float32 for exact greedy output",
-                              stacklevel=2)
-            else:  # the default picked bfloat16 for this CPU, but only an exact target may be the default
-                pair = run(_load_pair, target, draft, dev, torch.float32, cache_dir, allow_download)
+        pair = run(_load_pair, target, draft, dev, dt, cache_dir, allow_download, chosen_here)
+        if pair.rows_exact is False:  # asked for by the caller (a default that fails the check falls back)
+            warnings.warn(f"{pair.name} in {dt}: a pass over several tokens does not give bit for bit the "
+                          "logits of one-token passes on this CPU, so greedy speculative output may part from "
+                          "target-only greedy output at near-ties; load it in float32 for exact greedy output",
+                          stacklevel=2)
         return pair
     except ModelLoadError:
         raise
@@ -300,7 +297,9 @@ def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.Pat
 
 
 def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtype, cache_dir: Any,
-               allow_download: bool) -> ModelPair:
+               allow_download: bool, fall_back: bool = False) -> ModelPair:
+    """The pair in ``dt``. ``fall_back``: ``dt`` is the default, not the caller's, so a bfloat16 CPU target
+    whose rows are not exact (model/exact_rows.py) is loaded again in float32, before any draft loads."""
     tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
     vocab_size = len(tokenizer)
     if draft == EMBEDDED:  # the head reads the embedded target's own hidden states and tokens
@@ -319,7 +318,12 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         from ears_core.model.packed_linear import choose_kernels
         install_planned_head(target_model)
         choose_kernels(target_model)
-        rows_exact = _exact_rows(target_model) if dt == torch.bfloat16 else None
+        if dt == torch.bfloat16:
+            from ears_core.model.exact_rows import make_rows_exact
+            rows_exact = make_rows_exact(target_model) is not None
+            if not rows_exact and fall_back:  # only an exact target may be the default
+                del target_model
+                return _load_pair(target, draft, dev, torch.float32, cache_dir, allow_download)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:
@@ -344,12 +348,4 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
     shown = {None: "", EMBEDDED: " <- embedded draft", NGRAM: " <- n-gram prompt lookup"}.get(draft, f" <- {draft}")
     return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft,
                      rows_exact)
-
-
-def _exact_rows(target_model: torch.nn.Module) -> bool:
-    """Switch a bfloat16 CPU target to exact attention with a row cap under which its rows agree
-    (model/exact_rows.py); False leaves a model that may round by pass width."""
-    from ears_core.model.exact_rows import make_rows_exact
-
-    return make_rows_exact(target_model) is not None
 

@@ -35,6 +35,8 @@ row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX:
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
@@ -98,17 +100,13 @@ def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int
     widest = max(widths)
     ids = torch.randint(0, emb.shape[0], (1, prompt_len + widest), generator=gen).to(emb.device)  # (1, P + W)
     prompt, new = ids[:, :prompt_len], ids[:, prompt_len:]
-
-    def after_prompt() -> DynamicCache:
-        cache = DynamicCache(config=model.config)
-        model(prompt, past_key_values=cache, use_cache=True)
-        return cache
-
-    cache = after_prompt()
+    after_prompt = DynamicCache(config=model.config)
+    model(prompt, past_key_values=after_prompt, use_cache=True)
+    cache = copy.deepcopy(after_prompt)
     narrow = torch.cat([model(new[:, j:j + 1], past_key_values=cache, use_cache=True).logits[0]
                         for j in range(widest)])  # (W, V)
-    return all(torch.equal(model(new[:, :w], past_key_values=after_prompt(), use_cache=True).logits[0], narrow[:w])
-               for w in widths)
+    return all(torch.equal(model(new[:, :w], past_key_values=copy.deepcopy(after_prompt), use_cache=True).logits[0],
+                           narrow[:w]) for w in widths)
 
 
 def make_rows_exact(model: nn.Module) -> int | None:
