@@ -354,8 +354,9 @@ def generate_answers(model: Any, prompt_ids: list[list[int]], *, eos: int, pad: 
     from transformers import StoppingCriteriaList
 
     width = max(map(len, prompt_ids))
-    inp = torch.tensor([[pad] * (width - len(x)) + x for x in prompt_ids])  # (B, W)
-    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompt_ids])  # (B, W)
+    dev = model.device
+    inp = torch.tensor([[pad] * (width - len(x)) + x for x in prompt_ids], device=dev)  # (B, W)
+    mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in prompt_ids], device=dev)  # (B, W)
     kw: dict[str, Any] = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature,
                                                                                top_k=0, top_p=1.0)
     torch.manual_seed(seed)
@@ -555,8 +556,9 @@ def teacher_forced(base_model: Any, seqs: list[list[int]], layers: list[int], pa
         for r, k in enumerate(group):
             inp[r, : len(seqs[k])] = torch.tensor(seqs[k])
             mask[r, : len(seqs[k])] = 1
-        hs = base_model(input_ids=inp, attention_mask=mask, output_hidden_states=True).hidden_states
-        stacked = torch.stack([hs[l] for l in layers], dim=2)  # (b, W, L, d)
+        dev = base_model.device
+        hs = base_model(input_ids=inp.to(dev), attention_mask=mask.to(dev), output_hidden_states=True).hidden_states
+        stacked = torch.stack([hs[l] for l in layers], dim=2).float().cpu()  # (b, W, L, d)
         for r, k in enumerate(group):
             f = stacked[r, : len(seqs[k]) - 1]
             if not torch.isfinite(f).all() or f.abs().max() > 60000:
@@ -697,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="last", help="features: 'last' or e.g. '4,15,last'")
     ap.add_argument("--batch-tokens", type=int, default=4096, help="features: padded tokens per forward")
     ap.add_argument("--features-out", default=None, help="default: $EARS_CACHE/draft_features/L<layers>")
+    ap.add_argument("--device", default="cpu", help="where the target runs (e.g. cuda: a GPU makes "
+                    "features in seconds; scripts/draft_on_gpu.sh)")
     args = ap.parse_args(argv)
     store = Path(args.store)
 
@@ -721,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = sync_manifest(store) if args.command == "sample" else load_manifest(store)
         if not manifest:
             sys.exit(f"no prompt manifest in {store}: run `python scripts/draft_data.py prompts` first")
-        pair = load_pair("embedded", device="cpu")
+        pair = load_pair("embedded", None, device=args.device)  # the target alone: no stage drafts
         model, tok = pair.target, pair.tokenizer
         log(f"{args.command}: nice {os.nice(0)}, {torch.get_num_threads()} thread(s), budget {args.minutes:g} min, "
             f"pausing while {args.quiet_file} exists")

@@ -116,25 +116,35 @@ def batches(rows: list[dict], max_tokens: int, rng: random.Random) -> list[list[
     return out
 
 
-def collate(batch: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(batch: list[dict], device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> feats (B, L+1, n*d) = f_0..f_L (n feature layers side by side, the final one last),
     tokens (B, L) = x_1..x_L, mask (B, L) for outputs j whose target token x_{j+2} is an answer
-    token and whose target feature f_{j+1} exists."""
+    token and whose target feature f_{j+1} exists; on ``device`` (rows preloaded there by
+    ``to_device`` are read there)."""
     lmax = max(len(r["ids"]) for r in batch) - 1  # feature count of the longest row
     shape = batch[0]["feats"].shape  # (n, d) or (n, layers, d)
     d = int(np.prod(shape[1:]))
-    feats = torch.zeros(len(batch), lmax, d)
-    tokens = torch.zeros(len(batch), lmax - 1, dtype=torch.long)
-    mask = torch.zeros(len(batch), lmax - 1, dtype=torch.bool)
+    feats = torch.zeros(len(batch), lmax, d, device=device)
+    tokens = torch.zeros(len(batch), lmax - 1, dtype=torch.long, device=device)
+    mask = torch.zeros(len(batch), lmax - 1, dtype=torch.bool, device=device)
     for i, r in enumerate(batch):
         n = len(r["ids"]) - 1  # features f_0 .. f_{n-1}
         f = r["feats"]  # (n, d): a memory-mapped array (draft_data) or a tensor
         f = torch.from_numpy(np.asarray(f, dtype=np.float32)) if isinstance(f, np.ndarray) else f.float()
         feats[i, :n] = f.reshape(n, d)
         tokens[i, : n - 1] = r["ids"][1:n].long()
-        j = torch.arange(n - 1)
+        j = torch.arange(n - 1, device=device)
         mask[i, : n - 1] = j + 2 >= r["prompt_len"]
     return feats, tokens, mask
+
+
+def to_device(rows: list[dict], device: torch.device) -> None:
+    """Read every row's features and ids into ``device`` memory once (float16 features: a GPU holds
+    the whole cache, so batches are gathered there, not read and converted on the host each step)."""
+    for r in rows:
+        f = r["feats"]
+        r["feats"] = (torch.from_numpy(np.ascontiguousarray(f)) if isinstance(f, np.ndarray) else f).to(device)
+        r["ids"] = r["ids"].to(device)
 
 
 def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float, unroll: int = 2):
@@ -188,7 +198,12 @@ def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) 
         start = DraftHead.load(init)
         if not torch.equal(start.vocab_ids.cpu(), head.vocab_ids.cpu()) or start.feature_layers != head.feature_layers:
             sys.exit(f"--init {init}: its vocabulary or feature layers differ from this run's; train from scratch")
+        have = start.config.num_hidden_layers
+        if have > head.config.num_hidden_layers:
+            sys.exit(f"--init {init} has {have} decoder layers, more than --head-layers {head.config.num_hidden_layers}")
         head.load_state_dict(start.state_dict(), strict=False)
+        for layer in head.body.layers[have:]:  # added layers start as the identity: the head is the saved one
+            add_identity_layer(layer, target)
         return {"from": str(init), **{k: start.meta.get(k) for k in ("epochs", "steps", "train_minutes", "val_top1_step1",
                                                                      "val_top1_step2", "lr")}}
     head.body.layers[0].load_state_dict(target.model.layers[-1].state_dict())
@@ -203,7 +218,19 @@ def start_head(head: DraftHead, target, n_layers: int, init: str | None = None) 
         head.fc.bias.zero_()
         head.body.layers[0].self_attn.o_proj.weight.mul_(0.1)
         head.body.layers[0].mlp.down_proj.weight.mul_(0.1)
+    for layer in head.body.layers[1:]:
+        add_identity_layer(layer, target)
     return None
+
+
+def add_identity_layer(layer: torch.nn.Module, target) -> None:
+    """A decoder layer appended to a trained head: the target's last layer with its two residual
+    writes (attention output, MLP down projection) at zero, so it passes its input through unchanged
+    until training moves it."""
+    layer.load_state_dict(target.model.layers[-1].state_dict())
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
 
 
 def parse_args() -> argparse.Namespace:
@@ -230,6 +257,10 @@ def parse_args() -> argparse.Namespace:
                     "warm-up and cosine schedule (a warm restart)")
     ap.add_argument("--unroll", type=int, default=2, help="training-time test: steps of the head's own predictions "
                     "fed back, counting the first from true features (2: the second draft's view; 3 adds the third's)")
+    ap.add_argument("--head-layers", type=int, default=1, help="decoder layers of the head (a warm restart "
+                    "from a head with fewer appends identity layers: add_identity_layer)")
+    ap.add_argument("--device", default="cpu", help="where the head trains (cuda: the feature cache is read "
+                    "into GPU memory once; scripts/draft_on_gpu.sh)")
     ap.add_argument("--fused", action="store_true", help="read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     return ap.parse_args()
@@ -242,7 +273,7 @@ def evaluate(head: DraftHead, embed, w_sub: torch.Tensor, val: list[dict], batch
     accs = [[] for _ in range(max(2, unroll))]
     with torch.no_grad():
         for b in batches(val, batch_tokens, random.Random(1)):
-            for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b), noise=0.0,
+            for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b, w_sub.device), noise=0.0,
                                                          unroll=max(2, unroll))):
                 accs[i].append(float(top1))
     head.train()
@@ -266,10 +297,12 @@ def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows:
             if el > budget or (total_steps and step >= total_steps):
                 done = True
                 break
-            frac = min(1.0, step / total_steps if total_steps else el / budget)  # by steps with --epochs, else time
+            # the schedule's progress: by steps with --epochs, by time with --minutes; with both, by
+            # whichever runs out first, so the cosine always ends where the run does
+            frac = min(1.0, max(step / total_steps if total_steps else 0.0, el / budget if math.isfinite(budget) else 0.0))
             for g in opt.param_groups:  # warm-up then cosine
                 g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-            losses = step_losses(head, embed, w_sub, *collate(b), noise=args.noise, unroll=args.unroll)
+            losses = step_losses(head, embed, w_sub, *collate(b, w_sub.device), noise=args.noise, unroll=args.unroll)
             loss = sum(c + 0.5 * r for c, r, _ in losses)
             (c1, r1, a1), (c2, r2, a2) = losses[0], losses[min(1, len(losses) - 1)]
             opt.zero_grad()
@@ -301,7 +334,10 @@ def main() -> None:
                                                  rng, args.fused)
     if args.positions:
         train_rows = take_positions(train_rows, args.positions)
-    pair = load_pair("embedded", device="cpu")
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # the head trains in TF32 on a GPU; its features stay float32
+    pair = load_pair("embedded", None, device=args.device, dtype=torch.float32)
     target, tok = pair.target, pair.tokenizer
     for p in target.parameters():
         p.requires_grad_(False)
@@ -313,10 +349,15 @@ def main() -> None:
     n_layers = target.config.num_hidden_layers
     if layers[-1] not in (-1, n_layers):
         sys.exit(f"the feature cache's last layer is {layers[-1]}, not the final one ({n_layers} = 'last')")
-    head = DraftHead(head_config_from_target(target.config), vocab_ids, tuple(layers[:-1]) + (-1,))
+    head = DraftHead(head_config_from_target(target.config, args.head_layers), vocab_ids,
+                     tuple(layers[:-1]) + (-1,))
     init_meta = start_head(head, target, len(layers), args.init)
+    head.to(device)
+    if device.type != "cpu":
+        to_device(val + train_rows, device)
     embed = target.get_input_embeddings()
-    w_sub = target.get_output_embeddings().weight.detach()[vocab_ids]  # (N, d)
+    w_out = target.get_output_embeddings().weight.detach()
+    w_sub = w_out[vocab_ids.to(w_out.device)]  # (N, d)
     params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
 
     print(f"before training: val top-1 agreement step1 "
@@ -330,13 +371,13 @@ def main() -> None:
     meta = {"train_answers": len(train_rows), "val_answers": len(val), "answer_positions": positions,
             "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": round(step / per_epoch, 2),
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
-            **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll,
+            **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll, "head_layers": args.head_layers, "device": args.device,
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
             "data": "draft_data features",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),
             "epochs_asked": args.epochs, "minutes_asked": args.minutes, "curve": curve,
             "init": init_meta}
-    head.eval()
+    head.eval().cpu()
     head.save(args.out, meta=meta)
     (Path(args.out) / "training.json").write_text(json.dumps(meta, indent=1))
     print(f"saved to {args.out}")

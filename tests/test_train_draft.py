@@ -120,3 +120,38 @@ def test_epochs_alone_mean_every_pass_and_minutes_cap_only_when_asked():
     assert td.time_budget_s(None, 5.0) == 300.0
     with pytest.raises(SystemExit, match="--minutes must be > 0"):
         td.time_budget_s(None, 0.0)
+
+
+def test_a_head_grown_by_a_layer_starts_as_the_saved_head_and_its_new_layer_trains(tmp_path):
+    target = tiny_llama(0, vocab=96)
+    torch.manual_seed(0)
+    one = DraftHead(head_config_from_target(target.config), torch.arange(96), feature_layers=(1, -1))
+    td.start_head(one, target, 2)
+    with torch.no_grad():  # a trained head's layer writes to the residual stream
+        one.body.layers[0].self_attn.o_proj.weight.normal_(0, 0.05)
+    one.save(tmp_path / "h1")
+    one = DraftHead.load(tmp_path / "h1")  # bfloat16 weights read back, as the restart reads them
+    two = DraftHead(head_config_from_target(target.config, 2), torch.arange(96), feature_layers=(1, -1))
+    assert td.start_head(two, target, 2, str(tmp_path / "h1")) is not None
+    rows = [_row(7, 2, target.config.hidden_size, 2, s) for s in range(2)]
+    feats, tokens, _ = td.collate(rows)
+    emb = target.get_input_embeddings()(tokens)
+    with torch.no_grad():
+        assert torch.allclose(two(feats[:, :-1], emb), one(feats[:, :-1], emb), atol=1e-5)
+    two(feats[:, :-1], emb).square().sum().backward()
+    new = two.body.layers[1]
+    assert new.self_attn.o_proj.weight.grad.abs().sum() > 0 and new.mlp.down_proj.weight.grad.abs().sum() > 0
+    one_more = DraftHead(head_config_from_target(target.config, 1), torch.arange(96), feature_layers=(1, -1))
+    two.save(tmp_path / "h2")
+    with pytest.raises(SystemExit, match="more than --head-layers"):
+        td.start_head(one_more, target, 2, str(tmp_path / "h2"))
+
+
+def test_rows_read_into_device_memory_collate_to_the_same_batch():
+    rows = [_row(6, 2, 8, 2, 0), _row(9, 2, 8, 3, 1)]
+    want = td.collate(rows)
+    moved = [dict(r) for r in rows]
+    td.to_device(moved, torch.device("cpu"))
+    assert all(isinstance(r["feats"], torch.Tensor) and r["feats"].dtype == torch.float16 for r in moved)
+    for a, b in zip(td.collate(moved, "cpu"), want):
+        assert torch.equal(a, b)
