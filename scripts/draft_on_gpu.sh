@@ -63,12 +63,12 @@ run() {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   stage prepare 70 $PY -m ears_core.model.embedded --prepare
-  stage features 110 env EARS_DTYPE=float32 $PY scripts/draft_data.py features --device cuda --layers 3,15,last \
-    --threads 16 --nice 0 --batch-tokens 65536 --minutes 1.5 --features-out "$WORK/feat"
+  stage features 140 env EARS_DTYPE=float32 $PY scripts/draft_data.py features --device cuda --layers 3,15,last \
+    --threads 16 --nice 0 --batch-tokens 65536 --minutes 2.0 --features-out "$WORK/feat"
   local common=(--features "$WORK/feat" --fused --device cuda --init assets/embedded_draft --unroll "${UNROLL:-3}"
                 --epochs "${EPOCHS:-16}" --lr "${LR:-3e-4}" --batch-tokens "${BATCH_TOKENS:-16384}" --curve-every 100
                 --threads 16)
-  TAIL=4 stage h2 170 $PY scripts/train_draft.py "${common[@]}" --head-layers 2 --minutes 2.2 --out "$WORK/h2"
+  TAIL=4 stage h2 150 $PY scripts/train_draft.py "${common[@]}" --head-layers 2 --minutes 2.0 --out "$WORK/h2"
   pack || true
   TAIL=25 stage gpu_check 75 $PY -m ears_core.gpu_check
   TAIL=4 stage h1 75 $PY scripts/train_draft.py "${common[@]}" --head-layers 1 --minutes 0.8 --out "$WORK/h1"
