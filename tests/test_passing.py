@@ -1,13 +1,17 @@
 """passing.in_passing_thread: torch work in a thread that exits, so the caller keeps no OpenMP pool
 (two pools on 2 cores throttle every parallel region: decoding ran at 0.6x, passing.py)."""
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 import torch
 
 import ears_core.pair as models
-from ears_core.model.passing import in_passing_thread
+import ears_core.model.passing as passing
+from ears_core.model.passing import in_passing_thread, join_at_exit
 
 
 def test_it_runs_elsewhere_returns_and_raises_as_the_call_would():
@@ -66,3 +70,48 @@ def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_t
     session = Session(ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
     assert session.prices.measured_at == "now"
     assert seen and seen[0] != threading.get_ident()
+
+
+_EXIT_SCRIPT = """
+import threading, time, torch
+from ears_core.model.passing import join_at_exit
+from ears_core.serve.between import BetweenRequests
+from ears_core.serve.runs import ActivityLog
+a = torch.randn(1200, 1200)
+ran = threading.Event()
+def job(piece):  # a price measurement that never ends on its own: one matmul a piece
+    while True:
+        with piece():
+            a @ a
+            ran.set()
+runner = BetweenRequests(ActivityLog(), job, on_done=print, quiet_s=0.0)
+runner.request()
+stop = threading.Event()
+def loop():  # a plain registered thread: matmuls until stopped
+    while not stop.is_set():
+        a @ a
+join_at_exit(threading.Thread(target=loop, daemon=True), stop.set).start()
+assert ran.wait(30)
+time.sleep(0.2)
+print("main ends")
+"""
+
+
+def test_torch_threads_running_at_exit_are_stopped_and_joined_so_the_process_keeps_its_exit_code():
+    """Unregistered, a daemon thread inside a torch kernel at interpreter exit aborts the process
+    ("terminate called without an active exception", exit code 134) after the main code ended."""
+    root = Path(__file__).resolve().parent.parent
+    for _ in range(3):  # the abort it prevents came at nearly every exit
+        done = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], cwd=root, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "main ends" in done.stdout and "terminate called" not in done.stderr
+
+
+def test_the_exit_join_calls_stop_and_reports_the_threads_it_found():
+    stop = threading.Event()
+    thread = join_at_exit(threading.Thread(target=stop.wait, daemon=True), stop.set)
+    thread.start()
+    assert passing._join_live_threads(timeout=10) >= 1
+    assert stop.is_set() and not thread.is_alive()
+    assert passing._join_live_threads(timeout=10) == 0  # ended threads are not waited for again

@@ -13,18 +13,52 @@ passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn 
             goes with it: ``load_pair`` and ``Session.warm_up`` run their timing passes that way, and
             a caller may decode in its own thread or in ``runs.Background`` threads at full speed.
             The caller's torch thread count is carried over (a new thread would start from the default).
+at exit     a daemon thread still inside a torch kernel when the interpreter finalises is killed as it
+            takes the GIL back, and that kills the whole process ("terminate called without an active
+            exception", exit code 134), after the program's own work has ended. ``join_at_exit(thread,
+            stop)`` registers such a thread: at exit ``stop()`` is called and the thread is joined
+            (``EXIT_JOIN_S`` for all of them together), so the process ends with its own exit code.
 """
 
 from __future__ import annotations
 
+import atexit
 import threading
+import time
+import weakref
 from typing import Any, Callable, TypeVar
 
 import torch
 
-__all__ = ["in_passing_thread"]
+__all__ = ["EXIT_JOIN_S", "in_passing_thread", "join_at_exit"]
 
 T = TypeVar("T")
+EXIT_JOIN_S = 30.0  # how long the exit waits for registered threads, all together
+_LIVE: "weakref.WeakKeyDictionary[threading.Thread, Callable[[], Any] | None]" = weakref.WeakKeyDictionary()
+_LIVE_LOCK = threading.Lock()
+
+
+def join_at_exit(thread: threading.Thread, stop: Callable[[], Any] | None = None) -> threading.Thread:
+    """Register a (daemon) thread that runs torch work, to be stopped with ``stop()`` and joined at
+    interpreter exit (module terms); returns the thread."""
+    with _LIVE_LOCK:
+        _LIVE[thread] = stop
+    return thread
+
+
+@atexit.register
+def _join_live_threads(timeout: float | None = None) -> int:
+    """Stop every registered thread still alive, then join them within ``timeout`` (default
+    ``EXIT_JOIN_S``) seconds in all; returns how many were still alive when it began."""
+    with _LIVE_LOCK:
+        live = [(t, stop) for t, stop in _LIVE.items() if t.is_alive() and t is not threading.current_thread()]
+    for _, stop in live:
+        if stop is not None:
+            stop()
+    deadline = time.monotonic() + (EXIT_JOIN_S if timeout is None else timeout)
+    for thread, _ in live:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    return len(live)
 
 
 def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -40,7 +74,7 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         except BaseException as exc:  # re-raised in the caller
             box["error"] = exc
 
-    worker = threading.Thread(target=work, name="ears-passing", daemon=True)
+    worker = join_at_exit(threading.Thread(target=work, name="ears-passing", daemon=True))
     worker.start()
     worker.join()
     if "error" in box:

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ears_core.model.passing import join_at_exit
 from ears_core.serve.runs import ActivityLog, Busy
 
 __all__ = ["BetweenRequests", "QUIET_S"]
@@ -86,8 +87,8 @@ class BetweenRequests:
             yield
 
     def _start(self, tries: int) -> None:  # under self._lock
-        self._thread = threading.Thread(target=self._attempt, args=(tries, torch.get_num_threads()),
-                                        name=self.name, daemon=True)
+        self._thread = join_at_exit(threading.Thread(target=self._attempt, args=(tries, torch.get_num_threads()),
+                                                     name=self.name, daemon=True), self.close)
         self._thread.start()
 
     def _attempt(self, tries: int, threads: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import torch
 
+from ears_core.model.passing import join_at_exit
 from ears_core.pair import ModelPair, check_pair, load_pair, resolve_draft
 from ears_core.serve.runs import ActivityLog
 from ears_core.serve.session import Session
@@ -88,7 +89,7 @@ class PairSlot:
             except BaseException:  # noqa: BLE001 - a thread's failure is logged, the request that retries reports it
                 LOG.warning("the model pair did not load in the background", exc_info=True)
 
-        thread = threading.Thread(target=run, name="pair-preload", daemon=True)
+        thread = join_at_exit(threading.Thread(target=run, name="pair-preload", daemon=True))  # a load: no stop
         self.preloader = thread  # "loading" from here on, before the thread takes the lock
         thread.start()
         return thread

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ears_core.decode.generation import Generation
+from ears_core.model.passing import join_at_exit
 
 __all__ = ["ActivityLog", "ACTIVITY", "Busy", "Tracked", "Background", "PIECE_WAIT"]
 
@@ -130,7 +131,7 @@ class Background:
         self._stop = threading.Event()
         self._done = threading.Event()
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread = join_at_exit(threading.Thread(target=self._work, daemon=True), self.stop)
         self._thread.start()
 
     def _work(self) -> None:
