@@ -4,12 +4,14 @@ Through the Session with its defaults (draft-length policy, shape ``auto``, K = 
 of assets/prompts.json, ``--tokens`` new tokens each, every speculative run interleaved with target-only
 decoding of the same prompt and seed: T = 0 (greedy), the ordinary rule at T = 0.9 and EARS (beta 0.1) at
 T = 0.9. Several target dtypes (``--dtypes``) load side by side and take turns prompt by prompt, so a
-slow spell of the machine falls on all of them. Reported per dtype and setting: tokens/s of both, the
+slow spell of the machine falls on all of them; several drafts (``--drafts``: "auto" for the shipped head,
+or head folders) do the same, each with every dtype. Reported per dtype and setting: tokens/s of both, the
 ratio on the decode clock and on the wall clock (each run's request-to-last-token time), the lowest
 per-prompt ratio, tokens a round, time to first token, and the dtype's price curve and draft step.
 Greedy speculative output is checked against target-only output prompt by prompt.
 
     python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes float32,bfloat16] [--out F.json]
+    python scripts/measure_speedup.py --dtypes bfloat16 --drafts auto,/tmp/new-head   # a head before shipping it
 
 Run it alone on the machine; state its price curve (printed) next to any figure.
 """
@@ -77,17 +79,22 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--drafts", default="auto", help="comma list of draft specs ('auto' = the shipped head, or "
+                    "head folders), each measured with every dtype, taking turns prompt by prompt")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     prompts = json.loads((ROOT / "assets" / "prompts.json").read_text())["prompts"][: a.prompts]
     sessions = {}
-    for dt in a.dtypes.split(","):
-        session = Session(load_pair("embedded", dtype=dt))
-        session.warm_up()
-        sessions[dt] = session
-        print(dt, session.profile_text(), flush=True)
+    drafts = a.drafts.split(",")
+    for draft in drafts:
+        for dt in a.dtypes.split(","):
+            label = dt if len(drafts) == 1 else f"{dt} / {Path(draft).name}"
+            session = Session(load_pair("embedded", draft, dtype=dt))
+            session.warm_up()
+            sessions[label] = session
+            print(label, session.profile_text(), flush=True)
     runs: dict[str, list] = {dt: [] for dt in sessions}
     t0 = time.time()
     for i, p in enumerate(prompts):
