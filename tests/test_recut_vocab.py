@@ -32,7 +32,8 @@ def test_the_cut_keeps_the_most_frequent_trained_tokens_and_end_of_sequence(tmp_
     cut = DraftHead.load(tmp_path / "cut")
     assert cut.vocab_ids.tolist() == [2, 10, 30]  # 7 occurs most but the head never learnt it
     assert info["vocab"] == 3 and info["was"] == 48
-    assert info["covers"] == pytest.approx((12 + 5 + 1) / 41) and info["was_covers"] == pytest.approx(21 / 41)
+    assert info["covers"] == pytest.approx((12 + 5 + 1) / 41, abs=1e-4)
+    assert info["was_covers"] == pytest.approx(21 / 41, abs=1e-4)
     old = DraftHead.load(tmp_path / "head").state_dict()
     for name, value in cut.state_dict().items():
         if name != "vocab_ids":
