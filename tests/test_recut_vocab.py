@@ -36,7 +36,7 @@ def test_the_cut_keeps_the_most_frequent_trained_tokens_and_end_of_sequence(tmp_
     assert info["was_covers"] == pytest.approx(21 / 41, abs=1e-4)
     old = DraftHead.load(tmp_path / "head").state_dict()
     for name, value in cut.state_dict().items():
-        if name != "vocab_ids":
+        if name != "vocab_ids" and not name.startswith("body.embed_tokens"):  # the target's, not saved
             assert torch.equal(value, old[name]), name
     with pytest.raises(SystemExit, match="below the head's 48"):
         rv.recut(tmp_path / "head", 48, tmp_path / "cut2", tmp_path / "store")
