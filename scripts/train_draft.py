@@ -280,6 +280,14 @@ def evaluate(head: DraftHead, embed, w_sub: torch.Tensor, val: list[dict], batch
     return [sum(a) / len(a) for a in accs]  # val top-1 per unroll step
 
 
+def schedule_progress(step: int, total_steps: int | None, elapsed_s: float, budget_s: float) -> float:
+    """How far the learning-rate schedule is, 0..1: by steps with --epochs, by time with --minutes (or
+    the default budget); with both, by whichever runs out first, so the cosine ends where the run does."""
+    by_steps = step / total_steps if total_steps else 0.0
+    by_time = elapsed_s / budget_s if math.isfinite(budget_s) else 0.0
+    return min(1.0, max(by_steps, by_time))
+
+
 def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows: list[dict], val: list[dict],
           args: argparse.Namespace, rng: random.Random) -> tuple[int, int, list[dict]]:
     """AdamW with warm-up then cosine until the time or epoch budget runs out ->
@@ -297,9 +305,7 @@ def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows:
             if el > budget or (total_steps and step >= total_steps):
                 done = True
                 break
-            # the schedule's progress: by steps with --epochs, by time with --minutes; with both, by
-            # whichever runs out first, so the cosine always ends where the run does
-            frac = min(1.0, max(step / total_steps if total_steps else 0.0, el / budget if math.isfinite(budget) else 0.0))
+            frac = schedule_progress(step, total_steps, el, budget)
             for g in opt.param_groups:  # warm-up then cosine
                 g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
             losses = step_losses(head, embed, w_sub, *collate(b, w_sub.device), noise=args.noise, unroll=args.unroll)

@@ -155,3 +155,12 @@ def test_rows_read_into_device_memory_collate_to_the_same_batch():
     assert all(isinstance(r["feats"], torch.Tensor) and r["feats"].dtype == torch.float16 for r in moved)
     for a, b in zip(td.collate(moved, "cpu"), want):
         assert torch.equal(a, b)
+
+
+def test_the_schedule_ends_with_whichever_budget_ends_first():
+    inf = float("inf")
+    assert td.schedule_progress(50, 100, 10.0, inf) == 0.5  # --epochs alone: by steps
+    assert td.schedule_progress(50, None, 30.0, 120.0) == 0.25  # --minutes alone: by time
+    assert td.schedule_progress(50, 100, 90.0, 120.0) == 0.75  # both: the minutes run out first
+    assert td.schedule_progress(80, 100, 30.0, 120.0) == 0.8  # both: the epochs run out first
+    assert td.schedule_progress(300, 100, 500.0, 120.0) == 1.0
