@@ -1,9 +1,9 @@
 """How much an n-gram lookup drafter could add on the held-out prompts (a measurement, not a test).
 
 Decodes each held-out prompt of assets/prompts.json greedily with the target alone, then replays the text
-round by round as prompt lookup would draft it (``NGramDrafter``'s rule: the latest earlier occurrence of
-the longest tail of n = ``--max-ngram`` .. ``--min-ngram`` committed tokens, and the up to k tokens that
-followed it). A round emits the drafts that match the target's own next tokens plus one. Reported per
+round by round as prompt lookup would draft it (``ngram_lookup``, ``NGramDrafter``'s rule: the latest
+earlier occurrence of the longest tail of n = ``--max-ngram`` .. ``--min-ngram`` committed tokens, and the
+up to k tokens that followed it). A round emits the drafts that match the target's own next tokens plus one. Reported per
 (minimum n, k): the share of rounds with a match, and tokens a round over those rounds and over all.
 A hybrid drafter that takes a lookup's drafts only where it matches can gain at most the matched rounds'
 tokens over what the head keeps there.
@@ -19,18 +19,9 @@ from pathlib import Path
 import torch
 
 from ears_core import autoregressive, load_pair
+from ears_core.draft.drafters import ngram_lookup
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def lookup(seq: list[int], k: int, max_n: int, min_n: int) -> list[int]:
-    """Up to k tokens after the latest earlier occurrence of the longest matching tail (as NGramDrafter)."""
-    for n in range(min(max_n, len(seq) - 1), min_n - 1, -1):
-        tail = seq[-n:]
-        for start in range(len(seq) - n - 1, -1, -1):
-            if seq[start:start + n] == tail:
-                return seq[start + n:start + n + k]
-    return []
 
 
 def replay(prompt: list[int], text: list[int], k: int, max_n: int, min_n: int) -> tuple[int, int, int, int]:
@@ -38,7 +29,7 @@ def replay(prompt: list[int], text: list[int], k: int, max_n: int, min_n: int) -
     seq, t = prompt + text, len(prompt)
     rounds = tokens = hit_rounds = hit_tokens = 0
     while t < len(seq):
-        drafts = lookup(seq[:t], k, max_n, min_n)
+        drafts, _ = ngram_lookup(seq[:t], k, max_n, min_n)
         n = 0
         while n < len(drafts) and t + n < len(seq) and drafts[n] == seq[t + n]:
             n += 1

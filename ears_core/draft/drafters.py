@@ -33,7 +33,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "target_features"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "target_features"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -209,6 +209,17 @@ class ModelDrafter:
         self._tree_slots = []
 
 
+def ngram_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int]:
+    """Prompt lookup's rule: (up to k tokens that followed the latest earlier occurrence of the longest
+    tail of ``seq`` of ``max_ngram`` down to ``min_ngram`` tokens, that tail's length n); ([], 0) if none."""
+    for n in range(min(max_ngram, len(seq) - 1), min_ngram - 1, -1):
+        tail = seq[-n:]
+        for start in range(len(seq) - n - 1, -1, -1):  # latest match first
+            if seq[start : start + n] == tail:
+                return seq[start + n : start + n + k], n
+    return [], 0
+
+
 class NGramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the last ``n`` committed tokens (n
     from ``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it.
@@ -238,21 +249,11 @@ class NGramDrafter:
         self._seq = input_ids[0].tolist()
         self._device = input_ids.device
 
-    def _lookup(self, k: int) -> tuple[list[int], int]:
-        """(up to k tokens that followed the latest match of the longest matching tail, its length n)."""
-        seq = self._seq
-        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
-            tail = seq[-n:]
-            for start in range(len(seq) - n - 1, -1, -1):  # latest match first
-                if seq[start : start + n] == tail:
-                    return seq[start + n : start + n + k], n
-        return [], 0
-
     def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
                 ) -> tuple[Tensor, Tensor]:
         """The continuation of the longest matching n-gram; its confidence is n / max_ngram for
         every token (known before the proposal: it is a function of the committed sequence)."""
-        found, n = self._lookup(k)
+        found, n = ngram_lookup(self._seq, k, self.max_ngram, self.min_ngram)
         self.confidence = []
         if keep is not None:
             for _ in found:
