@@ -63,6 +63,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
+from ears_core.draft.head_layers import HeadCache, HeadLayers, supports
 from ears_core.model.kv_cache import drop_last_positions
 from ears_core.sampling import sample_with_uniforms
 
@@ -143,7 +144,7 @@ class DraftHead(nn.Module):
 
 @dataclass
 class _State:
-    cache: DynamicCache
+    cache: HeadCache | DynamicCache  # HeadCache where head_layers.supports the head, else the general one
     cache_len: int  # head entries built from true features
     next_feat: Tensor | None  # (B, d): the head's prediction that scores the next draft token
     proposed: Tensor | None  # (B, k) the last proposal
@@ -175,6 +176,7 @@ class EagleDrafter:
         self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
+        self._layers_ok = supports(head.body)  # the head's layers run by hand (head_layers.py)
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
@@ -205,12 +207,30 @@ class EagleDrafter:
         logits[..., self.vocab_ids] = sub.float()
         return logits
 
+    @torch.inference_mode()
+    def _run(self, z: Tensor, positions: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
+        """The head body over z (B, m, d) on the state's cache -> (B, m, d). positions (m,) and mask
+        (m, entries + m) bool, True where a row may attend: a tree's rows; None: causal."""
+        cache = self._s.cache
+        if isinstance(cache, HeadCache):
+            return self._layers(z, cache, positions, mask)
+        extra = {}
+        if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
+            extra = {"attention_mask": torch.zeros(mask.shape, dtype=z.dtype, device=z.device).masked_fill_(
+                ~mask, torch.finfo(z.dtype).min)[None, None], "position_ids": positions[None]}
+        return self.head.body(inputs_embeds=z, past_key_values=cache, use_cache=True, **extra).last_hidden_state
+
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
-        return self.head(feats.to(self.dtype), self.embed(tokens).to(self.dtype), self._s.cache)  # (B, T, d)
+        return self._run(self.head.inputs(feats.to(self.dtype), self.embed(tokens).to(self.dtype)))  # (B, T, d)
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
-        self._s = _State(DynamicCache(config=self.head.config), 0, None, None)
+        if self._layers_ok:  # built here: the head's dtype and kernels are set by now
+            self._layers = HeadLayers(self.head.body)
+            cache: HeadCache | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
+        else:
+            cache = DynamicCache(config=self.head.config)
+        self._s = _State(cache, 0, None, None)
         t = input_ids.shape[1]
         if target_hidden is not None and t >= 2:  # entries (f_j, x_{j+1}) for j = 0 .. T-2
             out = self._head(target_hidden[:, : t - 1], input_ids[:, 1:t])
@@ -279,8 +299,10 @@ class EagleDrafter:
         next_token; target_hidden (B, n + 1, d) holds the target's features for them."""
         s = self._s
         assert s is not None, "prefill() first"
-        built = s.cache.get_seq_length()
-        drop_last_positions(s.cache, built - s.cache_len)  # entries made from predicted features
+        if isinstance(s.cache, HeadCache):  # drop the entries made from predicted features
+            s.cache.crop(s.cache_len)
+        else:
+            drop_last_positions(s.cache, s.cache.get_seq_length() - s.cache_len)
         if target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states (needs_target_hidden = True)")
         proposed = s.proposed if s.proposed is not None else next_token.reshape(-1, 1)[:, :0]
@@ -300,7 +322,7 @@ class EagleDrafter:
         fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
         cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
         (the tree's best-first budget decides what is drafted). -> DraftTree"""
-        from ears_core.draft.trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+        from ears_core.draft.trees import DraftTree, build_tree, tree_position_ids, tree_visibility
 
         self.sync()
         s = self._s
@@ -318,10 +340,9 @@ class EagleDrafter:
             mask = pos = None
             if not (ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))):
                 rows = [i + 1 for i in ids]
-                mask = tree_attention_mask(tree.parents, s.cache_len, rows, [i + 1 for i in slots] + rows, z.dtype, dev)
-                pos = tree_position_ids(tree.depths, s.cache_len - 1, rows, dev)
-            out = self.head.body(inputs_embeds=z, past_key_values=s.cache, use_cache=True, attention_mask=mask,
-                                 position_ids=pos).last_hidden_state[0]  # (m, d)
+                mask = tree_visibility(tree.parents, s.cache_len, rows, [i + 1 for i in slots] + rows, dev)
+                pos = tree_position_ids(tree.depths, s.cache_len - 1, rows, dev)[0]
+            out = self._run(z, pos, mask)[0]  # (m, d)
             slots.extend(ids)
             feats.update(zip(ids, out))
             return self._sub_logits(out)

@@ -64,7 +64,7 @@ from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_unifor
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-    "tree_attention_mask", "tree_position_ids",
+    "tree_attention_mask", "tree_position_ids", "tree_visibility",
 ]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
@@ -374,11 +374,18 @@ def tree_attention_mask(
     """(1, 1, R, prefix_len + C) additive float mask: 0 where an entry may attend, the dtype's
     minimum elsewhere. Keys are the prefix (visible to all) then entries ``cols`` in cache order;
     queries are entries ``rows``. Pass it with explicit position ids and the cache."""
-    anc = ancestor_matrix(parents)
-    seen = anc[list(rows)][:, list(cols)]  # (R, C)
-    seen = torch.cat([torch.ones(len(rows), prefix_len, dtype=torch.bool), seen], dim=1)
+    seen = tree_visibility(parents, prefix_len, rows, cols)  # (R, prefix_len + C)
     mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
     return mask[None, None].to(device)
+
+
+def tree_visibility(parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int],
+                    device: torch.device | None = None) -> Tensor:
+    """(R, prefix_len + C) bool, True where query entry ``rows[r]`` may attend: the prefix, then
+    entries ``cols`` in cache order that are the row's ancestors or itself (``tree_attention_mask``)."""
+    anc = ancestor_matrix(parents)
+    seen = anc[list(rows)][:, list(cols)]  # (R, C)
+    return torch.cat([torch.ones(len(rows), prefix_len, dtype=torch.bool), seen], dim=1).to(device)
 
 
 def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequence[int], device: torch.device) -> Tensor:

@@ -1,0 +1,88 @@
+"""The draft head's layers run by hand (draft/head_layers.py) against the general forward they stand in for."""
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig
+
+from conftest import PROMPTS, tiny_llama
+from ears_core import GreedyRule, generate
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.draft.head_layers import HeadCache, HeadLayers, supports
+from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
+
+
+def random_head(layers: int = 2, rope: dict | None = None) -> DraftHead:
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      num_hidden_layers=1, vocab_size=50, rope_parameters=rope)
+    torch.manual_seed(3)
+    head = DraftHead(head_config_from_target(cfg, layers=layers), torch.arange(50)).eval()
+    for p in head.parameters():  # away from the initial near-identity, so every layer matters
+        p.data.add_(0.05 * torch.randn_like(p))
+    return head
+
+
+@torch.inference_mode()
+def test_pieces_fed_in_turn_equal_the_general_forward_over_the_whole_sequence():
+    head = random_head()
+    z = torch.randn(1, 19, 64)  # (B, T, d)
+    ref = head.body(inputs_embeds=z).last_hidden_state
+    layers = HeadLayers(head.body)
+    cache = layers.new_cache(1, capacity=4)  # grows twice on the way
+    out = torch.cat([layers(z[:, a:b], cache) for a, b in ((0, 7), (7, 8), (8, 19))], dim=1)
+    assert cache.length == 19 and cache.capacity == 32
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert not torch.allclose(out[:, 8:], head.body(inputs_embeds=z[:, 8:]).last_hidden_state, atol=1e-3)  # the cache matters
+
+
+@torch.inference_mode()
+def test_a_tree_pass_equals_the_general_forward_with_its_mask_and_positions():
+    head = random_head()
+    layers = HeadLayers(head.body)
+    prefix = torch.randn(1, 6, 64)
+    parents = [-1, -1, 0, 0, 2]  # two roots' children, two grandchildren, one great-grandchild
+    depths = [1, 1, 2, 2, 3]
+    nodes = torch.randn(1, 5, 64)
+    entries = [1, 2, 3, 4, 5]  # tree entries (0 is the root, in the prefix here)
+    hf_cache = DynamicCache(config=head.config)
+    head.body(inputs_embeds=prefix, past_key_values=hf_cache, use_cache=True)
+    mask = tree_attention_mask(parents, 6, entries, entries, torch.float32, torch.device("cpu"))
+    pos = tree_position_ids(depths, 5, entries, torch.device("cpu"))
+    ref = head.body(inputs_embeds=nodes, past_key_values=hf_cache, use_cache=True, attention_mask=mask,
+                    position_ids=pos).last_hidden_state
+    cache = layers.new_cache(1)
+    layers(prefix, cache)
+    out = layers(nodes, cache, pos[0], tree_visibility(parents, 6, entries, entries))
+    assert torch.allclose(out, ref, atol=1e-5)
+    assert pos[0].tolist() == [6, 6, 7, 7, 8]
+
+
+@torch.inference_mode()
+def test_crop_drops_the_tail_and_new_entries_take_its_place():
+    head = random_head(layers=1)
+    layers = HeadLayers(head.body)
+    z, other = torch.randn(1, 9, 64), torch.randn(1, 3, 64)
+    cache = layers.new_cache(1)
+    layers(z[:, :6], cache)
+    layers(other, cache)  # entries made from predicted features, then dropped
+    cache.crop(6)
+    again = layers(z[:, 6:], cache)
+    assert torch.allclose(again, head.body(inputs_embeds=z).last_hidden_state[:, 6:], atol=1e-5)
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(10)
+
+
+def test_a_dynamic_rotary_head_keeps_the_general_forward_and_drafts_the_same():
+    dynamic = random_head(layers=1, rope={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    assert not supports(dynamic.body) and supports(random_head(layers=1).body)
+    with pytest.raises(ValueError, match="dynamic"):
+        HeadLayers(dynamic.body)
+    target = tiny_llama(0, vocab=96)
+    torch.manual_seed(5)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).eval()
+    lean = EagleDrafter(head, target)
+    general = EagleDrafter(head, target)
+    general._layers_ok = False  # the general forward, as for a dynamic rotary head
+    runs = [generate(target, d, PROMPTS[2], rule=GreedyRule(), k=3, temperature=0, max_new_tokens=20) for d in (lean, general)]
+    assert isinstance(lean._s.cache, HeadCache) and isinstance(general._s.cache, DynamicCache)
+    assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
+    assert runs[0].token_ids == runs[1].token_ids
