@@ -14,14 +14,15 @@ where it breaks PyTorch's CPU attention (the SDPA flash kernel, and eager attent
                 prompts kept target-only's greedy text: docs/benchmarks.md). The linear layers (packed
                 oneDNN kernels, and the planned output head) are row-invariant up to a width (the
                 row cap below).
-exact attention the bfloat16 q, k, v are widened to float64 for the attention alone. A product of two
+exact attention the bfloat16 q, k, v are widened to float64 for the attention alone (one fused
+                scaled-dot-product pass in float64). A product of two
                 bfloat16 numbers is exact in float64 and a sum of a few thousand of them keeps ~1e-16
                 relative error, 13 orders below one bfloat16 step, so the output rounded back to
                 bfloat16 no longer depends on the summation order. The rest of the layer stays
                 bfloat16. Speculative and target-only decoding both run it: the target stays one
                 function of its input, whatever the pass width.
-cost            float64 matmuls over the key length: about 4 % of a decode step on a 128-token cache and
-                12 % on a 400-token one (Intel Xeon with AMX; docs/measurements.md).
+cost            float64 work over the key length: about 3 % of a decode step on a 128-token cache and
+                9 % on a 400-token one (Intel Xeon with AMX; docs/measurements.md).
 rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if
                 every logit is equal.
 row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX: passes of 1 to 32 rows
@@ -38,6 +39,7 @@ from __future__ import annotations
 import copy
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["CAPS", "CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree",
@@ -54,18 +56,16 @@ def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value:
     """transformers' attention-function signature: query (B, H, m, D), key and value (B, Hkv, n, D)
     with H a multiple of Hkv (grouped queries), attention_mask (B, 1, m, >= n) additive or None
     -> output (B, m, H, D) in the query's dtype, no attention weights."""
-    b, h, m, d = query.shape
+    h, d = query.shape[1], query.shape[-1]
     kv_heads, n = key.shape[1], key.shape[-2]
-    groups = h // kv_heads
-    # the queries of one key/value head side by side, so no copy of the keys per query head
-    q = query.double().reshape(b, kv_heads, groups * m, d)  # (B, Hkv, G*m, D)
-    scores = torch.matmul(q, key.double().transpose(-1, -2)).reshape(b, h, m, n)  # (B, H, m, n)
-    scores = scores * (scaling if scaling is not None else d ** -0.5)
+    mask = None
     if attention_mask is not None:
         mask = attention_mask[:, :, :, :n]  # (B, 1, m, n)
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask.double()
-    probs = torch.softmax(scores, dim=-1).reshape(b, kv_heads, groups * m, n)  # (B, Hkv, G*m, n)
-    out = torch.matmul(probs, value.double()).reshape(b, h, m, d).to(query.dtype)  # (B, H, m, D)
+        mask = mask if mask.dtype == torch.bool else mask.double()
+    # one fused float64 pass (scores, mask, softmax, values), grouped queries without copying the keys
+    out = F.scaled_dot_product_attention(query.double(), key.double(), value.double(), attn_mask=mask,
+                                         scale=scaling if scaling is not None else d ** -0.5,
+                                         enable_gqa=h != kv_heads).to(query.dtype)  # (B, H, m, D)
     return out.transpose(1, 2).contiguous(), None
 
 
