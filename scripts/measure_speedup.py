@@ -31,6 +31,7 @@ from ears_core.policy.costs import describe
 from ears_core.serve.session import RunConfig, Session
 
 ROOT = Path(__file__).resolve().parent.parent
+ROUND_PARTS = ("draft_ms", "target_ms", "overhead_ms")  # a round: drafting, the verify pass, the rest
 SETTINGS = {"T=0": ("greedy", {}, 0.0), "ordinary T=0.9": ("standard", {}, 0.9),
             "EARS 0.1 T=0.9": ("ears", {"beta": 0.1}, 0.9)}
 
@@ -38,8 +39,10 @@ SETTINGS = {"T=0": ("greedy", {}, 0.0), "ordinary T=0.9": ("standard", {}, 0.9),
 def _drain(run: Any) -> dict[str, Any]:
     tokens = [ev.token_id for ev in run]
     s = run.stats()
+    steps = getattr(getattr(run, "gen", None), "steps", [])  # a speculative run's rounds (none for target-only)
     return {"tokens": tokens, "n": s.new_tokens, "decode_s": s.decode_s, "wall_s": s.wall_s or s.decode_s,
-            "ttft_s": s.ttft_s, "rounds": s.steps, "drafted": s.drafted, "accepted": s.accepted}
+            "ttft_s": s.ttft_s, "rounds": s.steps, "drafted": s.drafted, "accepted": s.accepted,
+            **{part: sum(getattr(r, part) for r in steps) for part in ROUND_PARTS}}
 
 
 def _one_prompt(session: Session, ids: torch.Tensor, tokens: int, seed: int) -> dict[str, dict[str, Any]]:
@@ -71,6 +74,11 @@ def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "shapes": sorted({x["shape"] for x in spec}),
             "greedy_equal": sum(s["tokens"] == b["tokens"] for s, b in zip(spec, base)) if name == "T=0" else None,
         }
+        # where a round's time goes, in target-only steps (ms a target-only token): what the ratio is made of
+        step_ms = 1000 * tot(base, "decode_s") / tot(base, "n")
+        rounds = max(tot(spec, "rounds"), 1)
+        table[name]["round_in_steps"] = {part.removesuffix("_ms"): tot(spec, part) / rounds / step_ms for part in ROUND_PARTS}
+        table[name]["target_only_ms_a_token"] = step_ms
     return table
 
 
@@ -80,7 +88,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--drafts", default="auto", help="comma list of draft specs ('auto' = the shipped head, or "
-                    "head folders), each measured with every dtype, taking turns prompt by prompt")
+                    "head folders), each measured with every dtype, taking turns prompt by prompt; a spec ending "
+                    "in ':general' runs that head through its general forward instead of its layers by hand")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -91,7 +100,11 @@ def main() -> None:
     for draft in drafts:
         for dt in a.dtypes.split(","):
             label = dt if len(drafts) == 1 else f"{dt} / {Path(draft).name}"
-            session = Session(load_pair("embedded", draft, dtype=dt))
+            spec, general = draft.removesuffix(":general"), draft.endswith(":general")
+            pair = load_pair("embedded", spec, dtype=dt)
+            if general:
+                pair.draft.by_hand = False  # draft/head_layers.py's comparison: the general forward
+            session = Session(pair)
             session.warm_up()
             sessions[label] = session
             print(label, session.profile_text(), flush=True)
@@ -111,7 +124,8 @@ def main() -> None:
             print(f"  {name:16} target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
                   f"{row['speculative_tokens_per_s']:.1f}: {row['ratio_decode']:.2f}x decode, {row['ratio_wall']:.2f}x wall, "
                   f"lowest prompt {row['lowest_prompt_ratio']:.2f}x, {row['tokens_per_round']:.2f} a round, "
-                  f"{row['shapes']}, TTFT {row['ttft_s_mean']:.2f} s"
+                  f"{row['shapes']}, TTFT {row['ttft_s_mean']:.2f} s, a round in steps: "
+                  + " + ".join(f"{k} {v:.2f}" for k, v in row["round_in_steps"].items())
                   + (f", greedy = target on {row['greedy_equal']}/{len(prompts)}" if row["greedy_equal"] is not None else ""))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))

@@ -81,7 +81,7 @@ def test_a_dynamic_rotary_head_keeps_the_general_forward_and_drafts_the_same():
     head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).eval()
     lean = EagleDrafter(head, target)
     general = EagleDrafter(head, target)
-    general._layers_ok = False  # the general forward, as for a dynamic rotary head
+    general.by_hand = False  # the general forward, as for a dynamic rotary head
     runs = [generate(target, d, PROMPTS[2], rule=GreedyRule(), k=3, temperature=0, max_new_tokens=20) for d in (lean, general)]
     assert isinstance(lean._s.cache, HeadCache) and isinstance(general._s.cache, DynamicCache)
     assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]

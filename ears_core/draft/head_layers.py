@@ -8,7 +8,7 @@ head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body
 why by hand   a draft step feeds 1-8 rows through one layer. The layer's arithmetic is a fraction of
               a millisecond; the general forward adds about as much again per call (its mask and
               rotary builders, the cache's concatenation, keyword plumbing), paid on every draft
-              pass of every round (docs/measurements.md, "The draft step by hand").
+              pass of every round (docs/benchmarks.md, "The draft step by hand").
 HeadCache     the head's keys and values per layer, (B, H_kv, capacity, D), preallocated and grown
               by doubling; ``length`` positions hold entries. Appending writes in place; dropping the
               last n positions (the entries made from predicted features) only lowers ``length``.
