@@ -540,3 +540,42 @@ def test_probes_back_off_only_while_an_average_first_draft_would_not_pay(tiny_pa
     assert probes >= rounds - 1  # every round but the last (k = 0 at the end) was a probe
     backed_off, rounds = asked(0.0)
     assert backed_off <= rounds // 2
+
+
+def test_a_price_curve_measured_through_a_slow_spell_keeps_its_shape(monkeypatch):
+    """A pass over m tokens costs 10 + m virtual ms (the step: 10), and every pass runs 1.5x slower
+    except seven in a row early on (a fast spell). Each wide pass is timed right after a one-token
+    pass and priced by their ratio, so the curve is the true one; the fastest pass of each width alone
+    would read the widths never caught in the fast spell 1.5x too dear."""
+    import ears_core.timing as timing
+    from conftest import tiny_llama
+    from ears_core.model.pass_times import measure_pass_ms
+
+    model, now, calls = tiny_llama(0), [0.0], []
+
+    class VirtualClock:
+        def __init__(self, device):
+            pass
+
+        def mark(self):
+            return now[0]
+
+        def ms(self, a, b):
+            return b - a
+
+    def advance(module, args, output):
+        m = args[0].shape[1]
+        if m > 9:  # the cache's prompt, not a timed pass
+            return
+        fast = 17 <= len(calls) < 24
+        now[0] += (10.0 + (m if m > 1 else 0)) * (1.0 if fast else 1.5)
+        calls.append(m)
+
+    monkeypatch.setattr(timing, "StepClock", VirtualClock)
+    hook = model.register_forward_hook(advance)
+    try:
+        curve = measure_pass_ms(model, max_m=9, repeats=5)
+    finally:
+        hook.remove()
+    assert curve == pytest.approx([10.0] + [10.0 + m for m in range(2, 10)])
+    assert calls[17:24] == [1, 1, 2, 1, 3, 1, 4]  # the fast spell: one step and three pairs

@@ -5,14 +5,20 @@ Terms
 -----
 pass over m   one forward of m new tokens on a KV cache of ``cache_len`` random tokens, keeping the
               logits of all m (a verify pass over m - 1 drafts and the token before them).
-fastest       each m is timed ``repeats`` times, interleaved over m after one warm-up round, and the
-              fastest kept: another job on the cores only ever adds time.
+step          V(1): the fastest of ``repeats`` one-token passes (another job on the cores only ever
+              adds time).
+paired ratio  a pass over m > 1 tokens is timed right after a one-token pass, and V(m) is the step
+              times the median of those ratios. A 2-vCPU machine runs in spells, fast and slow by up
+              to 1.5x for seconds at a time (docs/measurements.md); the fastest pass of each width
+              alone mixes spells (a step caught in a fast spell, a 7-token pass only in a slow one reads
+              1.5 steps), while the two passes of a pair share a spell, so the curve keeps its shape.
 piece         ``piece()`` (optional) gives a context manager that each forward pass runs in: a measurement
               made in the background runs pass by pass and stops where ``piece()`` raises
               (serve/between.py). The exception goes to the caller and nothing is returned.
 """
 from __future__ import annotations
 
+import statistics
 from contextlib import nullcontext
 from typing import Any, Callable
 
@@ -24,8 +30,8 @@ __all__ = ["measure_pass_ms"]
 @torch.inference_mode()
 def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int = 64, repeats: int = 5,
                     vocab: int | None = None, piece: Callable[[], Any] | None = None) -> list[float]:
-    """[V(1), ..., V(max_m)]: the fastest pass of ``target`` over m = 1..max_m new tokens, in ms, each
-    pass inside ``piece()`` when given (module terms)."""
+    """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes over m = 2..max_m new tokens priced
+    by paired ratios, each pass inside ``piece()`` when given (module terms)."""
     from transformers import DynamicCache
 
     from ears_core.model.attention import avoid_replanning_attention
@@ -42,18 +48,28 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
     with piece():
         target(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
     clock = StepClock(dev)
-    times: dict[int, list[float]] = {m: [] for m in range(1, max_m + 1)}
+
+    def timed(m: int) -> float:
+        with piece():
+            t0 = clock.mark()
+            target(new[:, :m], past_key_values=cache, use_cache=True, logits_to_keep=m)
+            t1 = clock.mark()
+        cache.crop(-m)
+        return clock.ms(t0, t1)
+
+    steps: list[float] = []
+    ratios: dict[int, list[float]] = {m: [] for m in range(2, max_m + 1)}
     for r in range(repeats + 1):
         for m in range(1, max_m + 1):
-            with piece():
-                t0 = clock.mark()
-                target(new[:, :m], past_key_values=cache, use_cache=True, logits_to_keep=m)
-                t1 = clock.mark()
-            cache.crop(-m)
+            one = timed(1)  # the pair's one-token pass (module terms: paired ratio)
+            wide = timed(m) if m > 1 else None
             if r > 0:  # the first pass over every m is the warm-up
-                times[m].append(clock.ms(t0, t1))
+                steps.append(one)
+                if wide is not None:
+                    ratios[m].append(wide / one)
     # Kept as measured, even where a longer pass is cheaper than a shorter one: CPU matmul kernels
     # change with the number of rows (docs/measurements.md, price curves), and the policy must see
     # where a 4-draft round is cheaper than a 2-draft one. (Forcing the curve up to be non-decreasing
     # hid exactly that.)
-    return [min(times[m]) for m in range(1, max_m + 1)]
+    step = min(steps)
+    return [step] + [step * statistics.median(ratios[m]) for m in range(2, max_m + 1)]
