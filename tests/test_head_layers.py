@@ -86,3 +86,26 @@ def test_a_dynamic_rotary_head_keeps_the_general_forward_and_drafts_the_same():
     assert isinstance(lean._s.cache, HeadCache) and isinstance(general._s.cache, DynamicCache)
     assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
     assert runs[0].token_ids == runs[1].token_ids
+
+
+def test_a_tree_drafted_through_the_general_forward_equals_the_one_drafted_by_hand():
+    from ears_core.draft.trees import TreeDraws, TreeSpec
+    from ears_core.sampling import SamplingConfig, logits_to_probs
+
+    target = tiny_llama(0, vocab=96)
+    torch.manual_seed(5)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).eval()
+    prompt = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        hidden = target(prompt[:, :-1], output_hidden_states=True).hidden_states[-1]
+    trees = []
+    for by_hand in (True, False):
+        drafter = EagleDrafter(head, target)
+        drafter.by_hand = by_hand
+        drafter.prefill(prompt, hidden)
+        trees.append(drafter.propose_tree(TreeSpec(9, 3, 3), lambda x: logits_to_probs(x[..., :96], SamplingConfig(1.0)),
+                                          TreeDraws(2, 0, True)))
+    lean, general = trees
+    assert not lean.is_chain() and max(lean.depths) == 3
+    assert lean.parents == general.parents and torch.equal(lean.tokens, general.tokens)
+    assert torch.allclose(lean.draft_probs, general.draft_probs, atol=1e-5)

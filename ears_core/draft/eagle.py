@@ -177,6 +177,7 @@ class EagleDrafter:
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
         self.by_hand = supports(head.body)  # the head's layers run by hand (head_layers.py); False: its general forward
+        self._layers: HeadLayers | None = None  # built at prefill, when the head's dtype and kernels are set
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
@@ -225,7 +226,7 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
-        if self.by_hand:  # built here: the head's dtype and kernels are set by now
+        if self.by_hand:
             self._layers = HeadLayers(self.head.body)
             cache: HeadCache | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
         else:
