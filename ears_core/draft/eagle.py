@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
 from ears_core.draft.head_layers import HeadCache, HeadLayers, supports
+from ears_core.draft.trees import additive_mask
 from ears_core.model.kv_cache import drop_last_positions
 from ears_core.sampling import sample_with_uniforms
 
@@ -217,8 +218,7 @@ class EagleDrafter:
             return self._layers(z, cache, positions, mask)
         extra = {}
         if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
-            extra = {"attention_mask": torch.zeros(mask.shape, dtype=z.dtype, device=z.device).masked_fill_(
-                ~mask, torch.finfo(z.dtype).min)[None, None], "position_ids": positions[None]}
+            extra = {"attention_mask": additive_mask(mask, z.dtype), "position_ids": positions[None]}
         return self.head.body(inputs_embeds=z, past_key_values=cache, use_cache=True, **extra).last_hidden_state
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:

@@ -12,13 +12,13 @@ why by hand   a draft step feeds 1-8 rows through one layer. The layer's arithme
 HeadCache     the head's keys and values per layer, (B, H_kv, capacity, D), preallocated and grown
               by doubling; ``length`` positions hold entries. Appending writes in place; dropping the
               last n positions (the entries made from predicted features) only lowers ``length``.
-positions     each new row's rotary position (the tree's rows share a depth's position); the
-              cos/sin table is computed once in float32, as transformers does, then cast to the
-              head's dtype.
+positions     each new row's rotary position (the tree's rows share a depth's position); cos/sin
+              come from the head's own rotary module, and the norms and the rotation are its own
+              modules and transformers' Llama function: only the wiring is written here.
 mask          (m, length + m) bool, True where a new row may attend; None: causal over the new rows
               (row i sees every cached entry and new rows 0..i).
-same numbers  the operations are the general forward's, in its order and dtypes (RMSNorm in float32,
-              rotary in the head's dtype, scaled-dot-product attention); a test checks agreement
+same numbers  the operations are the general forward's, in its order and dtypes (the same modules,
+              scaled-dot-product attention); a test checks agreement
               with ``LlamaModel`` on a random head, causal and with a tree mask. Draft side only:
               whatever the head computes, q is exactly the distribution each draft was drawn from.
 supported     default (and other static) rotary embeddings; ``supports(body)`` is False for a
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 __all__ = ["HeadCache", "HeadLayers", "supports"]
 
@@ -101,33 +102,10 @@ class HeadLayers:
         self.scaling = attn.scaling
         self.dtype = body.norm.weight.dtype
         self.device = body.norm.weight.device
-        self._cos = self._sin = torch.empty(0)
-        self._table(256)
-
-    def _table(self, n: int) -> None:
-        """cos/sin (n, D) in the head's dtype for positions 0..n-1, as the rotary module computes them."""
-        rope = self.body.rotary_emb
-        inv = rope.inv_freq.to(device=self.device, dtype=torch.float32)  # (D / 2,)
-        freqs = torch.arange(n, device=self.device, dtype=torch.float32)[:, None] * inv[None]  # (n, D / 2)
-        emb = torch.cat([freqs, freqs], dim=-1)  # (n, D)
-        scale = float(getattr(rope, "attention_scaling", 1.0))
-        self._cos = (emb.cos() * scale).to(self.dtype)
-        self._sin = (emb.sin() * scale).to(self.dtype)
 
     def new_cache(self, batch: int, capacity: int = 256) -> HeadCache:
         return HeadCache.empty(len(self.layers), batch, self.kv_heads, self.head_dim, self.dtype, self.device,
                                capacity)
-
-    @staticmethod
-    def _norm(x: Tensor, norm: nn.Module) -> Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-        return norm.weight * xf.to(x.dtype)
-
-    def _rotate(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # x (B, H, m, D); cos, sin (m, D)
-        half = self.head_dim // 2
-        turned = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + turned * sin
 
     def __call__(self, z: Tensor, cache: HeadCache, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
@@ -137,12 +115,7 @@ class HeadLayers:
         start = cache.length
         if positions is None:
             positions = torch.arange(start, start + m, device=z.device)
-            top = start + m
-        else:
-            top = int(positions.max()) + 1
-        if top > self._cos.shape[0]:
-            self._table(max(top, 2 * self._cos.shape[0]))
-        cos, sin = self._cos[positions], self._sin[positions]  # (m, D)
+        cos, sin = self.body.rotary_emb(z, positions[None])  # (1, m, D) each, in z's dtype
         if mask is None:
             mask = torch.ones(m, start + m, dtype=torch.bool, device=z.device).tril(start)  # (m, L + m)
         cache.reserve(m)
@@ -150,18 +123,18 @@ class HeadLayers:
         x = z
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            h = self._norm(x, layer.input_layernorm)
+            h = layer.input_layernorm(x)
             q = attn.q_proj(h).view(b, m, self.heads, self.head_dim).transpose(1, 2)  # (B, H, m, D)
             k = attn.k_proj(h).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, H_kv, m, D)
-            v = attn.v_proj(h).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)
-            cache.keys[i][:, :, start:end] = self._rotate(k, cos, sin)
-            cache.values[i][:, :, start:end] = v
-            a = F.scaled_dot_product_attention(self._rotate(q, cos, sin), cache.keys[i][:, :, :end],
-                                               cache.values[i][:, :, :end], attn_mask=mask, scale=self.scaling,
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            cache.keys[i][:, :, start:end] = k
+            cache.values[i][:, :, start:end] = attn.v_proj(h).view(b, m, self.kv_heads, self.head_dim).transpose(1, 2)
+            a = F.scaled_dot_product_attention(q, cache.keys[i][:, :, :end], cache.values[i][:, :, :end],
+                                               attn_mask=mask, scale=self.scaling,
                                                enable_gqa=self.heads != self.kv_heads)  # (B, H, m, D)
             x = x + attn.o_proj(a.transpose(1, 2).reshape(b, m, self.heads * self.head_dim))
-            h = self._norm(x, layer.post_attention_layernorm)
+            h = layer.post_attention_layernorm(x)
             mlp = layer.mlp
             x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
         cache.length = end
-        return self._norm(x, self.body.norm)  # (B, m, d)
+        return self.body.norm(x)  # (B, m, d)

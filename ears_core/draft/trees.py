@@ -64,7 +64,7 @@ from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_unifor
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-    "tree_attention_mask", "tree_position_ids", "tree_visibility",
+    "additive_mask", "tree_attention_mask", "tree_position_ids", "tree_visibility",
 ]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
@@ -374,9 +374,13 @@ def tree_attention_mask(
     """(1, 1, R, prefix_len + C) additive float mask: 0 where an entry may attend, the dtype's
     minimum elsewhere. Keys are the prefix (visible to all) then entries ``cols`` in cache order;
     queries are entries ``rows``. Pass it with explicit position ids and the cache."""
-    seen = tree_visibility(parents, prefix_len, rows, cols)  # (R, prefix_len + C)
-    mask = torch.zeros(seen.shape, dtype=dtype).masked_fill_(~seen, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return additive_mask(tree_visibility(parents, prefix_len, rows, cols), dtype).to(device)
+
+
+def additive_mask(seen: Tensor, dtype: torch.dtype) -> Tensor:
+    """(R, C) bool, True where a query may attend -> (1, 1, R, C) additive mask on seen's device: 0
+    where it may attend, the dtype's minimum elsewhere (what a transformers model takes)."""
+    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)[None, None]
 
 
 def tree_visibility(parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int],
