@@ -28,6 +28,23 @@ from ears_core.sampling import SamplingConfig, logits_to_probs, sample_with_unif
 from conftest import PROMPTS
 
 
+def virtual_clock(now: list[float], ms_per_unit: float) -> type:
+    """A ``timing.StepClock`` stand-in whose marks read ``now[0]`` (a time the test advances), in units
+    of ``ms_per_unit`` milliseconds."""
+
+    class VirtualClock:
+        def __init__(self, device):
+            pass
+
+        def mark(self):
+            return now[0]
+
+        def ms(self, a, b):
+            return (b - a) * ms_per_unit
+
+    return VirtualClock
+
+
 def brute_force(a, prices):
     best, arg = -1.0, 0
     for k in range(len(a) + 1):
@@ -93,15 +110,7 @@ def test_a_measured_curve_is_kept_as_measured(monkeypatch):
         now[0] += price_s.get(input_ids.shape[1], 0.0)
         return real(input_ids, **kw)
 
-    class FakeClock:
-        def __init__(self, device):
-            pass
-
-        def mark(self):
-            return now[0]
-
-        def ms(self, a, b):
-            return (b - a) * 1000.0
+    FakeClock = virtual_clock(now, ms_per_unit=1000.0)
 
     monkeypatch.setattr(model, "forward", forward)
     monkeypatch.setattr("ears_core.timing.StepClock", FakeClock)
@@ -553,15 +562,7 @@ def test_a_price_curve_measured_through_a_slow_spell_keeps_its_shape(monkeypatch
 
     model, now, calls = tiny_llama(0), [0.0], []
 
-    class VirtualClock:
-        def __init__(self, device):
-            pass
-
-        def mark(self):
-            return now[0]
-
-        def ms(self, a, b):
-            return b - a
+    VirtualClock = virtual_clock(now, ms_per_unit=1.0)
 
     def advance(module, args, output):
         m = args[0].shape[1]
