@@ -1,6 +1,7 @@
 """The ZeroGPU Space (spaces/zerogpu, ears_core/studio/zerogpu.py), offline and with no GPU: its front
-matter is a Gradio-SDK Space's, its packages are the project's; the handlers that decode, and only
-they, run inside ``spaces.GPU`` calls with a duration that fits the request; a request streams
+matter and requirements keep Hugging Face's ZeroGPU rules (ears_core/studio/zerogpu_rules.py), its other
+packages are the project's; the handlers that decode, and only they, run inside one ``spaces.GPU``
+function (one worker, one Session) with a duration that fits the request and a visitor's quota; a request streams
 coloured tokens through such a call (each yield pickled, as ZeroGPU sends it from its worker); on
 ZeroGPU (spaces' own torch emulation) importing the app loads the pair without touching CUDA, warming
 up or starting a thread; the build folder holds what the Space needs; the Docker image leaves it out."""
@@ -30,6 +31,7 @@ from ears_core.pair import PRESETS
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings
 from ears_core.studio import zerogpu
+from ears_core.studio.zerogpu_rules import SOURCES, ZEROGPU as RULES
 
 spaces = pytest.importorskip("spaces")
 if not hasattr(spaces, "GPU"):  # the repository's folder spaces/, imported in place of the missing package
@@ -59,25 +61,35 @@ def front_matter(path: Path) -> dict:
     return yaml.safe_load(text.split("---\n")[1])
 
 
-def test_the_front_matter_is_a_gradio_sdk_space():
+def test_the_rules_name_their_sources():
+    assert {"python_versions", "torch_versions", "sdk", "platform_packages", "hardware", "sizes",
+            "daily_quota_s"} <= set(SOURCES)
+    assert RULES.default_size in RULES.sizes and RULES.sizes["large"].memory_gb == 48
+    assert RULES.quota_seconds(40) == 60 and RULES.quota_seconds(40, "xlarge") == 80  # x1.5; x2 quota cost
+
+
+def test_the_front_matter_keeps_the_zerogpu_rules():
     meta = front_matter(SPACE / "README.md")
     root = requirements(ROOT / "requirements.txt")
-    assert meta["sdk"] == "gradio" and meta["sdk_version"] == root["gradio"]
+    assert meta["sdk"] == RULES.sdk and meta["sdk_version"] == root["gradio"]
+    assert isinstance(meta["python_version"], str)  # quoted: 3.10 unquoted would read 3.1
+    assert meta["python_version"] in RULES.python_versions
+    assert meta["suggested_hardware"] == RULES.hardware
     assert (SPACE / meta["app_file"]).is_file() and meta["app_file"] == "app.py"
-    assert meta["python_version"] == "3.11"  # a string (3.10 unquoted would read 3.1), the Dockerfile's Python
-    assert "python:3.11" in (ROOT / "Dockerfile").read_text()
     preset = next(p for p in PRESETS if p.target == zerogpu.GPU_TARGET)  # a preset: its draft shares the tokenizer
     assert meta["models"] == meta["preload_from_hub"] == [preset.target, preset.draft]
     assert len(meta["short_description"]) <= 60 and meta["license"] == "apache-2.0"
 
 
-def test_the_space_installs_the_projects_pins_and_spaces():
+def test_the_space_installs_a_zerogpu_torch_and_otherwise_the_projects_pins():
     space = requirements(SPACE / "requirements.txt")
     root = requirements(ROOT / "requirements.txt")
     tests = requirements(ROOT / "requirements-test.txt")
-    assert set(space) == set(root) - {"gradio", "gradio-client"} | {"spaces"}  # sdk_version pins gradio
-    assert all(space[name] == root[name] for name in space if name != "spaces")
-    assert space["spaces"] == tests["spaces"] == importlib.metadata.version("spaces")
+    assert space["torch"] in RULES.torch_versions
+    assert not set(space) & set(RULES.platform_packages)  # the platform installs its own
+    assert set(space) == set(root) - {"gradio", "gradio-client"}  # sdk_version pins gradio
+    assert all(space[name] == root[name] for name in space if name != "torch")
+    assert tests["spaces"] == importlib.metadata.version("spaces")  # the tests' decorator
     assert "spaces" not in root  # the Docker image never installs it
 
 
@@ -115,10 +127,34 @@ def test_a_requests_duration_fits_its_token_limit():
     assert zerogpu.request_seconds(generate, s, "a new handler")("hi") == 80  # unknown: its whole budget
 
 
+def test_every_request_fits_a_visitors_quota_and_the_page_says_what_it_asks():
+    """At the Space's defaults no request asks for more than QUOTA_SHARE of an unauthenticated visitor's
+    day (after ZeroGPU's factor); the line on the page gives each handler's figure and the quotas."""
+    s = zerogpu.space_settings({}, zero_gpu=True)
+    share = zerogpu.QUOTA_SHARE * RULES.daily_quota_s["unauthenticated"]
+    assert zerogpu.QUOTA_SHARE <= 0.5  # two requests a day at least
+
+    def generate(prompt, beta, temperature, k, max_new, seed, rule_name, with_baseline):
+        yield
+
+    def quality_sweep(questions=12, betas=(0.3,)):
+        yield
+
+    most = {"generate": zerogpu.request_seconds(generate, s, "generate")("hi", 0.1, 0.9, 4, 10**6, 0, "ears", True),
+            "race": zerogpu.request_seconds(generate, s, "race")("hi", 0.1, 0.9, 4, 10**6, 0, "ears", True),
+            "quality_sweep": zerogpu.request_seconds(quality_sweep, s, "quality_sweep")(99, [0.1, 0.2, 0.3])}
+    notice = zerogpu.space_notice(s)
+    for name, what in zerogpu.HANDLERS.items():
+        seconds, quota = zerogpu.request_quota(s, name)
+        assert seconds == most[name] and quota == RULES.quota_seconds(seconds) <= share, name
+        assert f"{what} {seconds} s" in notice
+    assert "1.5x" in notice and "2 min a day without logging in" in notice and "5 min with a free account" in notice
+
+
 def test_the_spaces_defaults_yield_to_the_environment():
     s = zerogpu.space_settings({})
     assert (s.target, s.max_new_tokens, s.timeout_s, s.allow_download, s.custom_models) == (
-        "embedded", 256, 60.0, True, False)  # no GPU here: the embedded pair
+        "embedded", 256, 20.0, True, False)  # no GPU here: the embedded pair
     s = zerogpu.space_settings({"EARS_MAX_NEW_TOKENS": "64", "EARS_TARGET": "x/y", "EARS_DEVICE": " "}, zero_gpu=True)
     assert (s.target, s.max_new_tokens, s.device) == ("x/y", 64, "cuda:0")
     assert zerogpu.space_settings({}, zero_gpu=True).target == zerogpu.GPU_TARGET
@@ -130,14 +166,18 @@ def test_the_spaces_defaults_yield_to_the_environment():
         "server_port"] == 7861
 
 
-def zerogpu_like(log: list):
+def zerogpu_like(log: list, decorated: list | None = None):
     """A stand-in for ``spaces.GPU`` that behaves as ZeroGPU does for a generator: the handler's
-    arguments and each value it yields cross a process boundary, pickled. ``log`` gets (name, seconds)."""
+    arguments and each value it yields cross a process boundary, pickled. ``log`` gets (handler's name,
+    seconds): the first argument of the Space's one decorated function; ``decorated``, each function decorated."""
     def GPU(task=None, *, duration=None, size=None):
         def decorate(fn):
+            if decorated is not None:
+                decorated.append(fn)
+
             @functools.wraps(fn)
             def call(*args, **kwargs):
-                log.append((fn.__name__, duration(*args, **kwargs)))
+                log.append((args[0], duration(*args, **kwargs)))
                 args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
                 for value in fn(*args, **kwargs):
                     yield pickle.loads(pickle.dumps(value))
@@ -150,10 +190,12 @@ def zerogpu_like(log: list):
 @pytest.fixture(scope="module")
 def tiny_space():
     log: list = []
+    decorated: list = []
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(spaces, "GPU", zerogpu_like(log))
+        mp.setattr(spaces, "GPU", zerogpu_like(log, decorated))
         demo = zerogpu.build_space({}, pair_loader=tiny_backend)
     demo.ears_slot.preloader.join(120)
+    demo.decorated = decorated
     yield demo, log
     demo.close()
 
@@ -163,10 +205,19 @@ def handler(demo, api_name):
     return fn
 
 
-def test_the_handlers_that_decode_are_the_decorated_ones(tiny_space):
+def on_gpu(fn):
+    """The ``spaces.GPU`` function a handler runs through, or None."""
+    call = getattr(fn, "gpu_call", None)
+    return call if hasattr(call, "zerogpu") else None
+
+
+def test_the_handlers_that_decode_share_one_decorated_function(tiny_space):
+    """spaces keeps a worker per decorated function: one function for all handlers, so one worker and one
+    Session serve Generate, Race and the quality sweep."""
     demo, _ = tiny_space
-    decorated = {f.api_name for f in demo.fns.values() if hasattr(f.fn, "zerogpu")}
-    assert decorated == {"generate", "race", "quality_sweep"}
+    decorated = {f.api_name: on_gpu(f.fn) for f in demo.fns.values() if on_gpu(f.fn)}
+    assert set(decorated) == set(zerogpu.HANDLERS) == {"generate", "race", "quality_sweep"}
+    assert len({id(fn) for fn in decorated.values()}) == 1 and len(demo.decorated) == 1
     names = {f.api_name for f in demo.fns.values()}
     assert {"tpp_sample", "load", "export", "tree_round"} <= names  # the CPU-only handlers stay as they are
 
@@ -237,7 +288,8 @@ probe.start(); probe.join()
 print(json.dumps({
     "touched": after_import, "probe": touched[len(after_import):], "state": slot.state,
     "tpp": str(tpp["outs"][-1][0]) if tpp else None,
-    "decorated": sorted(f.api_name for f in demo.fns.values() if hasattr(f.fn, "zerogpu")),
+    "decorated": sorted(f.api_name for f in demo.fns.values() if hasattr(getattr(f.fn, "gpu_call", None), "zerogpu")),
+    "notice": [b.value for b in demo.blocks.values() if getattr(b, "elem_id", None) == "notice"],
     "device": str(next(pair.target.parameters()).device), "threads": [t.name for t in threading.enumerate()],
     "settings": [slot.settings.device, slot.settings.max_new_tokens, slot.settings.custom_models]}))
 """
@@ -258,17 +310,36 @@ def slow_forward(self, *args, **kwargs):
     time.sleep(0.03)
     return forward(self, *args, **kwargs)
 LlamaForCausalLM.forward = slow_forward
+# each Session made and each price measurement, with the process it ran in: a file, as the worker is forked
+import ears_core.serve.prices as prices, ears_core.serve.session as session
+def note(what):
+    with open(os.environ["EARS_TEST_NOTES"], "a") as f:
+        f.write(f"{what} {os.getpid()}\n")
+measure, Session = prices.load_or_measure, session.Session
+def noted_measure(*args, **kwargs):
+    note("measure")
+    return measure(*args, **kwargs)
+prices.load_or_measure = noted_measure
+init = Session.__init__
+def noted_init(self, *args, **kwargs):
+    note("session")
+    init(self, *args, **kwargs)
+Session.__init__ = noted_init
 demo = runpy.run_path("spaces/zerogpu/app.py", run_name="app")["demo"]
 generate = next(f.fn for f in demo.fns.values() if f.api_name == "generate")
-requests = []
+race = next(f.fn for f in demo.fns.values() if f.api_name == "race")
+requests, notes = [], []
 for seed in (0, 1):
     frames = []
     for out in generate("the water is long and the", 0.5, 1.0, 4, 48, seed, "ears", False, draft_length="fixed"):
         frames.append([out[0] if isinstance(out[0], str) else None, str(out[2]),
                        out[7] if isinstance(out[7], dict) else None])
     requests.append(frames)
+    notes.append(open(os.environ["EARS_TEST_NOTES"]).read().split())
+raced = list(race("the water is long and the", 0.5, 1.0, 4, 8, 0))
+notes.append(open(os.environ["EARS_TEST_NOTES"]).read().split())
 print(json.dumps({"requests": requests, "app_session": demo.ears_slot.loaded is not None, "touched": touched,
-                  "pid": os.getpid()}))
+                  "pid": os.getpid(), "notes": notes, "race": str(raced[-1][3])}))
 """
 
 
@@ -300,6 +371,7 @@ def test_on_zerogpu_importing_the_app_touches_no_cuda():
     assert "200 events" in out["tpp"]  # the CPU-only tab works beside spaces' patches
     assert out["device"] == "cuda:0" and out["state"] == "idle"  # placed, not yet in a Session
     assert out["decorated"] == ["generate", "quality_sweep", "race"]
+    assert len(out["notice"]) == 1 and "a Race 40 s" in out["notice"][0]  # what a request asks for, on the page
     assert "pair-preload" not in out["threads"] and out["settings"] == ["cuda:0", 256, False]
 
 
@@ -307,11 +379,13 @@ def test_on_zerogpu_importing_the_app_touches_no_cuda():
 def test_on_zerogpu_a_request_runs_in_the_gpu_worker_and_streams(tmp_path):
     """Through spaces' own wrapper (module ``WORKER``): the first request of the worker makes the
     Session and warms up there (the page says "loading" meanwhile), then streams its tokens frame by
-    frame; the second reuses the worker's Session; the app's own process never makes one."""
+    frame; the second reuses the worker's Session; so does the first Race, in the same worker, with no
+    new Session or price measurement; the app's own process never makes one."""
     pair = tiny_backend(tiny_llama(0, max_pos=1024))
-    pair.target.save_pretrained(tmp_path)
-    pair.tokenizer.save_pretrained(tmp_path)
-    out = run_as_on_zerogpu(WORKER, EARS_TARGET=str(tmp_path), EARS_DRAFT="ngram", EARS_DEVICE="cpu")
+    pair.target.save_pretrained(tmp_path / "pair")
+    pair.tokenizer.save_pretrained(tmp_path / "pair")
+    out = run_as_on_zerogpu(WORKER, EARS_TARGET=str(tmp_path / "pair"), EARS_DRAFT="ngram", EARS_DEVICE="cpu",
+                            EARS_TEST_NOTES=str(tmp_path / "notes"), EARS_CACHE=str(tmp_path / "cache"))
     first, second = out["requests"]
     assert "loading the model pair" in first[0][1] and not any("loading" in f[1] for f in second)
     for frames in (first, second):
@@ -321,6 +395,12 @@ def test_on_zerogpu_a_request_runs_in_the_gpu_worker_and_streams(tmp_path):
         assert set(final["kinds"]) <= KINDS and final["device"].startswith("cpu")
         assert any(0 < c < 48 for c in counts), "no frame came while the run decoded: nothing streamed"
     assert not out["app_session"] and out["touched"] == []
+    after_first, after_second, after_race = out["notes"]
+    assert after_first == after_second == after_race  # the second request and the Race's first: nothing new
+    made = dict(zip(after_first[::2], after_first[1::2]))
+    assert after_first.count("session") == 1 and after_first.count("measure") >= 1 and made["session"] != str(out["pid"])
+    assert set(after_first[1::2]) == {made["session"]}  # all in the one worker
+    assert "First divergence" in out["race"] or "emitted the same tokens" in out["race"]
 
 
 @pytest.mark.slow

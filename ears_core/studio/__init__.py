@@ -75,7 +75,8 @@ def as_is(handler: Callable, name: str) -> Callable:
 
 def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Settings | None = None,
               loader: Callable[[str, str | None], ModelPair] | None = None, preload: bool = True,
-              gpu_call: Callable[[Callable, str], Callable] = as_is, slot: PairSlot | None = None) -> gr.Blocks:
+              gpu_call: Callable[[Callable, str], Callable] = as_is, slot: PairSlot | None = None,
+              notice: str = "") -> gr.Blocks:
     """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot``.
 
     ``pair_loader()`` loads the configured pair (tests inject a tiny pair): with ``preload`` it
@@ -84,13 +85,16 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
     first request. ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on
     the settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders
     are read from ``rules.RULES`` now. ``gpu_call``: wraps the handlers that decode (module terms);
-    ``slot``: a PairSlot the caller made, with its own settings and loaders."""
+    ``slot``: a PairSlot the caller made, with its own settings and loaders; ``notice``: a line under the
+    title (the ZeroGPU Space's: what a request asks for)."""
     slot = slot or PairSlot(settings or Settings.from_env(), pair_loader, loader)
     settings = slot.settings
     if preload:
         slot.preload()
     with gr.Blocks(title="EARS Studio") as demo:
         gr.Markdown(INTRO)
+        if notice:
+            gr.Markdown(notice, elem_id="notice")
         status = pairs.build_status(slot, demo)
         controls = build_controls(settings)
         pairs.build(slot, status)

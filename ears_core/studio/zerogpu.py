@@ -3,30 +3,40 @@
 
 Terms
 -----
-ZeroGPU     Hugging Face's shared GPUs for Gradio-SDK Spaces. A Space holds a GPU only while a function
-            decorated with ``spaces.GPU`` runs. That call runs in a worker process forked from the
-            app's, which is given the GPU; its arguments and each value it yields are pickled across,
-            so a generator streams as it yields (spaces 0.51: ``zero/wrappers.py``). An idle worker is
-            kept for the next call, so what a call leaves there (a Session, its learnt prices and
-            cached baselines) serves later calls on that worker, never the app's own process.
+ZeroGPU     Hugging Face's shared GPUs for Gradio-SDK Spaces (the rules this Space keeps, as data:
+            ``zerogpu_rules``). A Space holds a GPU only while a function decorated with ``spaces.GPU``
+            runs. That call runs in a worker process forked from the app's, which is given the GPU; its
+            arguments and each value it yields are pickled across, so a generator streams as it yields
+            (spaces 0.51: ``zero/wrappers.py``). An idle worker is kept for the next call of the same
+            decorated function (each decorated function keeps workers of its own).
+workers     every handler that decodes goes through ONE decorated function (``gpu_call``: ``on_gpu``, by
+            the handler's name), so one worker serves them all: what a call leaves there (the Session,
+            its measured prices and cached baselines) serves the next call of any handler, never the
+            app's own process.
 on ZeroGPU  ``spaces.config.Config.zero_gpu`` (the Space sets SPACES_ZERO_GPU). ``import spaces`` then
             patches torch: in the thread that imported it, moving weights to "cuda" is recorded (they
             reach the GPU in each worker); in any other thread of the app's process CUDA work fails.
             Off ZeroGPU ``spaces.GPU`` returns the function it decorates unchanged.
 start-up    on ZeroGPU the pair loads in the main thread while the app is built (``load_pair`` on
-            "cuda:0"), and the app's process makes no Session: the first decorated call of each
-            worker makes it (``PairSlot.session``), measuring the device's prices and warming up there,
-            on the GPU, and no price measurement runs between requests (the GPU goes back when a call
-            ends; ``StartupPair``). Off ZeroGPU, as the root app: the pair loads and warms up in a
-            background thread, and its prices are measured again between requests.
+            "cuda:0"), and the app's process makes no Session: the worker's first call makes it
+            (``PairSlot.session``), measuring the device's prices and warming up there, on the GPU, and
+            no price measurement runs between requests (the GPU goes back when a call ends;
+            ``StartupPair``). Off ZeroGPU, as the root app: the pair loads and warms up in a background
+            thread, and its prices are measured again between requests.
 duration    the GPU seconds a request asks for (``gpu_seconds``): ``START_S`` (a worker's start, the
             weights' move to the GPU, a worker's first Session and warm-up) plus ``S_PER_TOKEN`` per
             token of each decode the request makes (``decodes``: generate's speculative run and its
             target-only baseline; the race's two rules and target-only; the quality sweep's methods on
-            each question), at most ``timeout_s`` (the request's decoding budget). The shorter it is,
-            the sooner ZeroGPU schedules the request.
+            each question), at most ``timeout_s`` (the request's decoding budget). Both are allowances,
+            not measurements: no pair of this size has run on ZeroGPU's GPUs yet. The shorter a
+            duration, the sooner ZeroGPU schedules the request.
+quota       ZeroGPU multiplies a duration by the size's factor (1.5 on the default ``large``) and counts
+            it against the visitor's daily quota; a request asking for more than the visitor has left
+            is refused. ``SPACE_ENV``'s decoding budget keeps every request at most ``QUOTA_SHARE`` of an
+            unauthenticated visitor's day (``request_quota``), and the page says what each asks for
+            (``space_notice``).
 pair        on a GPU ``GPU_TARGET`` with its preset draft Qwen2.5-0.5B-Instruct (``pair.PRESETS``: one
-            tokenizer), about 16 GB in bfloat16 of the 70 GB a ZeroGPU call gets; where no GPU is
+            tokenizer), about 16 GB in bfloat16 of the 48 GB of the default size; where no GPU is
             attached, the embedded pair. ``EARS_TARGET`` / ``EARS_DRAFT`` override. On ZeroGPU the
             picker cannot load another pair (a load must run in the main thread): it says so.
 defaults    ``SPACE_ENV``: the Space's own defaults for ``Settings`` (shorter requests than the root
@@ -35,6 +45,7 @@ defaults    ``SPACE_ENV``: the Space's own defaults for ``Settings`` (shorter re
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -50,17 +61,23 @@ from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings
 
 from . import LAUNCH_KW, build_app, quality
+from .zerogpu_rules import ZEROGPU
 
-__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "SPACE_ENV", "StartupPair", "on_zero_gpu", "space_settings",
-           "gpu_seconds", "decodes", "request_seconds", "gpu_call", "build_space", "launch_kw"]
+__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "QUOTA_SHARE", "SPACE_ENV", "HANDLERS", "StartupPair", "on_zero_gpu",
+           "space_settings", "gpu_seconds", "decodes", "largest_request", "request_quota", "space_notice",
+           "request_seconds", "gpu_call", "build_space", "launch_kw"]
 
 GPU_TARGET = "Qwen/Qwen2.5-7B-Instruct"  # its preset draft: Qwen/Qwen2.5-0.5B-Instruct
 # Allowances, not measurements (no 7B pair has run on a GPU here; docs/gpu.md has what has): a worker's
 # start with its first Session and warm-up, and a token of one decode, a target step at worst, with room.
+# They give way to figures measured on ZeroGPU's GPU once there are some.
 START_S = 20.0
 S_PER_TOKEN = 0.05
-SPACE_ENV = {"EARS_MAX_NEW_TOKENS": "256", "EARS_TIMEOUT_S": "60", "EARS_ALLOW_DOWNLOAD": "1",
+QUOTA_SHARE = 0.5  # of an unauthenticated visitor's daily quota, at most, for one request: two requests a day at least
+# EARS_TIMEOUT_S: START_S + 20 s of decoding = 40 s, x 1.5 on the default size = 60 s of quota (module terms: quota)
+SPACE_ENV = {"EARS_MAX_NEW_TOKENS": "256", "EARS_TIMEOUT_S": "20", "EARS_ALLOW_DOWNLOAD": "1",
              "EARS_CUSTOM_MODELS": "0"}
+HANDLERS = {"generate": "a Generate", "race": "a Race", "quality_sweep": "a quality sweep"}  # the ones that decode
 ONE_PAIR = ("this ZeroGPU Space serves the pair it loaded when it started (ZeroGPU lends a GPU only inside a "
             "request, so a pair is placed on it at start-up): set EARS_TARGET and EARS_DRAFT in the Space's "
             "settings and restart it to serve another")
@@ -141,12 +158,55 @@ def request_seconds(handler: Callable, settings: Settings, name: str) -> Callabl
     return duration
 
 
+def largest_request(name: str) -> dict[str, Any]:
+    """The arguments of the longest request the ``name`` handler takes (its duration is the most it asks for)."""
+    if name == "quality_sweep":
+        return {"questions": quality.MAX_QUESTIONS, "betas": [0.0] * quality.MAX_BETAS}
+    return {"max_new": None, "with_baseline": True}  # max_new: the limit's (``_count``)
+
+
+def request_quota(settings: Settings, name: str) -> tuple[int, float]:
+    """(seconds asked for, seconds of quota used up) by the ``name`` handler's longest request (module terms)."""
+    seconds = gpu_seconds(settings, *decodes(name, largest_request(name), settings))
+    return seconds, ZEROGPU.quota_seconds(seconds)
+
+
+def space_notice(settings: Settings) -> str:
+    """The page's line on ZeroGPU: what each request asks for at most, against a visitor's daily quota."""
+    asks = ", ".join(f"{what} {request_quota(settings, name)[0]} s" for name, what in HANDLERS.items())
+    size = ZEROGPU.sizes[ZEROGPU.default_size]
+    quota = ZEROGPU.daily_quota_s
+    return (f"On ZeroGPU each request asks for GPU time before it starts, at most: {asks}. ZeroGPU counts "
+            f"{size.duration_factor:g}x that against your daily quota ({quota['unauthenticated'] // 60} min a day "
+            f"without logging in, {quota['free account'] // 60} min with a free account); fewer new tokens, "
+            "no baseline or fewer questions ask for less.")
+
+
 def gpu_call(settings: Settings) -> Callable[[Callable, str], Callable]:
-    """``build_app``'s ``gpu_call``: a decoding handler inside ``spaces.GPU``, with its request's duration."""
+    """``build_app``'s ``gpu_call``: each decoding handler runs inside ONE ``spaces.GPU`` function shared by
+    all of them (module terms: workers), with its own request's duration."""
     spaces = _spaces()
+    handlers: dict[str, Callable] = {}
+    durations: dict[str, Callable[..., int]] = {}
+
+    def duration(name: str, *args: Any, **kwargs: Any) -> int:
+        return durations[name](*args, **kwargs)
+
+    @spaces.GPU(duration=duration)
+    def on_gpu(name: str, *args: Any, **kwargs: Any) -> Any:
+        yield from handlers[name](*args, **kwargs)
 
     def wrap(handler: Callable, name: str) -> Callable:
-        return spaces.GPU(duration=request_seconds(handler, settings, name))(handler)
+        if not inspect.isgeneratorfunction(handler):
+            raise TypeError(f"{name}: a handler that decodes streams (a generator function)")
+        handlers[name], durations[name] = handler, request_seconds(handler, settings, name)
+
+        @functools.wraps(handler)  # Gradio reads the handler's own signature through it
+        def call(*args: Any, **kwargs: Any) -> Any:
+            yield from on_gpu(name, *args, **kwargs)
+
+        call.gpu_call = on_gpu  # type: ignore[attr-defined]
+        return call
 
     return wrap
 
@@ -180,7 +240,7 @@ def build_space(env: Mapping[str, str] | None = None, pair_loader: Callable[[], 
     pair = pair_loader() if pair_loader is not None else load_pair(
         settings.target, settings.draft, device=settings.torch_device, cache_dir=settings.cache,
         allow_download=settings.allow_download)  # here, in the main thread (module terms: on ZeroGPU)
-    return build_app(preload=False, gpu_call=wrap, slot=StartupPair(settings, pair))
+    return build_app(preload=False, gpu_call=wrap, slot=StartupPair(settings, pair), notice=space_notice(settings))
 
 
 def launch_kw(settings: Settings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
