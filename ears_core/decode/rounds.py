@@ -40,6 +40,7 @@ from ears_core.decode.text import Detokenizer
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, StepRecord, TokenEvent
 from ears_core.model.attention import avoid_replanning_attention
+from ears_core.model.kv_cache import new_cache
 from ears_core.rules import AcceptanceRule, verifying_rule
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from ears_core.timing import StepClock
@@ -149,7 +150,7 @@ def decode_rounds(target: PreTrainedModel, drafter: Any, shape: RoundShape, ids:
         bool(getattr(drafter, "needs_target_hidden", False)), cfg.with_distortion and not rule.lossless)
     observe = getattr(rule, "observe_round", None)  # a rule with state across rounds (e.g. a distortion budget)
     with torch.inference_mode():
-        cache = DynamicCache(config=target.config)
+        cache = new_cache(target)
         hidden = None
         if ids.shape[1] > 1:
             out = target(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,

@@ -52,7 +52,7 @@ from ears_core.draft.trees import (
     DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, tree_attention_mask, tree_position_ids,
 )
 from ears_core.events import DraftRecord, TokenEvent
-from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions
+from ears_core.model.kv_cache import cache_device, drop_last_positions, keep_tail_positions
 from ears_core.sampling import Stream
 
 __all__ = ["TreeRecord", "TreeShape", "score_tree", "keep_path"]
@@ -107,7 +107,7 @@ def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequen
     if list(path) == list(range(len(path))):  # the path is the first nodes: a plain crop
         drop_last_positions(cache, tree_size - len(path))
         return
-    dev = cache.layers[0].keys.device
+    dev = cache_device(cache)
     nodes = torch.tensor(list(path), dtype=torch.long, device=dev)
     keep_tail_positions(cache, prefix_len, prefix_len + nodes)
 

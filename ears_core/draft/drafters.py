@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from ears_core.model.kv_cache import new_cache
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "target_features"]
@@ -103,7 +104,7 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
-        self._cache = DynamicCache(config=self.model.config)
+        self._cache = new_cache(self.model)
         self._cache_len = 0
         if input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self._cache, use_cache=True, logits_to_keep=1)

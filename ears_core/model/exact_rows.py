@@ -93,14 +93,14 @@ def use_exact_attention(model: nn.Module) -> bool:
 def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int = 24, seed: int = 0) -> bool:
     """Whether, after a ``prompt_len``-token prompt of random ids, a pass over w new tokens gives bit for
     bit the logits of w one-token passes, for every w in ``widths`` (see the module's terms)."""
-    from transformers import DynamicCache
+    from ears_core.model.kv_cache import new_cache
 
     gen = torch.Generator().manual_seed(seed)
     emb = model.get_input_embeddings().weight  # (V, d)
     widest = max(widths)
     ids = torch.randint(0, emb.shape[0], (1, prompt_len + widest), generator=gen).to(emb.device)  # (1, P + W)
     prompt, new = ids[:, :prompt_len], ids[:, prompt_len:]
-    after_prompt = DynamicCache(config=model.config)
+    after_prompt = new_cache(model)
     model(prompt, past_key_values=after_prompt, use_cache=True)
     cache = copy.deepcopy(after_prompt)
     narrow = torch.cat([model(new[:, j:j + 1], past_key_values=cache, use_cache=True).logits[0]

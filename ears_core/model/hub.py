@@ -34,6 +34,8 @@ def describe_device(model: torch.nn.Module) -> str:
     """Where a loaded model runs, for people: 'cpu (float32)', 'cuda:0 NVIDIA H100 (bfloat16)',
     or 'cuda:0, cuda:1 via accelerate's device map (bfloat16)'."""
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    if getattr(model, "ears_kernels", "") == "lean-int4":  # model/lean_llama.py
+        return f"{next(model.parameters()).device} (lean: int4 weights from the GGUF, bfloat16 activations)"
     placed = getattr(model, "hf_device_map", None) or {}
     devices = sorted({str(d) for d in placed.values()}) or [str(next(model.parameters()).device)]
     devices = [f"cuda:{d}" if d.isdigit() else d for d in devices]

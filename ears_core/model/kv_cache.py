@@ -8,7 +8,8 @@ crop       drop the last n positions of every layer (a chain round whose drafts 
            (docs/measurements.md); ``narrow`` makes the same views.
 keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
 Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
-is cropped by its own ``crop``, and cannot be rearranged.
+is cropped by its own ``crop``, and cannot be rearranged. A model with a cache of its own (the lean
+target's ``LeanCache``: model/lean_cache.py) makes it with ``new_cache()``, and the cache does its own edits.
 """
 
 from __future__ import annotations
@@ -19,12 +20,27 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["drop_last_positions", "keep_tail_positions"]
+__all__ = ["cache_device", "drop_last_positions", "keep_tail_positions", "new_cache"]
+
+
+def new_cache(model: Any) -> Any:
+    """An empty KV cache for ``model``: its own (``model.new_cache()``) where it has one, else a DynamicCache."""
+    make = getattr(model, "new_cache", None)
+    return make() if make is not None else DynamicCache(config=model.config)
+
+
+def cache_device(cache: Any) -> Any:
+    """The device a cache's tensors live on."""
+    buf = getattr(cache, "buf", None)
+    return buf.device if buf is not None else cache.layers[0].keys.device
 
 
 def drop_last_positions(cache: DynamicCache, n: int) -> None:
     """Drop the last ``n`` >= 0 positions of every layer, in place (views: nothing is copied)."""
     if n <= 0:
+        return
+    if hasattr(cache, "drop_last"):
+        cache.drop_last(n)
         return
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:
@@ -47,6 +63,9 @@ def _filled_layers(cache: DynamicCache) -> Iterator[Any]:
 def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
     """Keep positions [0, start) as they are, then the positions ``keep`` (ascending, each >= start)
     in that order, in every layer: only the kept tail is copied, in place; the layers end as views."""
+    if hasattr(cache, "keep_tail"):
+        cache.keep_tail(start, keep)
+        return
     n = int(keep.numel())
     for layer in _filled_layers(cache):
         idx = keep.to(layer.keys.device)

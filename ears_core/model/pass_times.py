@@ -32,9 +32,8 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
                     vocab: int | None = None, piece: Callable[[], Any] | None = None) -> list[float]:
     """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes over m = 2..max_m new tokens priced
     by paired ratios, each pass inside ``piece()`` when given (module terms)."""
-    from transformers import DynamicCache
-
     from ears_core.model.attention import avoid_replanning_attention
+    from ears_core.model.kv_cache import new_cache
     from ears_core.timing import StepClock
 
     piece = piece or nullcontext
@@ -44,7 +43,7 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, v, (1, cache_len), generator=g).to(dev)
     new = torch.randint(0, v, (1, max_m), generator=g).to(dev)
-    cache = DynamicCache(config=target.config)
+    cache = new_cache(target)
     with piece():
         target(ctx, past_key_values=cache, use_cache=True, logits_to_keep=1)
     clock = StepClock(dev)

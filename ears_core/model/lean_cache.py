@@ -1,0 +1,74 @@
+"""The lean target's KV cache: one preallocated tensor for every layer's keys and values.
+
+Terms
+-----
+buffer     ``buf`` (L, 2, Hkv, C, D): layer, keys (0) or values (1), key/value head, position, head width;
+           C the capacity. Positions [0, length) hold the cached prefix; a pass over m tokens writes
+           [length, length + m) in place. Nothing is allocated while the capacity lasts; past it the
+           buffer doubles (one copy).
+crop       ``drop_last(n)`` lowers the length: the positions stay in memory and are overwritten next.
+keep tail  ``keep_tail(start, keep)``: positions [0, start) stay, then the positions ``keep`` (ascending,
+           each >= start) are moved down in order, for all layers at once (a tree round's accepted path).
+dtype      the attention's compute dtype (lean_llama.py): float64 where rows must be exact, else the
+           model's; the keys and values are bfloat16 numbers either way, held exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor
+
+__all__ = ["LeanCache"]
+
+
+class LeanCache:
+    """The KV cache of a ``LeanLlama`` (module terms); batch 1."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256,
+                 device: torch.device | str = "cpu") -> None:
+        self.buf = torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # (L, 2, Hkv, C, D)
+        self.length = 0
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buf.shape[3])
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Cached positions (transformers' name, so code written for its caches reads it)."""
+        return self.length
+
+    def reserve(self, m: int) -> None:
+        """Make room for m more positions (doubling the capacity when it runs out)."""
+        need = self.length + m
+        if need <= self.capacity:
+            return
+        cap = self.capacity
+        while cap < need:
+            cap *= 2
+        grown = self.buf.new_zeros(*self.buf.shape[:3], cap, self.buf.shape[4])
+        grown[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
+        self.buf = grown
+
+    def drop_last(self, n: int) -> None:
+        """Drop the last n >= 0 cached positions."""
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
+        self.length -= n
+
+    def keep_tail(self, start: int, keep: Tensor) -> None:
+        """Keep [0, start), then positions ``keep`` (ascending, each >= start) in that order (module terms)."""
+        n = int(keep.numel())
+        idx = keep.to(self.buf.device)
+        self.buf[:, :, :, start: start + n] = self.buf.index_select(3, idx)  # gathered first: overlaps are safe
+        self.length = start + n
+
+    def crop(self, max_length: int) -> None:
+        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
+        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
+
+    def __deepcopy__(self, memo: dict) -> "LeanCache":
+        fresh = copy.copy(self)
+        fresh.buf = self.buf.clone()
+        return fresh

@@ -1,0 +1,199 @@
+"""The lean target: a Llama decoder run by hand from 4-bit weights, with transformers' calling convention.
+
+Terms
+-----
+lean step     one target pass with none of the general model's per-call machinery: every layer's seven
+              linear layers run from Q4_1 blocks on the CPU int4 kernel (gguf_q4.py), q/k/v fused into
+              one matrix and gate/up into another, bfloat16 activations, ``F.rms_norm``, the rotation as
+              one roll and two multiplies, one scaled-dot-product call over a preallocated cache
+              (lean_cache.py), and the output head in bfloat16 through a oneDNN-packed weight.
+numerics      the lean target is its own function, and it is *the* target wherever it runs:
+              target-only and speculative decoding both call it. It computes the GGUF's own weights
+              (scales rounded to bfloat16) in bfloat16; the float32 reference (``EARS_TARGET_PATH=float``)
+              computes the same blocks dequantised in float32. Their greedy texts agree as closely as
+              the bfloat16 and float32 forms of one model do (docs/benchmarks.md).
+exact rows    row j of a pass over m tokens must equal, bit for bit, a one-token pass at its position, or
+              greedy speculative output parts from target-only output. The int4 kernel and the packed
+              head are row-invariant (up to ``ROW_CAP`` rows a call); the attention is not in bfloat16,
+              so by default it runs in float64 (products of bfloat16 numbers are exact there; the output,
+              rounded back, does not depend on the summation order) over a float64 cache.
+calling       ``model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=k,
+              output_hidden_states=..., attention_mask=..., position_ids=...)`` as the decode loop calls a
+              transformers model: ``attention_mask`` None (causal after the cache) or a (1, 1, m, n + m)
+              additive or boolean mask (a tree pass), ``position_ids`` None (consecutive) or (1, m).
+              ``new_cache()`` makes the cache; ``hidden_states`` has transformers' layout: the embeddings,
+              each layer's output, and the last one after the final norm. Batch 1, CPU only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ears_core.model.gguf_q4 import Int4Weight, int4_linear
+from ears_core.model.lean_cache import LeanCache
+
+__all__ = ["LeanLayer", "LeanLlama", "LeanOutput", "ROW_CAP"]
+
+ROW_CAP = 16  # rows per kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
+
+
+@dataclass
+class LeanOutput:
+    """What a pass returns, by transformers' names: logits (1, kept, V); hidden_states or None."""
+
+    logits: Tensor
+    hidden_states: tuple[Tensor, ...] | None
+    past_key_values: LeanCache
+
+
+@dataclass
+class LeanLayer:
+    """One decoder layer's weights: norms (d,) bfloat16 and four int4 matrices."""
+
+    attn_norm: Tensor
+    qkv: Int4Weight  # (H D + 2 Hkv D) x d: q, k, v stacked
+    o: Int4Weight  # d x H D
+    mlp_norm: Tensor
+    gate_up: Int4Weight  # 2 I x d: gate, then up
+    down: Int4Weight  # d x I
+
+
+class _Tied(nn.Module):
+    """The output head as an object with a ``weight`` (V, d), as ``get_output_embeddings()`` returns."""
+
+    def __init__(self, weight: nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+
+
+def _chunked(fn: Any, x: Tensor) -> Tensor:
+    """fn over the rows of x (r, ...) at most ``ROW_CAP`` at a time (module terms: exact rows)."""
+    if x.shape[0] <= ROW_CAP:
+        return fn(x)
+    return torch.cat([fn(c) for c in x.split(ROW_CAP)])
+
+
+class LeanLlama(nn.Module):
+    """A Llama-architecture causal LM from int4 layers (module terms). Build with ``lean_target.py``."""
+
+    def __init__(self, config: Any, layers: list[LeanLayer], embedding: Tensor, final_norm: Tensor,
+                 attn_dtype: torch.dtype = torch.float64) -> None:
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        self.config = config
+        text = config.get_text_config()
+        self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
+        self.hidden = int(text.hidden_size)
+        self.head_dim = int(getattr(text, "head_dim", None) or self.hidden // self.heads)
+        self.eps = float(text.rms_norm_eps)
+        self.layers = layers
+        self.embed = nn.Embedding.from_pretrained(embedding, freeze=True)  # (V, d) bfloat16, tied to the head
+        self.head = _Tied(self.embed.weight)
+        self._head_packed = torch.ops.mkldnn._reorder_linear_weight(embedding, None)  # oneDNN layout, same values
+        self.final_norm = final_norm
+        self.attn_dtype = attn_dtype
+        positions = int(getattr(text, "max_position_embeddings", 8192))
+        rope = LlamaRotaryEmbedding(text)
+        x = torch.zeros(1, 1, self.head_dim)
+        cos, sin = rope(x, torch.arange(positions)[None])  # (1, P, D) each, float32
+        half = self.head_dim // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # rotate_half(x) = roll(x, half) * sign
+        self._cos = cos[0].to(torch.bfloat16)[:, None]  # (P, 1, D)
+        self._sin = (sin[0] * sign).to(torch.bfloat16)[:, None]  # (P, 1, D)
+        self.ears_kernels = "lean-int4"
+
+    # -------------------------------------------------------------------- transformers' accessors
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.head
+
+    def new_cache(self, capacity: int = 256) -> LeanCache:
+        """An empty cache for this model (module terms)."""
+        return LeanCache(len(self.layers), self.kv_heads, self.head_dim, self.attn_dtype, capacity)
+
+    # -------------------------------------------------------------------- the pass
+    def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
+        return torch.ops.mkldnn._linear_pointwise(h, self._head_packed, None, "none", [], "")
+
+    @staticmethod
+    def _mask(attention_mask: Tensor | None, m: int, n: int) -> Tensor | None:
+        """A (1, 1, m, n + m) bool mask, True where a row may attend; None for one row and no mask."""
+        if attention_mask is None:
+            if m == 1:
+                return None
+            return torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None]
+        if attention_mask.dim() == 2:  # transformers' padding mask (B, T): all ones is no mask at all
+            if not bool(attention_mask.all()):
+                raise ValueError("the lean target takes no padding: pass unpadded ids, batch 1")
+            return LeanLlama._mask(None, m, n)
+        mask = attention_mask[..., : n + m]
+        return mask if mask.dtype == torch.bool else mask == 0
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                past_key_values: LeanCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
+                output_hidden_states: bool = False, **unused: Any) -> LeanOutput:
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"the lean target decodes one sequence at a time: ids (1, T), not {tuple(input_ids.shape)}")
+        cache = past_key_values if past_key_values is not None else self.new_cache()
+        if not isinstance(cache, LeanCache):
+            raise TypeError(f"the lean target keeps its keys and values in a LeanCache, not a {type(cache).__name__}: "
+                            "make one with model.new_cache() (ears_core.model.kv_cache.new_cache)")
+        m, n = int(input_ids.shape[1]), cache.length
+        cache.reserve(m)
+        if position_ids is None:
+            cos, sin = self._cos[n: n + m], self._sin[n: n + m]  # (m, 1, D)
+        else:
+            pos = position_ids.reshape(-1)
+            cos, sin = self._cos[pos], self._sin[pos]
+        mask = self._mask(attention_mask, m, n)
+        x = self.embed(input_ids[0])  # (m, d)
+        hidden = [x] if output_hidden_states else None
+        h_q, h_kv, dim, half = self.heads, self.kv_heads, self.head_dim, self.head_dim // 2
+        split = (h_q + h_kv) * dim
+        buf, end, adt = cache.buf, n + m, self.attn_dtype
+        for i, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)  # (m, d)
+            qkv = _chunked(lambda c: int4_linear(c, layer.qkv), h)  # (m, (H + 2 Hkv) D)
+            qk = qkv[:, :split].view(m, h_q + h_kv, dim)  # (m, H + Hkv, D)
+            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # the rotation, q and k at once
+            buf[i, 0, :, n:end].copy_(qk[:, h_q:].transpose(0, 1))  # (Hkv, m, D) new keys
+            buf[i, 1, :, n:end].copy_(qkv[:, split:].view(m, h_kv, dim).transpose(0, 1))  # new values
+            q = qk[:, :h_q].transpose(0, 1)[None].to(adt)  # (1, H, m, D)
+            a = F.scaled_dot_product_attention(q, buf[i, 0, None, :, :end], buf[i, 1, None, :, :end], attn_mask=mask,
+                                               enable_gqa=h_q != h_kv)  # (1, H, m, D)
+            a = a[0].transpose(0, 1).reshape(m, h_q * dim).to(x.dtype)  # (m, H D)
+            x = x + _chunked(lambda c: int4_linear(c, layer.o), a)
+            h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
+            gu = _chunked(lambda c: int4_linear(c, layer.gate_up), h)  # (m, 2 I)
+            inner = gu.shape[1] // 2
+            x = x + _chunked(lambda c: int4_linear(c, layer.down), F.silu(gu[:, :inner]) * gu[:, inner:])
+            if hidden is not None:
+                hidden.append(x)
+        cache.length = end
+        x = F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)  # (m, d)
+        if hidden is not None:
+            hidden[-1] = x  # transformers' layout: the last hidden state after the final norm
+        keep = x if not logits_to_keep else x[-logits_to_keep:]
+        logits = _chunked(self._logits, keep)[None]  # (1, kept, V)
+        states = None if hidden is None else tuple(t[None] for t in hidden)  # each (1, m, d)
+        return LeanOutput(logits, states, cache)
+
+    def extra_repr(self) -> str:
+        return (f"layers={len(self.layers)}, hidden={self.hidden}, heads={self.heads}/{self.kv_heads}, "
+                f"int4 linears, attention in {str(self.attn_dtype).removeprefix('torch.')}")

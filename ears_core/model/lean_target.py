@@ -1,0 +1,118 @@
+"""Build a ``LeanLlama`` (lean_llama.py): from the embedded GGUF's own blocks, or from a float Llama.
+
+Terms
+-----
+from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and minimums (un-permuted for
+               q and k as transformers' loader does); the norms are the file's float32 values in
+               bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
+               Building takes about half a second (reading 92 MiB and repacking 210 matrices), so the
+               packed form is not cached: only the measured choice below is.
+from floats    ``q4_1_blocks`` quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
+               so any Llama can run lean; the tests build a tiny random one and compare it with
+               transformers' forward over the same blocks dequantised.
+supported      this torch has the int4 kernel and the CPU multiplies bfloat16 natively (AVX512-BF16 or
+               AMX): elsewhere the kernel takes a slow reference path and the float target stays.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ears_core.model import gguf_q4
+from ears_core.model.gguf_q4 import GROUP, pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
+from ears_core.model.lean_llama import LeanLayer, LeanLlama
+
+__all__ = ["from_float_model", "from_gguf", "q4_1_blocks", "supported"]
+
+_LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def supported() -> bool:
+    """Module terms: the int4 kernel is here and the CPU has native bfloat16."""
+    from ears_core.model.hub import native_bf16
+
+    return gguf_q4.available() and native_bf16()
+
+
+def _stack(parts: list[tuple[Tensor, Tensor, Tensor]]) -> Any:
+    """Blocks of several matrices with the same inputs, stacked along the outputs, packed."""
+    return pack_q4_1(*(torch.cat([p[i] for p in parts]) for i in range(3)))
+
+
+def _layer(blocks: dict[str, tuple[Tensor, Tensor, Tensor]], attn_norm: Tensor, mlp_norm: Tensor) -> LeanLayer:
+    return LeanLayer(attn_norm.to(torch.bfloat16), _stack([blocks["attn_q"], blocks["attn_k"], blocks["attn_v"]]),
+                     pack_q4_1(*blocks["attn_output"]), mlp_norm.to(torch.bfloat16),
+                     _stack([blocks["ffn_gate"], blocks["ffn_up"]]), pack_q4_1(*blocks["ffn_down"]))
+
+
+def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
+    """The GGUF's Llama as a LeanLlama (module terms); ``config`` is its transformers config."""
+    import gguf
+
+    text = config.get_text_config()
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: t for t in reader.tensors}
+
+    def blocks(name: str, heads: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        t = tensors[name]
+        if t.tensor_type.name != "Q4_1":
+            raise ValueError(f"{name} is {t.tensor_type.name}: the lean target reads Q4_1 layers only")
+        codes, d, m = q4_1_parts(t.data)
+        if heads is not None:
+            order = rotary_row_order(codes.shape[0], heads)
+            codes, d, m = codes[order], d[order], m[order]
+        return codes, d, m
+
+    def floats(name: str) -> Tensor:
+        return torch.from_numpy(tensors[name].data.copy()).float()
+
+    layers = []
+    for i in range(int(text.num_hidden_layers)):
+        heads = {"attn_q": int(text.num_attention_heads), "attn_k": int(text.num_key_value_heads)}
+        b = {name: blocks(f"blk.{i}.{name}.weight", heads.get(name)) for name in _LINEARS}
+        layers.append(_layer(b, floats(f"blk.{i}.attn_norm.weight"), floats(f"blk.{i}.ffn_norm.weight")))
+    emb = tensors["token_embd.weight"]
+    if emb.tensor_type.name != "Q8_0":
+        raise ValueError(f"token_embd is {emb.tensor_type.name}: the lean target reads a Q8_0 embedding")
+    if "output.weight" in tensors:
+        raise ValueError("this GGUF has an untied output head: the lean target ties it to the embedding")
+    return LeanLlama(config, layers, q8_0_to_tensor(emb.data), floats("output_norm.weight").to(torch.bfloat16),
+                     attn_dtype)
+
+
+def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A float weight (N, K) -> Q4_1-style codes (N, K) uint8, d and m (N, K / 32) float32 (float16 values):
+    per block of 32, m = the minimum and d = (maximum - minimum) / 15, codes rounded and clamped."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"Q4_1 blocks need inputs in multiples of {GROUP}, not {k}")
+    g = w.detach().float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)  # (N, nb)
+    d = ((hi - lo) / 15).half().float()
+    m = lo.half().float()
+    codes = ((g - m[..., None]) / d.clamp_min(1e-12)[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return codes.view(n, k), d, m
+
+
+def from_float_model(model: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
+    """A transformers Llama (tied embeddings) as a LeanLlama on Q4_1-style blocks of its weights; the
+    model's own linears are set to those blocks dequantised, so both compute the same weights."""
+    from ears_core.model.gguf_q4 import dequantize_q4_1
+
+    layers = []
+    with torch.no_grad():
+        for block in model.model.layers:
+            att, mlp = block.self_attn, block.mlp
+            mods = {"attn_q": att.q_proj, "attn_k": att.k_proj, "attn_v": att.v_proj, "attn_output": att.o_proj,
+                    "ffn_gate": mlp.gate_proj, "ffn_up": mlp.up_proj, "ffn_down": mlp.down_proj}
+            b = {name: q4_1_blocks(mod.weight) for name, mod in mods.items()}
+            for name, mod in mods.items():
+                mod.weight.copy_(dequantize_q4_1(*b[name]).to(mod.weight.dtype))
+            layers.append(_layer(b, block.input_layernorm.weight.float(), block.post_attention_layernorm.weight.float()))
+        emb = model.get_input_embeddings().weight.detach().to(torch.bfloat16)
+        norm = model.model.norm.weight.detach().to(torch.bfloat16)
+    return LeanLlama(model.config, layers, emb.clone(), norm.clone(), attn_dtype)
