@@ -1,0 +1,233 @@
+"""The lean target (model/gguf_q4.py, lean_llama.py, lean_cache.py, lean_target.py, target_path.py): 4-bit
+layers equal their float reference, rows do not depend on the pass width, the decode loop's greedy output is
+the target's, the float path stays where the kernel is missing, and the embedded pair runs lean."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from transformers import DynamicCache
+
+from conftest import tiny_llama
+from ears_core import GreedyRule, autoregressive, generate, load_pair, tree_generate
+from ears_core.draft.drafters import ModelDrafter
+from ears_core.model import gguf_q4, lean_target, target_path
+from ears_core.model.exact_rows import rows_agree
+from ears_core.model.gguf_q4 import (dequantize_q4_1, int4_linear, pack_q4_1, q4_1_parts, q8_0_to_tensor,
+                                     rotary_row_order)
+from ears_core.model.hub import ModelLoadError
+from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions, new_cache
+from ears_core.model.lean_cache import LeanCache
+from ears_core.model.lean_target import from_float_model, q4_1_blocks
+
+pytestmark = pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
+
+
+def _block(d: float, m: float, codes: list[int]) -> bytes:
+    """One Q4_1 block as the GGUF stores it (module terms of gguf_q4)."""
+    qs = bytes(codes[j] | (codes[j + 16] << 4) for j in range(16))
+    return np.float16(d).tobytes() + np.float16(m).tobytes() + qs
+
+
+def test_a_q4_1_block_reads_as_its_known_weights() -> None:
+    codes = list(range(16)) + list(range(15, -1, -1))
+    raw = np.frombuffer(_block(0.5, -2.0, codes) + _block(0.25, 1.0, [3] * 32), dtype=np.uint8).reshape(1, 40)
+    c, d, m = q4_1_parts(raw)
+    assert c.tolist() == [codes + [3] * 32]
+    assert d.tolist() == [[0.5, 0.25]] and m.tolist() == [[-2.0, 1.0]]
+    w = dequantize_q4_1(c, d, m)  # (1, 64)
+    assert w[0, :32].tolist() == [0.5 * c - 2.0 for c in codes] and w[0, 32:].tolist() == [1.75] * 32
+
+
+def test_a_q8_0_block_reads_as_scale_times_code() -> None:
+    raw = np.frombuffer(np.float16(0.5).tobytes() + np.arange(-16, 16, dtype=np.int8).tobytes(), dtype=np.uint8)
+    assert q8_0_to_tensor(raw.reshape(1, 34), torch.float32).tolist() == [[0.5 * c for c in range(-16, 16)]]
+
+
+def test_the_rotary_row_order_is_transformers_un_permutation() -> None:
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    for rows, heads in ((576, 9), (192, 3), (32, 4)):
+        ref = LlamaTensorProcessor._reverse_permute_weights(None, np.arange(rows), heads, heads)
+        assert rotary_row_order(rows, heads).tolist() == ref.tolist()
+
+
+def _random_blocks(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 32, generator=g) * 0.02).half().float()
+    m = ((torch.rand(n, k // 32, generator=g) - 0.5) * 0.2).half().float()
+    return codes, d, m
+
+
+def test_the_4_bit_layer_equals_a_float_reference_of_the_same_blocks_within_bfloat16_tolerance() -> None:
+    codes, d, m = _random_blocks(96, 128, 0)
+    w = pack_q4_1(codes, d, m)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ref = x.float() @ dequantize_q4_1(codes, d, m).t()  # (5, 96) float32
+    got = int4_linear(x, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 96)
+    err = (got.float() - ref).norm() / ref.norm()
+    assert err < 1e-2  # the scales rounded to bfloat16 and the bfloat16 output
+    off = int4_linear(x, pack_q4_1(codes, d * 1.1, m))  # another layer is far off: the check can fail
+    assert (off.float() - ref).norm() / ref.norm() > 3e-2
+
+
+def test_the_4_bit_layer_gives_each_row_the_same_bits_at_every_width() -> None:
+    w = pack_q4_1(*_random_blocks(64, 96, 2))
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    one = torch.cat([int4_linear(x[i:i + 1], w) for i in range(40)])
+    for width in (2, 4, 9, 16):
+        assert torch.equal(int4_linear(x[:width], w), one[:width]), width
+
+
+def _tied_tiny(seed: int = 0, **kw) -> torch.nn.Module:
+    model = tiny_llama(seed, **kw)
+    with torch.no_grad():
+        model.lm_head.weight.copy_(model.model.embed_tokens.weight)  # the lean target ties its head
+    return model
+
+
+@pytest.fixture(scope="module")
+def lean_and_reference() -> tuple[torch.nn.Module, torch.nn.Module]:
+    ref = _tied_tiny(0, std=0.1)
+    lean = from_float_model(ref)  # ref's linears now hold the same blocks, dequantised
+    return lean, ref
+
+
+def test_the_lean_pass_equals_transformers_forward_over_the_same_blocks(lean_and_reference) -> None:
+    lean, ref = lean_and_reference
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        a = lean(ids, output_hidden_states=True)
+        b = ref(ids, output_hidden_states=True)
+    assert a.logits.shape == b.logits.shape == (1, 12, 96)
+    assert (a.logits.float() - b.logits).norm() / b.logits.norm() < 2e-2
+    assert len(a.hidden_states) == len(b.hidden_states) == 3  # embeddings, layer 1, the last after the final norm
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        assert (x.float() - y).norm() / y.norm() < 2e-2
+    assert (a.logits.float() - ref(ids.flip(1)).logits).norm() / b.logits.norm() > 0.1  # other ids: far off
+
+
+def test_the_lean_cache_continues_a_pass_and_edits_like_a_fresh_computation(lean_and_reference) -> None:
+    lean, _ = lean_and_reference
+    ids = torch.randint(0, 96, (1, 20), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        whole = lean(ids).logits  # (1, 20, V)
+        cache = new_cache(lean)
+        assert isinstance(cache, LeanCache) and cache.capacity == 256
+        lean(ids[:, :8], past_key_values=cache)
+        wrong = torch.tensor([[5, 6, 7]])
+        lean(wrong, past_key_values=cache)
+        drop_last_positions(cache, 3)  # a round whose three drafts fell
+        assert cache.get_seq_length() == 8
+        tail = lean(ids[:, 8:], past_key_values=cache).logits  # (1, 12, V)
+        assert torch.equal(tail, whole[:, 8:])
+        # keep a tree's path: positions 8.. hold [x, ids[8], y, ids[9]]; keep 9 and 11
+        cache = new_cache(lean)
+        lean(ids[:, :8], past_key_values=cache)
+        lean(torch.tensor([[1, int(ids[0, 8]), 2, int(ids[0, 9])]]), past_key_values=cache,
+             position_ids=torch.tensor([[8, 8, 9, 9]]),
+             attention_mask=torch.tensor([[[[True] * 8 + [True, False, False, False], [True] * 8 + [False, True, False, False],
+                                            [True] * 8 + [True, False, True, False], [True] * 8 + [False, True, False, True]]]]))
+        keep_tail_positions(cache, 8, torch.tensor([9, 11]))
+        assert cache.get_seq_length() == 10
+        assert torch.equal(lean(ids[:, 10:], past_key_values=cache).logits, whole[:, 10:])
+
+
+def test_the_cache_grows_past_its_capacity() -> None:
+    cache = LeanCache(2, 1, 4, torch.float64, capacity=4)
+    cache.reserve(3)
+    cache.buf[:, :, :, :3] = 1.0
+    cache.length = 3
+    cache.reserve(6)  # 9 > 4: doubled twice
+    assert cache.capacity == 16 and bool((cache.buf[:, :, :, :3] == 1).all()) and bool((cache.buf[:, :, :, 3:] == 0).all())
+    with pytest.raises(ValueError, match="cannot drop"):
+        cache.drop_last(4)
+
+
+def test_a_transformers_cache_is_refused_with_the_fix(lean_and_reference) -> None:
+    lean, ref = lean_and_reference
+    with pytest.raises(TypeError, match="new_cache"):
+        lean(torch.tensor([[1, 2]]), past_key_values=DynamicCache(config=ref.config))
+    with pytest.raises(ValueError, match="one sequence"):
+        lean(torch.tensor([[1, 2], [3, 4]]))
+
+
+def test_lean_rows_do_not_depend_on_the_pass_width(lean_and_reference) -> None:
+    lean, _ = lean_and_reference
+    with torch.inference_mode():
+        assert rows_agree(lean, (2, 9, 17, 40))
+    bf16 = copy.copy(lean)
+    bf16.attn_dtype = torch.bfloat16  # attention summed in bfloat16: the order shows
+    with torch.inference_mode():
+        assert not all(rows_agree(bf16, (9, 17, 40), prompt_len=p, seed=s) for p in (24, 40, 100) for s in range(3))
+
+
+def test_greedy_speculative_output_on_a_lean_target_is_its_own_greedy_output() -> None:
+    ref = _tied_tiny(0, vocab=96, std=0.3)
+    draft = copy.deepcopy(ref)
+    lean = from_float_model(ref)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.03 * torch.randn(p.shape, generator=torch.Generator().manual_seed(1)))
+    for prompt in ([1, 5, 7, 9], [3, 17, 17, 60, 2, 88, 11, 4, 30, 3, 5, 8, 13, 21, 34, 55, 89, 1, 2, 3]):
+        ids = torch.tensor([prompt])
+        base = autoregressive(lean, ids, temperature=0.0, max_new_tokens=24)
+        for k in (1, 4, 8):
+            spec = generate(lean, ModelDrafter(draft, 96), ids, rule=GreedyRule(), temperature=0.0, max_new_tokens=24, k=k)
+            assert spec.token_ids == base.token_ids, (prompt, k)
+            assert spec.stats.accepted > 0
+        tree = tree_generate(lean, ModelDrafter(draft, 96), ids, rule=GreedyRule(), temperature=0.0,
+                             max_new_tokens=24, budget=6, depth=3)
+        assert tree.token_ids == base.token_ids
+
+
+def test_q4_1_blocks_of_a_float_weight_round_trip_within_a_step() -> None:
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(6))
+    codes, d, m = q4_1_blocks(w)
+    assert int(codes.max()) <= 15
+    err = (dequantize_q4_1(codes, d, m) - w).abs().view(16, 2, 32)
+    assert bool((err <= d[..., None] / 2 + 1e-3).all())  # within half a step of its block
+
+
+def test_ears_lean_is_read_and_a_bad_value_names_the_fix(monkeypatch) -> None:
+    for raw, want in (("", "auto"), ("auto", "auto"), ("1", "lean"), ("0", "float"), ("FLOAT", "float")):
+        monkeypatch.setenv("EARS_LEAN", raw)
+        assert target_path.requested() == want
+    monkeypatch.setenv("EARS_LEAN", "yes please")
+    with pytest.raises(ValueError, match="EARS_LEAN.*use auto"):
+        target_path.requested()
+
+
+@pytest.mark.slow
+def test_the_embedded_pair_runs_lean_and_greedy_output_is_the_target_s(monkeypatch) -> None:
+    if not lean_target.supported():
+        pytest.skip("this CPU has no native bfloat16: the embedded target runs the float path here")
+    monkeypatch.setenv("EARS_LEAN", "1")
+    pair = load_pair()
+    assert pair.target.ears_kernels == "lean-int4" and pair.dtype == torch.bfloat16 and pair.rows_exact is True
+    for prompt in ("What is the capital of France?", "Write a haiku about the sea."):
+        ids = pair.encode(prompt)
+        base = autoregressive(pair.target, ids, temperature=0.0, max_new_tokens=40)
+        spec = generate(*pair, ids, rule=GreedyRule(), temperature=0.0, max_new_tokens=40, k=3)
+        assert spec.token_ids == base.token_ids and spec.stats.accepted > 0
+    assert "Paris" in pair.tokenizer.decode(autoregressive(pair.target, pair.encode("What is the capital of France?"),
+                                                           temperature=0.0, max_new_tokens=12).token_ids)
+
+
+@pytest.mark.slow
+def test_a_cpu_without_the_kernel_keeps_the_float_target(monkeypatch) -> None:
+    monkeypatch.setattr(gguf_q4, "available", lambda: False)
+    monkeypatch.delenv("EARS_LEAN", raising=False)
+    pair = load_pair(draft=None)
+    assert type(pair.target).__name__ == "LlamaForCausalLM"
+    monkeypatch.setenv("EARS_LEAN", "1")
+    with pytest.raises(ModelLoadError, match="EARS_LEAN=1 but the lean int4 target cannot run here"):
+        load_pair(draft=None)
+    monkeypatch.setenv("EARS_LEAN", "0")
+    monkeypatch.setattr(gguf_q4, "available", lambda: True)
+    assert type(load_pair(draft=None).target).__name__ == "LlamaForCausalLM"  # the float reference, asked for
