@@ -5,7 +5,7 @@ Stages (subcommands):
 
   prompts    write / extend the prompt manifest assets/draft_data/prompts.jsonl: one JSON object a
              line, {"id", "prompt", "task", "source"}. Append-only, so prompt ids never change; built
-             from scripts/draft_prompts_wide.py (plus what ``questions`` adds). ``sample`` syncs it.
+             from scripts/draft_prompts.py (plus what ``questions`` adds). ``sample`` syncs it.
   questions  questions written by the target itself at a high temperature, filtered (one line,
              ends with "?", 4-30 words, new, not a held-out prompt) and appended to the manifest.
   sample     the target's own answers, in batches, with transformers' batched ``generate``:
@@ -177,7 +177,7 @@ def append_manifest(store: Path, new: Iterable[dict[str, str]], held: list[str] 
 
 
 def sync_manifest(store: Path, held: list[str] | None = None) -> list[dict[str, Any]]:
-    from draft_prompts_wide import wide_prompts
+    from draft_prompts import wide_prompts
 
     return append_manifest(store, wide_prompts(), held)
 
@@ -459,7 +459,7 @@ def clean_question(text: str) -> str | None:
 @torch.inference_mode()
 def run_questions(model: Any, tokenizer: Any, store: Path, *, count: int, batch: int, temperature: float, seed: int,
                   pacer: Pacer, log: Callable[[str], None] = print) -> int:
-    from draft_prompts_wide import TOPICS
+    from draft_prompts import TOPICS
 
     manifest = load_manifest(store)
     known = {re.sub(r"\W+", " ", r["prompt"].lower()).strip() for r in manifest}

@@ -230,7 +230,7 @@ def test_held_out_prompts_are_refused_loudly(tmp_path, leak):
 
 
 def test_the_wide_prompt_set_is_large_distinct_and_clean():
-    from draft_prompts_wide import wide_prompts
+    from draft_prompts import wide_prompts
 
     prompts = [p["prompt"] for p in wide_prompts()]
     assert len(prompts) >= 4000 and len(set(prompts)) == len(prompts)

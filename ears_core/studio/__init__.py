@@ -77,24 +77,20 @@ def build_app(pair_loader: Callable[[], ModelPair] | None = None, settings: Sett
               loader: Callable[[str, str | None], ModelPair] | None = None, preload: bool = True,
               gpu_call: Callable[[Callable, str], Callable] = as_is, slot: PairSlot | None = None,
               notice: str = "") -> gr.Blocks:
-    """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot``.
-
-    ``pair_loader()`` loads the configured pair (tests inject a tiny pair): with ``preload`` it
-    starts now, in a background thread, so the first request finds the pair loaded and warmed up
-    (the page says "loading" until then, and a Generate sent sooner waits for it); without, on the
-    first request. ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on
-    the settings). ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders
-    are read from ``rules.RULES`` now. ``gpu_call``: wraps the handlers that decode (module terms);
-    ``slot``: a PairSlot the caller made, with its own settings and loaders; ``notice``: a line under the
-    title (the ZeroGPU Space's: what a request asks for)."""
+    """The Blocks app, queued; ``demo.ears_slot`` is its ``PairSlot``. ``pair_loader()`` loads the
+    configured pair (tests inject a tiny pair): with ``preload`` in a background thread from now on (the
+    page says "loading" until then, and a Generate sent sooner waits); else on the first request.
+    ``loader(target, draft)`` loads a picked pair (default ``models.load_pair`` on the settings).
+    ``settings`` default: ``Settings.from_env()``. The rule selector and its sliders are read from
+    ``rules.RULES`` now. ``gpu_call``: wraps the handlers that decode (module terms); ``slot``: a
+    PairSlot the caller made, with its own settings and loaders; ``notice``: a line under the title."""
     slot = slot or PairSlot(settings or Settings.from_env(), pair_loader, loader)
     settings = slot.settings
     if preload:
         slot.preload()
     with gr.Blocks(title="EARS Studio") as demo:
         gr.Markdown(INTRO)
-        if notice:
-            gr.Markdown(notice, elem_id="notice")
+        gr.Markdown(notice, elem_id="notice", visible=bool(notice))  # the ZeroGPU Space's: what a request asks for
         status = pairs.build_status(slot, demo)
         controls = build_controls(settings)
         pairs.build(slot, status)
