@@ -192,7 +192,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
         return dict(target=s.target, draft=bench.draft_label, machine=quality["machine"], sections={}, quality=quality)
     s = replace(s, sections=tuple(x for x in s.sections if x not in OWN_SECTIONS))
     prompts = load_prompts(s.prompts_file)
-    assisted = s.assisted
+    assisted = s.assisted and hasattr(bench.target, "generate")  # the lean target has no transformers generate()
     if "tree" in s.sections and not hasattr(bench.drafter(), "propose_tree"):
         raise ValueError(f"the tree section needs a draft with a distribution to branch from (a draft model or "
                          f"head), not {bench.draft_label}: drop 'tree' from --sections or choose another --draft")
@@ -237,13 +237,23 @@ def run_quality(s: BenchSettings, bench: Bench, progress: bool = True) -> dict[s
     info = machine(bench.target)
     info["prices_at_start"] = bench.session.profile_text() if bench.session is not None else None
     summary, records = run_section(bench.session, s.quality, parse_frontier(s.quality.sweeps), s.k,
-                                   s.draft_length, progress=say)
+                                   s.draft_length, progress=say, reference=_float_reference(bench))
     info["prices_at_end"] = bench.session.profile_text() if bench.session is not None else None
     summary = dict(target=s.target, draft=bench.draft_label, machine=info,
                    command="python -m ears_core.bench " + " ".join(s.extra.get("argv", [])),
                    settings={k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(s.quality).items()}, **summary)
     write_quality(s.out, summary, records, images=s.images)
     return summary
+
+
+def _float_reference(bench: Bench) -> tuple[str, Any] | None:
+    """The float32 form of a lean embedded target (model/target_path.py), for the quality section's reference."""
+    if getattr(bench.target, "ears_kernels", "") != "lean-int4":
+        return None
+    from ears_core.pair import load_pair
+    from ears_core.serve.session import Session
+
+    return "float32 reference", Session(load_pair("embedded", None, dtype="float32"))
 
 
 def machine(model: torch.nn.Module) -> dict[str, Any]:

@@ -3,14 +3,17 @@
 Through the Session with its defaults (draft-length policy, shape ``auto``, K = 4), on the held-out prompts
 of assets/prompts.json, ``--tokens`` new tokens each, every speculative run interleaved with target-only
 decoding of the same prompt and seed: T = 0 (greedy), the ordinary rule at T = 0.9 and EARS (beta 0.1) at
-T = 0.9. Several target dtypes (``--dtypes``) load side by side and take turns prompt by prompt, so a
+T = 0.9. Several target forms (``--dtypes``: ``lean`` for the int4 target from the GGUF, the default where it
+runs; ``float32`` or ``bfloat16`` for the float target) load side by side and take turns prompt by prompt, so a
 slow spell of the machine falls on all of them; several drafts (``--drafts``: "auto" for the shipped head,
 or head folders) do the same, each with every dtype. Reported per dtype and setting: tokens/s of both, the
 ratio on the decode clock and on the wall clock (each run's request-to-last-token time), the lowest
 per-prompt ratio, tokens a round, time to first token, and the dtype's price curve and draft step.
-Greedy speculative output is checked against target-only output prompt by prompt.
+Greedy speculative output is checked against target-only output prompt by prompt. ``--peer`` measures
+llama.cpp's plain decoding of the same GGUF on the same threads (scripts/llama_cpp_peer.py, built once with
+``--build``) before and after the runs, and puts its tokens/s beside the project's.
 
-    python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes float32,bfloat16] [--out F.json]
+    python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes lean,float32] [--peer] [--out F.json]
     python scripts/measure_speedup.py --dtypes bfloat16 --drafts auto,/tmp/new-head   # a head before shipping it
 
 Run it alone on the machine; state its price curve (printed) next to any figure.
@@ -19,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -82,11 +87,32 @@ def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     return table
 
 
+def _load(spec: str, form: str) -> Any:
+    """The embedded pair with the target in ``form``: "lean" (the int4 target, EARS_LEAN=1) or a float dtype."""
+    if form == "lean":
+        os.environ["EARS_LEAN"] = "1"
+        try:
+            return load_pair("embedded", spec)
+        finally:
+            del os.environ["EARS_LEAN"]
+    return load_pair("embedded", spec, dtype=form)
+
+
+def _peer(threads: int, tokens: int) -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from llama_cpp_peer import measure
+
+    from ears_core.model.embedded import find_embedded_gguf
+
+    return measure(find_embedded_gguf(), threads=threads, repeats=5, tokens=tokens)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=96)
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--dtypes", default="lean,float32")
+    ap.add_argument("--peer", action="store_true", help="measure llama.cpp on the same GGUF before and after")
     ap.add_argument("--drafts", default="auto", help="comma list of draft specs ('auto' = the shipped head, or "
                     "head folders), each measured with every dtype, taking turns prompt by prompt; a spec ending "
                     "in ':general' runs that head through its general forward instead of its layers by hand")
@@ -101,23 +127,31 @@ def main() -> None:
         for dt in a.dtypes.split(","):
             label = dt if len(drafts) == 1 else f"{dt} / {Path(draft).name}"
             spec, general = draft.removesuffix(":general"), draft.endswith(":general")
-            pair = load_pair("embedded", spec, dtype=dt)
+            pair = _load(spec, dt)
             if general:
                 pair.draft.by_hand = False  # draft/head_layers.py's comparison: the general forward
             session = Session(pair)
             session.warm_up()
             sessions[label] = session
             print(label, session.profile_text(), flush=True)
+    peer = [_peer(a.threads, a.tokens)] if a.peer else []
     runs: dict[str, list] = {dt: [] for dt in sessions}
     t0 = time.time()
     for i, p in enumerate(prompts):
         for dt, session in sessions.items():
             runs[dt].append(_one_prompt(session, session.encode(p["prompt"]), a.tokens, seed=i))
         print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s)", flush=True)
+    if a.peer:
+        peer.append(_peer(a.threads, a.tokens))
     result = {"machine": f"{platform.processor() or platform.machine()}, {a.threads} threads, torch {torch.__version__}",
               "prompts": len(prompts), "tokens": a.tokens, "minutes": round((time.time() - t0) / 60, 1),
               "dtypes": {dt: {"price_curve": describe(s.prices), "profile": s.profile_text(), "settings": _fold(runs[dt])}
                          for dt, s in sessions.items()}}
+    if peer:
+        result["peer"] = {"before": peer[0], "after": peer[1],
+                          "generation_tok_s": round((peer[0]["generation_tok_s"] + peer[1]["generation_tok_s"]) / 2, 1)}
+        print(f"\nllama.cpp on the same GGUF, {a.threads} threads: {peer[0]['generation_tok_s']} tok/s before, "
+              f"{peer[1]['generation_tok_s']} after; price curve {peer[0]['price_curve']}")
     for dt, r in result["dtypes"].items():
         print(f"\n{dt}: {r['profile']}")
         for name, row in r["settings"].items():

@@ -149,3 +149,22 @@ def test_the_docs_render_the_quality_tables_from_its_json(sampled, tmp_path):
     filled = md.updated(doc.read_text(), str(out / "quality.json"))
     assert f"from {out / 'quality.json'} view=quality" in filled and "| ordinary |" in filled
     assert "from docs/results/bench_xeon_policy_tree.json view=machine" in filled  # a bench summary's block stays
+
+
+def test_a_reference_form_of_the_target_answers_the_same_questions_and_seeds(tiny_folders, known_questions):
+    """The reference block (the float32 reference beside a lean target): its target-only runs on the same
+    questions and seeds; here the reference is the target itself at T = 0, so it is right where the target is."""
+    from ears_core.quality.section import QualitySettings
+    from ears_core.quality.section import run_section as section
+    from ears_core.report.quality_report import format_quality
+    from ears_core.serve.session import Session
+
+    session = Session(load_pair(str(tiny_folders[0]), str(tiny_folders[1]), device="cpu"))
+    qs = QualitySettings(questions_file=known_questions, questions=4, seeds=2, temperature=0.0, max_new_tokens=6,
+                         categories="all", sweeps="ears:beta=0.5")
+    summary, records = section(session, qs, bench.parse_frontier(qs.sweeps), 2, "fixed",
+                               reference=("float32 reference", session))
+    ref = summary["reference"]
+    assert ref["target"] == "float32 reference" and ref["greedy"]["accuracy"] == summary["greedy"]["accuracy"] == 1.0
+    assert ref["target_only"]["runs"] == 8 and ref["target_only"]["accuracy"] == 1.0
+    assert "float32 reference on the same questions and seeds: greedy 1.000, target-only 1.000" in format_quality(summary)

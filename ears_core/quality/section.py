@@ -13,6 +13,9 @@ lossless    the ordinary rule's accuracy must lie inside target-only's interval:
             output, token for token, so every answer is the same.
 first beta  the smallest EARS beta whose accuracy leaves the ordinary rule's interval
             (``summary.first_outside``), or None.
+reference   a second session on the same target in another form (the float32 reference beside the
+            lean int4 target: model/target_path.py): its greedy and sampled target-only accuracy on the
+            same questions and seeds, beside the section's target (``reference`` in the summary).
 
 ``run_section`` returns the section's summary (a dict, written as JSON by ``report.quality_report``).
 """
@@ -80,9 +83,22 @@ def _greedy(session: Session, qset: QuestionSet, questions: list, max_new: int, 
     return dict(accuracy=round(sum(r.correct for r in records) / len(records), 4), by_category=by_category(records))
 
 
+def _reference(session: Session, label: str, qset: QuestionSet, questions: list, qs: QualitySettings,
+               decoding: Decoding, progress: Callable[[str], Any] | None) -> dict[str, Any]:
+    """Target-only on the reference session, greedy and sampled, on the section's questions and seeds."""
+    greedy = _greedy(session, qset, questions, qs.max_new_tokens, progress) if qs.greedy else None
+    records = list(sweep(session, qset, questions, [Setting("target")], decoding, range(qs.seeds)))
+    row = pool([Setting("target")], records)[0]
+    if progress:
+        progress(f"{label} target-only: {sum(r.correct for r in records)}/{len(records)} right")
+    return dict(target=label, greedy=greedy, target_only=row)
+
+
 def run_section(session: Session, qs: QualitySettings, sweeps: Sequence[Sweep], k: int, draft_length: str = "policy",
-                progress: Callable[[str], Any] | None = None) -> tuple[dict[str, Any], list[Record]]:
-    """Run the section on ``session``'s pair: (its summary, every run's record)."""
+                progress: Callable[[str], Any] | None = None, reference: tuple[str, Session] | None = None
+                ) -> tuple[dict[str, Any], list[Record]]:
+    """Run the section on ``session``'s pair: (its summary, every run's record). ``reference``: (label,
+    session) of the same target in another form (module terms)."""
     qs.check()
     qset = load_questions(qs.questions_file)
     kept = qset.kept(qs.category_list())
@@ -107,4 +123,6 @@ def run_section(session: Session, qs: QualitySettings, sweeps: Sequence[Sweep], 
                                                          for r in ("target-only", "ordinary")},
                    ordinary_inside_target=inside(rows), first_beta_outside_ordinary=first_outside(rows), paper=PAPER,
                    wall_s=round(time.perf_counter() - t0, 1))
+    if reference is not None:
+        summary["reference"] = _reference(reference[1], reference[0], qset, questions, qs, decoding, progress)
     return summary, records

@@ -78,6 +78,11 @@ def format_quality(summary: dict[str, Any]) -> str:
                     f"K = {d['k']}, {d['max_new_tokens']} new tokens; left out: {', '.join(q['left_out']) or 'none'}")
     if summary.get("greedy"):
         lines.append(f"greedy target-only (T = 0) on the same questions: {summary['greedy']['accuracy']:.3f}")
+    ref = summary.get("reference")
+    if ref:
+        greedy = f"greedy {ref['greedy']['accuracy']:.3f}, " if ref.get("greedy") else ""
+        lines.append(f"{ref['target']} on the same questions and seeds: {greedy}target-only "
+                     f"{ref['target_only']['accuracy']:.3f}")
     lines.append(f"ordinary inside target-only's interval: {summary.get('ordinary_inside_target')}; first EARS beta "
                  f"outside the ordinary rule's interval: {summary.get('first_beta_outside_ordinary')}")
     return "\n".join(lines)
