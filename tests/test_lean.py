@@ -231,3 +231,28 @@ def test_a_cpu_without_the_kernel_keeps_the_float_target(monkeypatch) -> None:
     monkeypatch.setenv("EARS_LEAN", "0")
     monkeypatch.setattr(gguf_q4, "available", lambda: True)
     assert type(load_pair(draft=None).target).__name__ == "LlamaForCausalLM"  # the float reference, asked for
+
+
+def test_the_cheapest_chunks_follow_the_measured_width_costs() -> None:
+    from ears_core.model.lean_plan import best_chunks
+
+    cost = [3.3, 4.1, 4.8, 5.7, 10.4, 10.4, 10.3, 10.5]  # an int4 kernel taking rows in blocks of four
+    chunks = best_chunks(cost, 17)
+    assert chunks[:4] == [[1], [2], [3], [4]] and chunks[4] == [3, 2] and chunks[8] == [8, 1] and chunks[16] == [8, 8, 1]
+    assert best_chunks([1.0, 5.0], 3) == [[1], [1, 1], [1, 1, 1]]  # a dear pair: one row at a time
+    assert all(sum(c) == m for m, c in enumerate(chunks, 1))
+
+
+def test_a_row_plan_changes_the_price_never_the_bits(lean_and_reference) -> None:
+    lean, _ = lean_and_reference
+    ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        cache = new_cache(lean)
+        lean(ids[:, :3], past_key_values=cache)
+        before = lean(ids[:, 3:], past_key_values=copy.deepcopy(cache)).logits  # 6 rows, one call each
+        lean.row_plan = {6: (4, 1, 1)}
+        try:
+            after = lean(ids[:, 3:], past_key_values=copy.deepcopy(cache)).logits
+        finally:
+            lean.row_plan = {}
+    assert torch.equal(before, after)

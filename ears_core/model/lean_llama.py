@@ -71,11 +71,18 @@ class _Tied(nn.Module):
         self.weight = weight
 
 
-def _chunked(fn: Any, x: Tensor) -> Tensor:
-    """fn over the rows of x (r, ...) at most ``ROW_CAP`` at a time (module terms: exact rows)."""
-    if x.shape[0] <= ROW_CAP:
+def _chunked(fn: Any, x: Tensor, plan: dict[int, tuple[int, ...]] | None = None) -> Tensor:
+    """fn over the rows of x (r, ...): in the chunks ``plan[r]`` (lean_plan.py) where planned, else at most
+    ``ROW_CAP`` at a time (module terms: exact rows)."""
+    r = x.shape[0]
+    sizes = plan.get(r) if plan else None
+    if sizes is None:
+        if r <= ROW_CAP:
+            return fn(x)
+        sizes = ROW_CAP
+    elif len(sizes) == 1:
         return fn(x)
-    return torch.cat([fn(c) for c in x.split(ROW_CAP)])
+    return torch.cat([fn(c) for c in x.split(sizes)])
 
 
 class LeanLlama(nn.Module):
@@ -98,6 +105,7 @@ class LeanLlama(nn.Module):
         self._head_packed = torch.ops.mkldnn._reorder_linear_weight(embedding, None)  # oneDNN layout, same values
         self.final_norm = final_norm
         self.attn_dtype = attn_dtype
+        self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (lean_plan.py)
         positions = int(getattr(text, "max_position_embeddings", 8192))
         rope = LlamaRotaryEmbedding(text)
         x = torch.zeros(1, 1, self.head_dim)
@@ -166,10 +174,10 @@ class LeanLlama(nn.Module):
         hidden = [x] if output_hidden_states else None
         h_q, h_kv, dim, half = self.heads, self.kv_heads, self.head_dim, self.head_dim // 2
         split = (h_q + h_kv) * dim
-        buf, end, adt = cache.buf, n + m, self.attn_dtype
+        buf, end, adt, plan = cache.buf, n + m, self.attn_dtype, self.row_plan
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)  # (m, d)
-            qkv = _chunked(lambda c: int4_linear(c, layer.qkv), h)  # (m, (H + 2 Hkv) D)
+            qkv = _chunked(lambda c: int4_linear(c, layer.qkv), h, plan)  # (m, (H + 2 Hkv) D)
             qk = qkv[:, :split].view(m, h_q + h_kv, dim)  # (m, H + Hkv, D)
             qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # the rotation, q and k at once
             buf[i, 0, :, n:end].copy_(qk[:, h_q:].transpose(0, 1))  # (Hkv, m, D) new keys
@@ -178,11 +186,11 @@ class LeanLlama(nn.Module):
             a = F.scaled_dot_product_attention(q, buf[i, 0, None, :, :end], buf[i, 1, None, :, :end], attn_mask=mask,
                                                enable_gqa=h_q != h_kv)  # (1, H, m, D)
             a = a[0].transpose(0, 1).reshape(m, h_q * dim).to(x.dtype)  # (m, H D)
-            x = x + _chunked(lambda c: int4_linear(c, layer.o), a)
+            x = x + _chunked(lambda c: int4_linear(c, layer.o), a, plan)
             h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
-            gu = _chunked(lambda c: int4_linear(c, layer.gate_up), h)  # (m, 2 I)
+            gu = _chunked(lambda c: int4_linear(c, layer.gate_up), h, plan)  # (m, 2 I)
             inner = gu.shape[1] // 2
-            x = x + _chunked(lambda c: int4_linear(c, layer.down), F.silu(gu[:, :inner]) * gu[:, inner:])
+            x = x + _chunked(lambda c: int4_linear(c, layer.down), F.silu(gu[:, :inner]) * gu[:, inner:], plan)
             if hidden is not None:
                 hidden.append(x)
         cache.length = end

@@ -61,6 +61,7 @@ def lean_embedded(folder: Path) -> Any:
     from ears_core.model.embedded import find_embedded_gguf
     from ears_core.model.exact_rows import CHECKED_WIDTHS, rows_agree
     from ears_core.model.hub import ModelLoadError
+    from ears_core.model.lean_plan import install_row_plan
     from ears_core.model.lean_target import from_gguf, supported
 
     if not supported():
@@ -70,6 +71,7 @@ def lean_embedded(folder: Path) -> Any:
     except ModelLoadError:
         return None
     model = from_gguf(gguf, AutoConfig.from_pretrained(folder))
+    install_row_plan(model)
     with torch.inference_mode():
         if not rows_agree(model, CHECKED_WIDTHS):
             return None

@@ -1,0 +1,87 @@
+"""How the lean target splits a pass's rows between int4 kernel calls: the cheapest chunks, measured here.
+
+Terms
+-----
+width cost   c(w): one call of every int4 matrix of a layer (qkv, o, gate/up, down) on w rows, the fastest of
+             a few interleaved timings. The kernel takes rows in blocks: on an Intel Xeon with AMX, 30
+             layers cost 3.3 / 4.1 / 4.8 / 5.7 ms at w = 1..4, then 10.4 ms at every w = 5..8 and 15.4 at 9
+             (docs/benchmarks.md), so a pass over 5 rows is cheaper as 4 + 1 than whole.
+plan         for each width m = 1 .. ``MAX_PLANNED``, the chunk sizes (summing to m) with the least summed
+             cost, by dynamic programming over c(1) .. c(``MEASURED``); wider passes (a prompt) run in
+             chunks of ``lean_llama.ROW_CAP``. The kernel's rows do not depend on how many come with them,
+             so any split gives the same bits: the plan changes the price curve, never the output.
+cache        measured once per (CPU, threads, torch) and kept under ``$EARS_CACHE/kernels``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["MAX_PLANNED", "MEASURED", "RowPlan", "best_chunks", "install_row_plan", "measure_widths"]
+
+MEASURED = 8  # widths timed
+MAX_PLANNED = 17  # widths planned: a chain's verify pass (K + 1 <= 9) and a tree's (budget + 1 <= 17)
+
+
+@dataclass
+class RowPlan:
+    """chunks[m - 1] = the chunk sizes for a pass over m rows; cost_ms[w - 1] = c(w) as measured (module terms)."""
+
+    chunks: list[list[int]]
+    cost_ms: list[float] = field(default_factory=list)
+    key: str = ""
+    measured_at: str = ""
+
+
+def best_chunks(cost: list[float], widths: int = MAX_PLANNED) -> list[list[int]]:
+    """For m = 1 .. widths, the chunk sizes (each at most len(cost)) with the least summed cost; ties keep
+    fewer chunks, larger first."""
+    best: list[tuple[float, list[int]]] = [(0.0, [])]
+    for m in range(1, widths + 1):
+        options = [(best[m - w][0] + cost[w - 1], sorted([w, *best[m - w][1]], reverse=True))
+                   for w in range(1, min(m, len(cost)) + 1)]
+        best.append(min(options, key=lambda o: (round(o[0], 9), len(o[1]))))
+    return [b[1] for b in best[1:]]
+
+
+@torch.inference_mode()
+def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: int = 20) -> list[float]:
+    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost)."""
+    from ears_core.model.gguf_q4 import int4_linear
+
+    layer = model.layers[0]
+    mats = (layer.qkv, layer.o, layer.gate_up, layer.down)
+    g = torch.Generator().manual_seed(0)
+    xs = {w: [torch.randn(w, m.in_features, generator=g).to(torch.bfloat16) for m in mats] for w in range(1, widths + 1)}
+    best = [float("inf")] * widths
+    for _ in range(rounds):
+        for w in range(1, widths + 1):
+            for x, m in zip(xs[w], mats):
+                int4_linear(x, m)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                for x, m in zip(xs[w], mats):
+                    int4_linear(x, m)
+            best[w - 1] = min(best[w - 1], (time.perf_counter() - t0) / calls * 1e3 * len(model.layers))
+    return [round(b, 4) for b in best]
+
+
+def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False) -> RowPlan:
+    """Give a LeanLlama its row plan: read from the cache, or measured (about a second) and cached."""
+    from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
+
+    layer = model.layers[0]
+    key = f"{layer.qkv.out_features}x{layer.gate_up.out_features}x{layer.down.in_features}|{machine_tag(torch.bfloat16)}"
+    path = kernel_file("lean_rows", key, cache_dir)
+    plan = None if refresh else read_cached(path, RowPlan)
+    if plan is None or len(plan.chunks) < MAX_PLANNED:
+        cost = measure_widths(model)
+        plan = RowPlan(best_chunks(cost), cost, key, time.strftime("%Y-%m-%d %H:%M:%S"))
+        write_cached(path, asdict(plan))
+    model.row_plan = {m: tuple(c) for m, c in enumerate(plan.chunks, 1)}
+    return plan
