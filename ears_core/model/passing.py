@@ -8,7 +8,7 @@ throttled   while a process holds more OpenMP threads than it has cores (two poo
             2 masters and 2 workers), libgomp's idle workers stop spinning almost at once and sleep,
             so every later parallel region waits for a wake-up. Decoding in other threads after loading
             in the main one was measured well below decoding in one thread, and a load in a thread that
-            exits gave the one-thread speed back (docs/measurements.md, scripts/measure_threads.py).
+            exits gave the one-thread speed back (docs/measurements.md, docs/history.md).
 passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn returns, so its pool
             goes with it: ``load_pair`` and ``Session.warm_up`` run their timing passes that way, and
             a caller may decode in its own thread or in ``runs.Background`` threads at full speed.
