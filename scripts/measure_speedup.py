@@ -150,8 +150,13 @@ def main() -> None:
     if peer:
         result["peer"] = {"before": peer[0], "after": peer[1],
                           "generation_tok_s": round((peer[0]["generation_tok_s"] + peer[1]["generation_tok_s"]) / 2, 1)}
-        print(f"\nllama.cpp on the same GGUF, {a.threads} threads: {peer[0]['generation_tok_s']} tok/s before, "
-              f"{peer[1]['generation_tok_s']} after; price curve {peer[0]['price_curve']}")
+        for kind in peer[0]["kinds"]:
+            print(f"\nllama.cpp ({kind['kind']}) on the same GGUF, {a.threads} threads: {kind['generation_tok_s']} tok/s "
+                  f"before; price curve {kind['price_curve']}; wider passes {kind['wide_passes']}")
+        print(f"llama.cpp's fastest generation: {peer[0]['generation_tok_s']} tok/s before, "
+              f"{peer[1]['generation_tok_s']} after")
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
     for dt, r in result["dtypes"].items():
         print(f"\n{dt}: {r['profile']}")
         for name, row in r["settings"].items():
@@ -161,8 +166,6 @@ def main() -> None:
                   f"{row['shapes']}, TTFT {row['ttft_s_mean']:.2f} s, a round in steps: "
                   + " + ".join(f"{k} {v:.2f}" for k, v in row["round_in_steps"].items())
                   + (f", greedy = target on {row['greedy_equal']}/{len(prompts)}" if row["greedy_equal"] is not None else ""))
-    if a.out:
-        Path(a.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

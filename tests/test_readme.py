@@ -4,6 +4,7 @@ exists, and every table of figures matches the bench summary it names (scripts/b
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 from pathlib import Path
@@ -92,7 +93,23 @@ def test_every_table_of_figures_matches_the_summary_it_names():
         blocks += len(md.BLOCK.findall(text))
         assert md.updated(text) == text, (f"{doc.relative_to(ROOT)}: a FIGURES block differs from its summary: "
                                           f"python scripts/bench_markdown.py --update {doc.relative_to(ROOT)}")
-    assert blocks >= 10  # the README's table and every section of docs/benchmarks.md
+    assert blocks >= 8  # every bench section of docs/benchmarks.md (the headline figures: the test below)
+
+
+def test_the_headline_figures_are_those_of_the_run_they_cite():
+    """The README's and benchmarks.md's lean-path tables quote docs/results/speedup_xeon_lean.json."""
+    run = json.loads((DOCS / "results" / "speedup_xeon_lean.json").read_text())
+    lean, old = run["dtypes"]["lean"]["settings"], run["dtypes"]["bfloat16"]["settings"]
+    quoted = [f"{lean['T=0']['target_only_tokens_per_s']:.1f}", f"{lean['T=0']['speculative_tokens_per_s']:.1f}",
+              f"{lean['EARS 0.1 T=0.9']['speculative_tokens_per_s']:.1f}", f"{old['T=0']['target_only_tokens_per_s']:.1f}",
+              f"{old['T=0']['speculative_tokens_per_s']:.1f}", f"{lean['T=0']['ratio_decode']:.2f}x",
+              f"{run['peer']['generation_tok_s']:.0f} tok/s"]
+    for doc in (README, DOCS / "benchmarks.md"):
+        text = doc.read_text(encoding="utf-8")
+        missing = [q for q in quoted[:-1] if q not in text]
+        assert not missing, f"{doc.name} does not quote {missing} from results/speedup_xeon_lean.json"
+    assert quoted[-1] in README.read_text(encoding="utf-8")
+    assert lean["T=0"]["greedy_equal"] == run["prompts"]  # greedy speculative = target-only on every prompt
 
 
 def test_bench_markdown_renders_a_summary_and_repoints_blocks(tmp_path):
