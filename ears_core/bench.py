@@ -192,7 +192,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
         return dict(target=s.target, draft=bench.draft_label, machine=quality["machine"], sections={}, quality=quality)
     s = replace(s, sections=tuple(x for x in s.sections if x not in OWN_SECTIONS))
     prompts = load_prompts(s.prompts_file)
-    assisted = s.assisted and hasattr(bench.target, "generate")  # the lean target has no transformers generate()
+    assisted = s.assisted and isinstance(bench.target, PreTrainedModel)  # not the lean target: no assistant models
     if "tree" in s.sections and not hasattr(bench.drafter(), "propose_tree"):
         raise ValueError(f"the tree section needs a draft with a distribution to branch from (a draft model or "
                          f"head), not {bench.draft_label}: drop 'tree' from --sections or choose another --draft")

@@ -256,3 +256,28 @@ def test_a_row_plan_changes_the_price_never_the_bits(lean_and_reference) -> None
         finally:
             lean.row_plan = {}
     assert torch.equal(before, after)
+
+
+def test_generate_decodes_greedily_as_autoregressive_does(lean_and_reference) -> None:
+    lean, _ = lean_and_reference
+    ids = torch.tensor([[3, 17, 17, 60]])
+    out = lean.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12)
+    assert out.shape == (1, 16) and torch.equal(out[:, :4], ids)
+    assert out[0, 4:].tolist() == autoregressive(lean, ids, temperature=0.0, max_new_tokens=12).token_ids
+    with pytest.raises(ValueError, match="ears_core.generate"):
+        lean.generate(ids, assistant_model=lean)
+
+
+def test_decoding_on_a_lean_target_stops_at_its_end_of_sequence_token() -> None:
+    ref = _tied_tiny(0, std=0.3)
+    lean = from_float_model(ref)
+    ids = torch.tensor([[1, 5, 7, 9]])
+    free = autoregressive(lean, ids, temperature=0.0, max_new_tokens=24).token_ids
+    eos = free[5]  # make the sixth greedy token the end of sequence
+    lean.generation_config.eos_token_id = eos
+    stopped = autoregressive(lean, ids, temperature=0.0, max_new_tokens=24).token_ids
+    assert stopped == free[: free.index(eos) + 1]
+    spec = generate(lean, ModelDrafter(copy.deepcopy(ref), 96), ids, rule=GreedyRule(), temperature=0.0,
+                    max_new_tokens=24, k=3)
+    assert spec.token_ids == stopped
+    assert lean.generate(ids, max_new_tokens=24)[0, 4:].tolist() == stopped

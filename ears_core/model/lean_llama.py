@@ -93,7 +93,10 @@ class LeanLlama(nn.Module):
         super().__init__()
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
+        from transformers import GenerationConfig
+
         self.config = config
+        self.generation_config = GenerationConfig.from_model_config(config)  # end-of-sequence ids, as transformers'
         text = config.get_text_config()
         self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
         self.hidden = int(text.hidden_size)
@@ -201,6 +204,29 @@ class LeanLlama(nn.Module):
         logits = _chunked(self._logits, keep)[None]  # (1, kept, V)
         states = None if hidden is None else tuple(t[None] for t in hidden)  # each (1, m, d)
         return LeanOutput(logits, states, cache)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 20,
+                 do_sample: bool = False, temperature: float = 1.0, eos_token_id: int | list[int] | None = None,
+                 **unused: Any) -> Tensor:
+        """transformers' ``generate`` for the common case: greedy or plain sampling (torch's global generator),
+        one sequence, stopping at an end-of-sequence token -> (1, T + new) ids. Other options (top-k, top-p,
+        assistant models) are not taken: ``ears_core.autoregressive`` and ``generate`` are the full decoders."""
+        if any(unused.get(key) for key in ("assistant_model", "prompt_lookup_num_tokens", "num_beams")):
+            raise ValueError("the lean target's generate() decodes plainly; use ears_core.generate for speculative decoding")
+        eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+        cache, inp, out = self.new_cache(), input_ids, [input_ids]
+        for _ in range(max_new_tokens):
+            logits = self(inp, attention_mask=attention_mask if inp is input_ids else None, past_key_values=cache,
+                          logits_to_keep=1).logits[:, -1].float()  # (1, V)
+            tok = (torch.multinomial(torch.softmax(logits / temperature, -1), 1) if do_sample
+                   else logits.argmax(-1, keepdim=True))  # (1, 1)
+            out.append(tok)
+            if int(tok) in stops:
+                break
+            inp = tok
+        return torch.cat(out, dim=1)
 
     def extra_repr(self) -> str:
         return (f"layers={len(self.layers)}, hidden={self.hidden}, heads={self.heads}/{self.kv_heads}, "

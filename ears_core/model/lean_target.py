@@ -115,4 +115,6 @@ def from_float_model(model: Any, attn_dtype: torch.dtype = torch.float64) -> Lea
             layers.append(_layer(b, block.input_layernorm.weight.float(), block.post_attention_layernorm.weight.float()))
         emb = model.get_input_embeddings().weight.detach().to(torch.bfloat16)
         norm = model.model.norm.weight.detach().to(torch.bfloat16)
-    return LeanLlama(model.config, layers, emb.clone(), norm.clone(), attn_dtype)
+    lean = LeanLlama(model.config, layers, emb.clone(), norm.clone(), attn_dtype)
+    lean.generation_config = model.generation_config
+    return lean

