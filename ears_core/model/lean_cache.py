@@ -30,6 +30,14 @@ class LeanCache:
                  device: torch.device | str = "cpu") -> None:
         self.buf = torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # (L, 2, Hkv, C, D)
         self.length = 0
+        self._views: list[tuple[Tensor, Tensor, Tensor]] | None = None
+
+    def layer_views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer: keys and values (2, Hkv, C, D), keys (1, Hkv, C, D), values (1, Hkv, C, D): views of the
+        buffer, made once per allocation (a pass slices them instead of indexing the buffer anew)."""
+        if self._views is None:
+            self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
+        return self._views
 
     @property
     def capacity(self) -> int:
@@ -50,6 +58,7 @@ class LeanCache:
         grown = self.buf.new_zeros(*self.buf.shape[:3], cap, self.buf.shape[4])
         grown[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
         self.buf = grown
+        self._views = None
 
     def drop_last(self, n: int) -> None:
         """Drop the last n >= 0 cached positions."""
@@ -71,4 +80,5 @@ class LeanCache:
     def __deepcopy__(self, memo: dict) -> "LeanCache":
         fresh = copy.copy(self)
         fresh.buf = self.buf.clone()
+        fresh._views = None
         return fresh

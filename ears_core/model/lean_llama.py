@@ -115,8 +115,10 @@ class LeanLlama(nn.Module):
         cos, sin = rope(x, torch.arange(positions)[None])  # (1, P, D) each, float32
         half = self.head_dim // 2
         sign = torch.cat([-torch.ones(half), torch.ones(half)])  # rotate_half(x) = roll(x, half) * sign
-        self._cos = cos[0].to(torch.bfloat16)[:, None]  # (P, 1, D)
-        self._sin = (sin[0] * sign).to(torch.bfloat16)[:, None]  # (P, 1, D)
+        # per head of the fused q/k/v output: q and k heads rotate, v heads pass (cos 1, sin 0: the same bits)
+        rotates = torch.arange(self.heads + 2 * self.kv_heads) < self.heads + self.kv_heads  # (H + 2 Hkv,)
+        self._cos = torch.where(rotates[None, :, None], cos[0][:, None], 1.0).to(torch.bfloat16)  # (P, H + 2 Hkv, D)
+        self._sin = torch.where(rotates[None, :, None], (sin[0] * sign)[:, None], 0.0).to(torch.bfloat16)
         self.ears_kernels = "lean-int4"
 
     # -------------------------------------------------------------------- transformers' accessors
@@ -176,19 +178,16 @@ class LeanLlama(nn.Module):
         x = self.embed(input_ids[0])  # (m, d)
         hidden = [x] if output_hidden_states else None
         h_q, h_kv, dim, half = self.heads, self.kv_heads, self.head_dim, self.head_dim // 2
-        split = (h_q + h_kv) * dim
-        buf, end, adt, plan = cache.buf, n + m, self.attn_dtype, self.row_plan
-        for i, layer in enumerate(self.layers):
+        end, adt, plan = n + m, self.attn_dtype, self.row_plan
+        for layer, (kv, k_all, v_all) in zip(self.layers, cache.layer_views()):
             h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)  # (m, d)
-            qkv = _chunked(lambda c: int4_linear(c, layer.qkv), h, plan)  # (m, (H + 2 Hkv) D)
-            qk = qkv[:, :split].view(m, h_q + h_kv, dim)  # (m, H + Hkv, D)
-            qk = torch.addcmul(qk * cos, qk.roll(half, -1), sin)  # the rotation, q and k at once
-            buf[i, 0, :, n:end].copy_(qk[:, h_q:].transpose(0, 1))  # (Hkv, m, D) new keys
-            buf[i, 1, :, n:end].copy_(qkv[:, split:].view(m, h_kv, dim).transpose(0, 1))  # new values
-            q = qk[:, :h_q].transpose(0, 1)[None].to(adt)  # (1, H, m, D)
-            a = F.scaled_dot_product_attention(q, buf[i, 0, None, :, :end], buf[i, 1, None, :, :end], attn_mask=mask,
+            qkv = _chunked(lambda c: int4_linear(c, layer.qkv), h, plan).view(m, h_q + 2 * h_kv, dim)  # (m, H + 2 Hkv, D)
+            qkv = torch.addcmul(qkv * cos, qkv.roll(half, -1), sin)  # q and k rotated, v as it was
+            kv[:, :, n:end].copy_(qkv[:, h_q:].view(m, 2, h_kv, dim).permute(1, 2, 0, 3))  # (2, Hkv, m, D) new keys, values
+            q = qkv[:, :h_q].transpose(0, 1)[None].to(adt)  # (1, H, m, D)
+            a = F.scaled_dot_product_attention(q, k_all[:, :, :end], v_all[:, :, :end], attn_mask=mask,
                                                enable_gqa=h_q != h_kv)  # (1, H, m, D)
-            a = a[0].transpose(0, 1).reshape(m, h_q * dim).to(x.dtype)  # (m, H D)
+            a = a[0].to(x.dtype).transpose(0, 1).reshape(m, h_q * dim)  # (m, H D)
             x = x + _chunked(lambda c: int4_linear(c, layer.o), a, plan)
             h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
             gu = _chunked(lambda c: int4_linear(c, layer.gate_up), h, plan)  # (m, 2 I)
