@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from ears_core.model.kv_cache import doubled_capacity
+
 __all__ = ["HeadCache", "HeadLayers", "supports"]
 
 
@@ -70,9 +72,7 @@ class HeadCache:
         need = self.length + extra
         if need <= self.capacity:
             return
-        cap = self.capacity
-        while cap < need:
-            cap *= 2
+        cap = doubled_capacity(self.capacity, need)
         for store in (self.keys, self.values):
             for i, t in enumerate(store):
                 grown = t.new_zeros(t.shape[0], t.shape[1], cap, t.shape[3])  # (B, H_kv, cap, D)

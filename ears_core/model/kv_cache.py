@@ -20,7 +20,14 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["cache_device", "drop_last_positions", "keep_tail_positions", "new_cache"]
+__all__ = ["cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions", "new_cache"]
+
+
+def doubled_capacity(capacity: int, need: int) -> int:
+    """The capacity a preallocated cache grows to for ``need`` positions: doubled until it holds them."""
+    while capacity < need:
+        capacity *= 2
+    return capacity
 
 
 def new_cache(model: Any) -> Any:

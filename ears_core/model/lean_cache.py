@@ -20,6 +20,8 @@ import copy
 import torch
 from torch import Tensor
 
+from ears_core.model.kv_cache import doubled_capacity
+
 __all__ = ["LeanCache"]
 
 
@@ -52,10 +54,7 @@ class LeanCache:
         need = self.length + m
         if need <= self.capacity:
             return
-        cap = self.capacity
-        while cap < need:
-            cap *= 2
-        grown = self.buf.new_zeros(*self.buf.shape[:3], cap, self.buf.shape[4])
+        grown = self.buf.new_zeros(*self.buf.shape[:3], doubled_capacity(self.capacity, need), self.buf.shape[4])
         grown[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
         self.buf = grown
         self._views = None
