@@ -74,6 +74,8 @@ def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "ratio_decode": (tot(spec, "n") / tot(spec, "decode_s")) / (tot(base, "n") / tot(base, "decode_s")),
             "ratio_wall": (tot(spec, "n") / tot(spec, "wall_s")) / (tot(base, "n") / tot(base, "wall_s")),
             "lowest_prompt_ratio": min(per_prompt), "tokens_per_round": tot(spec, "n") / max(tot(spec, "rounds"), 1),
+            "per_prompt": [{"ratio": round(r, 3), "tokens": s["n"], "rounds": s["rounds"], "drafted": s["drafted"],
+                            "accepted": s["accepted"]} for r, s in zip(per_prompt, spec)],
             "acceptance": tot(spec, "accepted") / max(tot(spec, "drafted"), 1),
             "ttft_s_mean": sum(x["ttft_s"] or 0 for x in spec) / len(spec),
             "shapes": sorted({x["shape"] for x in spec}),
