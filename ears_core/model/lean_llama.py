@@ -10,9 +10,8 @@ lean step     one target pass with none of the general model's per-call machiner
 numerics      the lean target is its own function, and it is *the* target wherever it runs:
               target-only and speculative decoding both call it. It computes the GGUF's own weights
               (scales rounded to bfloat16) in bfloat16; the float32 reference (``EARS_LEAN=0``)
-              computes the same blocks dequantised in float32. Greedy, on 16 held-out prompts x 64 tokens,
-              the lean target shares 535 of 1,024 tokens of prefix with the float32 reference, the
-              bfloat16 float target 597 (docs/benchmarks.md).
+              computes the same blocks dequantised in float32 (how closely their greedy texts agree:
+              docs/benchmarks.md).
 exact rows    row j of a pass over m tokens must equal, bit for bit, a one-token pass at its position, or
               greedy speculative output parts from target-only output. The int4 kernel and the packed
               head are row-invariant (up to ``ROW_CAP`` rows a call); the attention is not in bfloat16,

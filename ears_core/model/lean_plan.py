@@ -3,9 +3,8 @@
 Terms
 -----
 width cost   c(w): one call of every int4 matrix of a layer (qkv, o, gate/up, down) on w rows, the fastest of
-             a few interleaved timings. The kernel takes rows in blocks: on an Intel Xeon with AMX, 30
-             layers cost 3.3 / 4.1 / 4.8 / 5.7 ms at w = 1..4, then 10.4 ms at every w = 5..8 and 15.4 at 9
-             (docs/benchmarks.md), so a pass over 5 rows is cheaper as 4 + 1 than whole.
+             a few interleaved timings. The kernel takes rows in blocks of four, so a pass over 5 rows
+             can cost as much as one over 8 and less as 3 + 2 (the costs: docs/measurements.md).
 plan         for each width m = 1 .. ``MAX_PLANNED``, the chunk sizes (summing to m) with the least summed
              cost, by dynamic programming over c(1) .. c(``MEASURED``); wider passes (a prompt) run in
              chunks of ``lean_llama.ROW_CAP``. The kernel's rows do not depend on how many come with them,

@@ -5,8 +5,8 @@ Terms
 from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and minimums (un-permuted for
                q and k as transformers' loader does); the norms are the file's float32 values in
                bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
-               Building takes about half a second (reading 92 MiB and repacking 210 matrices), so the
-               packed form is not cached: only the measured choice below is.
+               Building reads the 92 MiB file and repacks 210 matrices, quickly enough that the packed form
+               is not cached (docs/measurements.md).
 from floats    ``q4_1_blocks`` quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
                so any Llama can run lean; the tests build a tiny random one and compare it with
                transformers' forward over the same blocks dequantised.

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["PathChoice", "lean_embedded", "requested", "choose_path"]
+__all__ = ["PathChoice", "cached_choice", "choose_path", "lean_embedded", "requested"]
 
 MEASURED_M = (1, 3, 5)
 
@@ -80,12 +80,6 @@ def lean_embedded(folder: Path) -> Any:
     return model
 
 
-def _key() -> str:
-    from ears_core.model.output_head import machine_tag
-
-    return machine_tag(torch.bfloat16)
-
-
 def _ms(model: Any) -> dict[str, float]:
     from ears_core.model.pass_times import measure_pass_ms
 
@@ -93,16 +87,29 @@ def _ms(model: Any) -> dict[str, float]:
     return {str(m): round(v[m - 1], 3) for m in MEASURED_M}
 
 
+def _choice_file(cache_dir: str | os.PathLike | None) -> tuple[str, Path]:
+    from ears_core.model.output_head import kernel_file, machine_tag
+
+    key = machine_tag(torch.bfloat16)
+    return key, kernel_file("target_path", key, cache_dir)
+
+
+def cached_choice(cache_dir: str | os.PathLike | None = None) -> PathChoice | None:
+    """This machine's choice as measured before (module terms: choice), or None."""
+    from ears_core.model.output_head import read_cached
+
+    return read_cached(_choice_file(cache_dir)[1], PathChoice)
+
+
 def choose_path(lean: Any, load_float: Callable[[], Any], cache_dir: str | os.PathLike | None = None,
                 refresh: bool = False) -> PathChoice:
     """Whether the lean model beats the float one on this machine (module terms: choice); cached."""
-    from ears_core.model.output_head import kernel_file, read_cached, write_cached
+    from ears_core.model.output_head import write_cached
 
-    key = _key()
-    path = kernel_file("target_path", key, cache_dir)
-    choice = None if refresh else read_cached(path, PathChoice)
+    choice = None if refresh else cached_choice(cache_dir)
     if choice is not None:
         return choice
+    key, path = _choice_file(cache_dir)
     reference = load_float()
     ms = {"lean": {}, "float": {}}
     for _ in range(2):  # interleaved: a slow minute of the machine hits both
