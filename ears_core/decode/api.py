@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import torch
 from transformers import PreTrainedModel
 
 from ears_core.decode.baseline import target_only_events
@@ -144,7 +145,7 @@ def tree_stream(
     """
     rule = _checked_rule(rule)
     spec = TreeSpec(budget, depth, width, siblings)
-    if drafter is not None and not hasattr(drafter, "propose_tree") and isinstance(drafter, PreTrainedModel):
+    if drafter is not None and not hasattr(drafter, "propose_tree") and isinstance(drafter, torch.nn.Module):
         drafter = ModelDrafter(drafter)
     if drafter is None or not hasattr(drafter, "propose_tree"):
         raise ValueError(f"tree decoding needs a draft model or a drafter with propose_tree(), got {type(drafter).__name__}")

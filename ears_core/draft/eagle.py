@@ -63,7 +63,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
-from ears_core.draft.head_layers import HeadCache, HeadLayers, supports
+from ears_core.draft.head_layers import HeadCache, supports
 from ears_core.draft.trees import additive_mask
 from ears_core.model.kv_cache import drop_last_positions
 from ears_core.sampling import sample_with_uniforms
@@ -178,7 +178,8 @@ class EagleDrafter:
         self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
         self.by_hand = supports(head.body)  # the head's layers run by hand (head_layers.py); False: its general forward
-        self._layers: HeadLayers | None = None  # built at prefill, when the head's dtype and kernels are set
+        self._layers: Any = None  # HeadLayers (or a GraphedHead on CUDA), built at prefill once dtype and kernels are set
+        self.cuda_graphs = True  # on CUDA, run the head's passes as captured graphs (model/graphed.py)
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
@@ -214,7 +215,7 @@ class EagleDrafter:
         """The head body over z (B, m, d) on the state's cache -> (B, m, d). positions (m,) and mask
         (m, entries + m) bool, True where a row may attend: a tree's rows; None: causal."""
         cache = self._s.cache
-        if isinstance(cache, HeadCache):
+        if not isinstance(cache, DynamicCache):  # a HeadCache, or a graphed head's slots
             return self._layers(z, cache, positions, mask)
         extra = {}
         if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
@@ -227,7 +228,8 @@ class EagleDrafter:
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         if self.by_hand:
-            self._layers = HeadLayers(self.head.body)
+            from ears_core.model.graphed import head_layers
+            self._layers = head_layers(self.head, self.cuda_graphs and input_ids.shape[0] == 1)
             cache: HeadCache | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
         else:
             cache = DynamicCache(config=self.head.config)
@@ -300,7 +302,7 @@ class EagleDrafter:
         next_token; target_hidden (B, n + 1, d) holds the target's features for them."""
         s = self._s
         assert s is not None, "prefill() first"
-        if isinstance(s.cache, HeadCache):  # drop the entries made from predicted features
+        if not isinstance(s.cache, DynamicCache):  # drop the entries made from predicted features
             s.cache.crop(s.cache_len)
         else:
             drop_last_positions(s.cache, s.cache.get_seq_length() - s.cache_len)

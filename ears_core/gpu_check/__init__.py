@@ -15,7 +15,10 @@ What it checks (each module defines its terms):
                    (skipped, never passed, when not): greedy equality on five prompts, EARS 0.1 at T = 0.9.
   speed.py         (left out by ``--quick``) the price curve m = 1..16, the draft step, target-only against
                    speculative tokens/s with the draft-length policy (chain and tree) for the largest pair
-                   present (else a synthetic layer-skip pair, synthetic.py), and host syncs per round.
+                   present (else, or with ``--synthetic``, a synthetic layer-skip pair, synthetic.py), and
+                   host syncs per round.
+  captured.py      on CUDA, the same pair with its passes as captured CUDA graphs (the default) and eager:
+                   capture time, both price curves and tokens/s, and the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m ears_core.gpu_check", description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     ap.add_argument("--quick", action="store_true", help="correctness only: leave out the speed part")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="the speed part on the synthetic skip pair even where a real pair is present")
+    ap.add_argument("--speed-only", action="store_true", help="the speed part alone (no correctness checks)")
     return ap.parse_args(argv)
 
 
@@ -49,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_NO_CUDA
     from ears_core.gpu_check.plan import run_all
 
-    report = run_all(torch.device(args.device), quick=args.quick)
+    report = run_all(torch.device(args.device), quick=args.quick, synthetic=args.synthetic,
+                     speed_only=args.speed_only)
     print(report.summary_line(), flush=True)
     print(report.json_line(), flush=True)
     return report.exit_code()

@@ -58,9 +58,13 @@ def parting(target: torch.nn.Module, ids: torch.Tensor, ref: list[int], got: lis
     return j, float(top2[0] - top2[1]), band
 
 
-def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 48) -> Check:
-    """Chain (K = 4) and tree rounds at T = 0 against the target's own greedy decoding, 5 prompts."""
+def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 48, captured: bool = False) -> Check:
+    """Chain (K = 4) and tree rounds at T = 0 against the target's own greedy decoding, 5 prompts.
+    ``captured``: both models run the static pass, as captured CUDA graphs on CUDA (model/graphed.py)."""
     target, draft = small_pair(device, dtype)
+    if captured:
+        from ears_core.model.graphed import GraphedLM
+        target, draft = GraphedLM(target, capture=device.type == "cuda"), GraphedLM(draft, capture=device.type == "cuda")
     ties, accepted, drafted = [], 0, 0
     for prompt in PROMPTS:
         ids = torch.tensor([prompt], device=device)

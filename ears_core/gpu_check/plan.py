@@ -13,9 +13,10 @@ from typing import Any
 
 import torch
 
-from ears_core.gpu_check import correctness, real_pairs, speed
+from ears_core.gpu_check import captured, correctness, real_pairs, speed
 from ears_core.gpu_check.outcome import Check, Report
 from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
+from ears_core.model.graphed import graphed_or_eager
 from ears_core.model.hub import resolve_dtype
 from ears_core.pair import ModelPair, load_pair
 from ears_core.rules import EARSRule
@@ -44,6 +45,8 @@ def _correctness(report: Report, device: torch.device) -> None:
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
         report.run(f"greedy equality {name}", lambda d=dtype: correctness.greedy_equality(device, d, tokens))
+    report.run("greedy equality captured bfloat16",
+               lambda: correctness.greedy_equality(device, torch.bfloat16, tokens, captured=True))
     report.run("lossless ordinary rule", lambda: correctness.lossless(device))
     report.run("EARS emits its exact law", lambda: correctness.lossless(device, rule=EARSRule(beta=0.3),
                                                                         expect="emitted"))
@@ -66,16 +69,18 @@ def _real(report: Report, device: torch.device) -> list[tuple[str, str, int]]:
     return present
 
 
-def _subject(device: torch.device, present: list[tuple[str, str, int]]) -> tuple[ModelPair, list[torch.Tensor], int]:
+def _subject(device: torch.device, present: list[tuple[str, str, int]], synthetic: bool = False
+             ) -> tuple[ModelPair, list[torch.Tensor], int]:
     """The speed part's pair, its prompts and new tokens per run (module terms)."""
     cuda = device.type == "cuda"
     new_tokens, n_prompts = (128, 3) if cuda else (32, 2)
-    if present:
+    if present and not synthetic:
         pair = load_pair(present[0][0], present[0][1], device=device)
         return pair, [pair.encode(p) for p in real_pairs.REAL_PROMPTS[:n_prompts]], new_tokens
     shape = SKIP_GPU if cuda else SKIP_CPU
     dtype = resolve_dtype(None, device)
     target, draft = skip_pair(device, dtype, shape)
+    target, draft = graphed_or_eager(target), graphed_or_eager(draft)  # as load_pair does on CUDA
     pair = ModelPair(target, draft, None, device, dtype, f"synthetic skip pair ({shape.layers} layers <- "
                      f"{shape.draft_layers}, {shape.params_m:.0f}M parameters)", shape.vocab, "synthetic")
     g = torch.Generator().manual_seed(1)
@@ -83,27 +88,57 @@ def _subject(device: torch.device, present: list[tuple[str, str, int]]) -> tuple
     return pair, prompts, new_tokens
 
 
-def _speed(report: Report, device: torch.device, present: list[tuple[str, str, int]]) -> None:
-    pair, prompts, new_tokens = _subject(device, present)
+def _capture(pair: ModelPair, prompt: torch.Tensor) -> Check:
+    seconds = captured.prepare(pair, prompt)
+    parts = captured.graphed_parts(pair)
+    graphs = sum(len(p.runner.bank.graphs) for p in parts)
+    if not parts:
+        return Check("", "skip", "nothing in this pair runs as captured graphs (EARS_CUDA_GRAPHS=0, or a model the "
+                     "static pass cannot run: model/static_decoder.py)", {})
+    return Check("", "pass", f"{graphs} graphs of {len(parts)} models captured in {seconds:.2f} s",
+                 {"capture_s": round(seconds, 3), "graphs": graphs, "models": len(parts)})
+
+
+def _speed(report: Report, device: torch.device, present: list[tuple[str, str, int]], synthetic: bool = False) -> None:
+    pair, prompts, new_tokens = _subject(device, present, synthetic)
     report.context["speed_pair"] = pair.name
+    eager = captured.eager_twin(pair) if device.type == "cuda" else None
+    if eager is not None:
+        report.run("capture", lambda: _capture(pair, prompts[0]))
     curve_check = report.run("price curve", lambda: speed.price_curve(pair))
     if curve_check.status != "pass":
         return
     session = Session(pair, prices=speed.curve_of(curve_check))
     report.run("tokens/s", lambda: speed.tokens_per_second(session, prompts, new_tokens))
     report.run("host syncs per round", lambda: speed.host_syncs(session, prompts[0]))
+    if eager is None or not captured.graphed_parts(pair):
+        return
+    eager_curve = report.run("price curve eager", lambda: speed.price_curve(eager))
+    if eager_curve.status == "pass":
+        eager_session = Session(eager, prices=speed.curve_of(eager_curve))
+        report.run("tokens/s eager", lambda: speed.tokens_per_second(eager_session, prompts, new_tokens))
+    report.run("captured = eager", lambda: captured.same_tokens(pair, eager, prompts, new_tokens))
+    report.run("capture, all told", lambda: Check("", "pass", f"{captured.capture_seconds(pair):.2f} s capturing "
+                                                  "over the whole check", {"capture_s": captured.capture_seconds(pair)}))
 
 
-def run_all(device: torch.device, quick: bool = False) -> Report:
-    """Every check on ``device``, in order: correctness, real pairs, then (unless ``quick``) speed."""
+
+def run_all(device: torch.device, quick: bool = False, synthetic: bool = False, speed_only: bool = False) -> Report:
+    """Every check on ``device``, in order: correctness, real pairs, then (unless ``quick``) speed.
+    ``synthetic``: the speed part on the synthetic skip pair even where a real pair is present;
+    ``speed_only``: the speed part alone."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the report's lines only
     report = Report(context(device))
     print(f"gpu_check on {report.context['device_name']} ({device}), torch {torch.__version__}, "
           f"transformers {report.context['transformers']}", flush=True)
-    _correctness(report, device)
-    present = _real(report, device)
+    present: list[tuple[str, str, int]] = []
+    if not speed_only:
+        _correctness(report, device)
+        present = _real(report, device)
+    elif not synthetic:
+        present = real_pairs.present_pairs()
     if not quick:
-        _speed(report, device, present)
+        _speed(report, device, present, synthetic)
     return report

@@ -42,6 +42,10 @@ def describe_device(model: torch.nn.Module) -> str:
     if len(devices) > 1:
         return f"{', '.join(devices)} via accelerate's device map ({dtype})"
     dev = torch.device(devices[0])
+    if getattr(model, "ears_kernels", "") == "cuda-graphs":  # model/graphed.py
+        dtype += ", captured CUDA graphs"
+    elif getattr(model, "ears_eager_reason", None):
+        dtype += f", eager: {model.ears_eager_reason}"
     if dev.type == "cuda":
         return f"{dev} {torch.cuda.get_device_name(dev)} ({dtype})"
     return f"{dev} ({dtype})"

@@ -21,7 +21,8 @@ shape       ``RunConfig.draft_shape``: "chain", "tree" or "auto" (the default). 
             head or a draft model; not n-gram lookup), the rule is lossless and a ratio rule (greedy
             at T = 0, the ordinary rule or EARS at beta 0 at T > 0; a lossy rule keeps a chain) and a
             wide verify pass is cheap on this machine: V(5) <= 1.3 steps on the session's price curve
-            (``TREE_WIDTH_M``, ``TREE_MAX_STEPS``); else a chain. docs/benchmarks.md gives the
+            (``TREE_WIDTH_M``, ``TREE_MAX_STEPS``), never on CUDA (a tree round's host syncs cost more
+            there than its nodes bring: docs/gpu.md); else a chain. docs/benchmarks.md gives the
             measurements this rule follows.
 tree        ``RunConfig.draft_shape`` "tree": each round verifies a tree of drafts (decode/)
             of depth K at most and ``tree_budget`` nodes: at most, sized each round by the cost model
@@ -311,6 +312,8 @@ class Session:
     def wide_passes_are_cheap(self) -> bool:
         """Whether a verify pass over ``TREE_WIDTH_M`` tokens costs at most ``TREE_MAX_STEPS`` target
         steps on this machine (module terms: shape): what a tree's extra nodes need to pay."""
+        if self.pair.device.type == "cuda":  # a tree round builds and walks its tree on the host: on a GPU it
+            return False  # makes tens of host syncs a round and lost to the chain where measured (docs/gpu.md)
         return self.prices.steps(TREE_WIDTH_M) <= TREE_MAX_STEPS
 
     def speculative(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None,

@@ -1,0 +1,267 @@
+"""Models whose decode passes replay captured CUDA graphs: a causal LM (target or draft) and an EAGLE head's body.
+
+Terms
+-----
+captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens (a one-token step, a chain's verify
+               pass, a draft step): its inputs are copied into the width's static buffers, the graph for
+               (m, bucket) replays (cuda_graphs.py), and the outputs are copied out of the graph's buffers
+               (a few small copies: the decode loop may keep features across passes).
+eager pass     everything else runs the same static pass (static_decoder.py) without a graph: a prompt, a
+               tree pass (its mask and positions are not a chain's), a width past ``MAX_WIDTH``. The
+               kernels are the same, so the numbers are too.
+GraphedLM      wraps a transformers causal LM with its calling convention (``past_key_values``,
+               ``logits_to_keep``, ``output_hidden_states``, a tree's ``attention_mask`` and
+               ``position_ids``); ``new_cache()`` makes its SlotCache. ``model`` is the wrapped LM, whose own
+               forward still runs (eagerly) on the same weights.
+GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
+capture        ``capture_s``: seconds spent capturing so far (the first pass of each width and bucket).
+inference      every pass runs under ``torch.inference_mode`` whatever the caller's mode: the static buffers
+               it updates in place are inference tensors once made there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ears_core.model.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
+from ears_core.model.static_decoder import StaticDecoder, additive_mask_over, causal_mask
+
+__all__ = ["GraphedLM", "GraphedHead", "GraphedOutput", "MAX_WIDTH", "CAPACITY"]
+
+MAX_WIDTH = 16  # the widest pass captured: a verify pass over K + 1 <= 16 tokens
+CAPACITY = 1024  # slots a static KV starts with (it doubles past them)
+
+
+@dataclass
+class GraphedOutput:
+    """What a pass returns, by transformers' names: logits (1, kept, V); hidden_states or None."""
+
+    logits: Tensor
+    hidden_states: tuple[Tensor, ...] | None
+    past_key_values: SlotCache
+
+
+class _Runner:
+    """A static decoder, its KV state, its graphs and the per-width buffers they read (module terms)."""
+
+    def __init__(self, static: StaticDecoder, capture: bool, with_hidden: bool) -> None:
+        self.static = static
+        self.bank = GraphBank(static.device, capture)
+        self.kv = StaticKV(static.new_kv, min(CAPACITY, static.max_positions), self.bank)
+        self.with_hidden = with_hidden
+        self.arange = torch.arange(max(MAX_WIDTH, 1), device=static.device)  # (W,)
+        self.io: dict[int, dict[str, Tensor]] = {}
+
+    def _buffers(self, m: int, x: Tensor) -> dict[str, Tensor]:
+        io = self.io.get(m)
+        if io is None:
+            s = self.static
+            io = self.io[m] = {"x": torch.empty_like(x), "pos": torch.empty(m, dtype=torch.long, device=s.device)}
+            if self.with_hidden:
+                io["hidden"] = torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device)
+        return io
+
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
+              hidden: Tensor | None) -> Any:  # overridden: what one pass computes from its input rows x
+        raise NotImplementedError
+
+    def run(self, cache: SlotCache, x: Tensor, positions: Tensor | None = None,
+            seen: Tensor | None = None) -> tuple[Any, Tensor | None]:
+        """One pass over the m rows ``x`` at the cache's end -> (body outputs, hidden (L + 1, m, d) or None).
+        positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal."""
+        m, n = int(x.shape[0]), cache.length
+        s = self.static
+        if n + m > s.max_positions:
+            raise ValueError(f"a pass to position {n + m} is past the model's {s.max_positions} positions: "
+                             "shorten the prompt or max_new_tokens")
+        buf = cache.buffer(m)
+        c = bucket(n + m, self.kv.capacity)
+        kv = buf[:, :, :, :c]  # (L, 2, Hkv, c, D)
+        if positions is None and seen is None and m <= MAX_WIDTH:
+            io = self._buffers(m, x)
+            io["x"].copy_(x)
+            torch.add(self.arange[:m], n, out=io["pos"])
+
+            def captured() -> Any:
+                mask = causal_mask(io["pos"], c, s.groups, s.dtype)  # (G m, c)
+                return self._body(io["x"], io["pos"], io["pos"], mask, kv, io.get("hidden"))
+
+            out = self.bank.run((m, c), captured)
+            cache.length = n + m
+            return out, io.get("hidden")
+        slots = torch.arange(n, n + m, device=s.device)  # (m,)
+        pos = slots if positions is None else positions.reshape(-1).to(s.device)
+        if seen is None:
+            mask = causal_mask(slots, c, s.groups, s.dtype)
+        else:
+            wide = torch.zeros(m, c, dtype=torch.bool, device=s.device)
+            wide[:, : n + m] = seen[..., : n + m].reshape(m, n + m)
+            mask = additive_mask_over(wide, s.groups, s.dtype)
+        hidden = torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device) if self.with_hidden else None
+        out = self._body(x, pos, slots, mask, kv, hidden)
+        cache.length = n + m
+        return out, hidden
+
+
+    @torch.inference_mode()
+    def warm(self, widths: Any, rows: Any) -> None:
+        """Capture the passes of ``widths`` on the first bucket now, on a scratch cache; rows(m) makes m input rows."""
+        cache = SlotCache(self.kv)
+        self.run(cache, rows(32))
+        for m in widths:
+            self.run(cache, rows(m))
+            cache.drop_last(m)
+
+
+class _LMRunner(_Runner):
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None) -> Any:
+        states = self.static.run(self.static.embed(x), pos, slots, mask, kv, hidden)  # (m, d)
+        return states, self.static.logits(states)  # (m, d), (m, V)
+
+
+class _HeadRunner(_Runner):
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None) -> Any:
+        return self.static.run(x, pos, slots, mask, kv, None)  # (m, d)
+
+
+def _seen(attention_mask: Tensor | None) -> Tensor | None:
+    """A tree pass's (1, 1, m, L) mask, additive or bool -> bool, True where a row may attend; None otherwise."""
+    if attention_mask is None or attention_mask.dim() != 4:
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("a graphed model takes no padding: pass unpadded ids, batch 1")
+        return None
+    return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+
+
+class GraphedLM(nn.Module):
+    """A transformers causal LM whose passes replay CUDA graphs (module terms). Batch 1."""
+
+    def __init__(self, model: nn.Module, capture: bool | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+        self.generation_config = getattr(model, "generation_config", None)
+        dev = next(model.parameters()).device
+        self.runner = _LMRunner(StaticDecoder.of_causal_lm(model), graphs_wanted(dev) if capture is None else capture,
+                                with_hidden=True)
+        self.ears_kernels = "cuda-graphs" if self.runner.bank.capture else "static"
+
+    @property
+    def device(self) -> torch.device:
+        return self.runner.static.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runner.static.dtype
+
+    @property
+    def capture_s(self) -> float:
+        return self.runner.bank.capture_s
+
+    def warm(self, widths: Any) -> None:
+        """Capture the passes over ``widths`` tokens now (model/cuda_graphs.py)."""
+        self.runner.warm(widths, lambda m: torch.zeros(m, dtype=torch.long, device=self.device))
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.model.get_output_embeddings()
+
+    def new_cache(self) -> SlotCache:
+        return SlotCache(self.runner.kv)
+
+    @torch.inference_mode()  # the static buffers are updated in place: inference tensors (module terms)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                past_key_values: SlotCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
+                output_hidden_states: bool = False, **unused: Any) -> GraphedOutput:
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+            raise ValueError(f"a graphed model decodes one sequence at a time: ids (1, T), not {tuple(input_ids.shape)}")
+        cache = past_key_values if past_key_values is not None else self.new_cache()
+        if not isinstance(cache, SlotCache) or cache.kv is not self.runner.kv:
+            raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "
+                            "model.new_cache() (ears_core.model.kv_cache.new_cache)")
+        seen = _seen(attention_mask)
+        (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen)
+        keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
+        states_out = None
+        if output_hidden_states:
+            states_out = tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
+        return GraphedOutput(keep[None].clone(), states_out, cache)
+
+    @torch.inference_mode()
+    def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
+        """The wrapped model's ``generate`` (eager): transformers' full options."""
+        return self.model.generate(input_ids, max_new_tokens=max_new_tokens, **kwargs)
+
+
+class GraphedHead:
+    """An EAGLE head body's layers as captured passes, with ``HeadLayers``' interface (module terms)."""
+
+    def __init__(self, body: nn.Module, capture: bool | None = None) -> None:
+        static = StaticDecoder(list(body.layers), body.norm, body.rotary_emb, body.config)
+        self.runner = _HeadRunner(static, graphs_wanted(static.device) if capture is None else capture,
+                                  with_hidden=False)
+
+    @property
+    def capture_s(self) -> float:
+        return self.runner.bank.capture_s
+
+    def warm(self, widths: Any) -> None:
+        """Capture the passes over ``widths`` rows now (model/cuda_graphs.py)."""
+        s = self.runner.static
+        self.runner.warm(widths, lambda m: torch.zeros(m, s.hidden, dtype=s.dtype, device=s.device))
+
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> "HeadSlots":
+        if batch != 1:
+            raise ValueError("a graphed draft head drafts one sequence at a time (batch 1)")
+        return HeadSlots(self.runner.kv)
+
+    @torch.inference_mode()
+    def __call__(self, z: Tensor, cache: "HeadSlots", positions: Tensor | None = None,
+                 mask: Tensor | None = None) -> Tensor:
+        """z (1, m, d) -> (1, m, d) predicted features; positions (m,) and mask (m, length + m) bool: a tree's rows."""
+        out, _ = self.runner.run(cache, z[0], positions, mask)
+        return out[None].clone()
+
+
+class HeadSlots(SlotCache):
+    """A head's SlotCache with ``HeadCache``'s crop: keep the first ``length`` positions."""
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a head cache of {self.length} positions to {length}")
+        self.length = length
+
+
+def graphed_or_eager(model: nn.Module) -> nn.Module:
+    """``model`` as a GraphedLM where passes on its device are captured (``EARS_CUDA_GRAPHS``) and the static
+    pass can run it; else ``model`` itself, with ``ears_eager_reason`` saying why where capture was wanted."""
+    from ears_core.model.static_decoder import supports
+
+    dev = next(model.parameters()).device
+    if not graphs_wanted(dev):
+        return model
+    reason = supports(model)
+    if reason is not None:
+        model.ears_eager_reason = reason
+        return model
+    return GraphedLM(model, capture=True)
+
+
+def head_layers(head: nn.Module, want_graphs: bool) -> Any:
+    """The layers a drafter runs an EAGLE head's body with: a GraphedHead (built once per head, shared by the
+    drafters of every generation) where passes are captured and ``want_graphs``; else ``HeadLayers``."""
+    from ears_core.draft.head_layers import HeadLayers
+
+    dev = head.body.norm.weight.device
+    if want_graphs and graphs_wanted(dev):
+        built = head.__dict__.get("_ears_graphed")
+        if built is None:
+            built = head.__dict__["_ears_graphed"] = GraphedHead(head.body, capture=True)
+        return built
+    return HeadLayers(head.body)
