@@ -49,6 +49,9 @@ class _Runner:
     """A static decoder, its KV state, its graphs and the per-width buffers they read (module terms)."""
 
     def __init__(self, static: StaticDecoder, capture: bool, with_hidden: bool) -> None:
+        from ears_core.model.attention import avoid_replanning_attention
+
+        avoid_replanning_attention(static.device)  # before any capture: no cuDNN attention plans inside a graph
         self.static = static
         self.bank = GraphBank(static.device, capture)
         self.kv = StaticKV(static.new_kv, min(CAPACITY, static.max_positions), self.bank)
