@@ -6,8 +6,9 @@ mark        a point in time: ``time.perf_counter()`` on CPU; on CUDA a
             ``torch.cuda.Event(enable_timing=True)`` recorded on the current stream, so taking
             it costs no synchronisation (the GPU stamps it when it gets there).
 ms(a, b)    milliseconds between two marks. On CUDA it reads the events' elapsed time, which
-            is only valid once both have completed: call it after the round's existing host
-            sync (the verdict's ``.tolist()``), never between marks.
+            is only valid once both have completed: it waits for b when b is still queued (a
+            captured pass returns before its kernels have run), so call it after the round's
+            existing host sync (the verdict's ``.tolist()``), where b has almost always completed.
 """
 
 from __future__ import annotations
@@ -35,4 +36,8 @@ class StepClock:
 
     def ms(self, a: Any, b: Any) -> float:
         """Milliseconds from mark a to mark b (on CUDA: after a sync that covers b)."""
-        return float(a.elapsed_time(b)) if self.cuda else (b - a) * 1000.0
+        if not self.cuda:
+            return (b - a) * 1000.0
+        if not b.query():
+            b.synchronize()
+        return float(a.elapsed_time(b))
