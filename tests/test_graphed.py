@@ -150,6 +150,7 @@ def test_models_the_static_pass_cannot_run_are_named_with_the_reason() -> None:
 def test_fused_weights_are_views_so_the_wrapped_model_computes_the_same() -> None:
     ref, lm = graphed_pair(6)
     ids = torch.tensor([[4, 8, 15, 16, 23, 42]])
+    lm(ids)  # the first pass builds the static pass, fusing the weights
     assert torch.allclose(lm.model(ids).logits, ref(ids).logits, atol=1e-6)
     attn = lm.model.model.layers[0].self_attn
     assert attn.k_proj.weight.untyped_storage().data_ptr() == attn.q_proj.weight.untyped_storage().data_ptr()
@@ -254,3 +255,18 @@ def test_a_graphed_model_runs_under_no_grad_after_inference_mode_made_its_buffer
     with torch.no_grad():
         out = lm(ids).logits
     assert torch.allclose(out, ref(ids).logits, atol=1e-4)
+
+
+@torch.inference_mode()
+def test_a_capture_that_fails_runs_the_pass_eagerly_and_says_why() -> None:
+    ref, lm = graphed_pair(9)
+    assert lm._runner is None  # nothing is built until the first pass (model/graphed.py: lazy)
+    lm.runner.bank.capture = True  # as on CUDA; here the capture itself fails (no CUDA)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    cache = lm.new_cache()
+    out = torch.cat([lm(ids[:, :2], past_key_values=cache).logits, lm(ids[:, 2:], past_key_values=cache).logits], 1)
+    assert torch.allclose(out, ref(ids).logits, atol=1e-4)
+    assert lm.capture_failed.startswith("capture failed: ") and not lm.runner.bank.capture
+    lm.ears_kernels = "cuda-graphs"
+    from ears_core.model.hub import describe_device
+    assert "eager: capture failed" in describe_device(lm)

@@ -8,6 +8,9 @@ draft step      one draft forward over one token, in ms and in target steps.
 tokens/s        target-only against speculative decoding through the Session with the draft-length
                 policy (draft length "policy", K = 8), chain and tree shapes, T = 0, on the same prompts
                 interleaved; each run's new tokens over its decode clock, summed over the prompts.
+round parts     each run's decode clock per round: drafting (the drafter's steps and host reads), the
+                target's pass, the rest of the round (verify, the verdict's host read, cache cuts, events),
+                and what fell outside the rounds (the prefill, per-run setup).
 host syncs      on CUDA, ``torch.cuda.set_sync_debug_mode`` flags every operation that makes the host
                 wait for the device; counted over one fixed-K run and divided by its rounds. A per-position
                 ``.item()`` in the loop would make the count grow with K: K = 2 and K = 8 are compared.
@@ -55,17 +58,20 @@ def _config(shape: str, new_tokens: int, length: str = "policy", k: int = 8) -> 
                      draft_shape=shape)
 
 
-def _run(run: Any) -> tuple[int, float, int, int, int]:
-    """Drain a Tracked run -> (new tokens, decode seconds, rounds, drafted, accepted)."""
+def _run(run: Any) -> tuple[float, ...]:
+    """Drain a Tracked run -> (new tokens, decode seconds, rounds, drafted, accepted, then ms in the rounds'
+    drafting, their target passes and the rest of the rounds: module terms, round parts)."""
     for _ in run:
         pass
     s = run.stats()
-    return s.new_tokens, s.decode_s, s.steps, s.drafted, s.accepted
+    steps = run.steps
+    parts = [sum(getattr(r, name) for r in steps) for name in ("draft_ms", "target_ms", "overhead_ms")]
+    return (s.new_tokens, s.decode_s, s.steps, s.drafted, s.accepted, *parts)
 
 
 def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens: int) -> Check:
     """Target-only, chain policy and tree policy on the same prompts, interleaved (module terms)."""
-    totals = {name: [0, 0.0, 0, 0, 0] for name in ("target-only", "chain", "tree")}
+    totals = {name: [0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0] for name in ("target-only", "chain", "tree")}
     for i, ids in enumerate([prompts[0], *prompts]):  # the first pass is the warm-up (kernels, caches): not counted
         runs = {"target-only": session.baseline(ids, _config("chain", new_tokens)),
                 "chain": session.speculative(ids, _config("chain", new_tokens)),
@@ -76,12 +82,22 @@ def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens:
                 totals[name] = [a + b for a, b in zip(totals[name], got)]
     tps = {name: t[0] / t[1] for name, t in totals.items()}
     figures = {name: {"tokens_per_s": round(tps[name], 1), "rounds": t[2], "drafted": t[3], "accepted": t[4],
-                      "tokens_per_round": round(t[0] / max(t[2], 1), 2)} for name, t in totals.items()}
+                      "tokens_per_round": round(t[0] / max(t[2], 1), 2), "ms_per_round": _parts(t)}
+               for name, t in totals.items()}
     base = tps["target-only"]
     detail = (f"target-only {base:.1f} tokens/s; chain {tps['chain']:.1f} ({tps['chain'] / base:.2f}x, "
               f"{figures['chain']['tokens_per_round']} a round); tree {tps['tree']:.1f} ({tps['tree'] / base:.2f}x, "
               f"{figures['tree']['tokens_per_round']} a round); {len(prompts)} prompts x {new_tokens} tokens, T = 0")
     return Check("", "pass", detail, figures)
+
+
+def _parts(t: list[float]) -> dict[str, float]:
+    """A run's decode clock per round, in ms: drafting, the target's pass, the rest of the round, and what
+    the decode clock counted outside the rounds (the prefill, per-run setup)."""
+    rounds = max(t[2], 1)
+    outside = t[1] * 1000.0 - sum(t[5:8])
+    return {name: round(v / rounds, 3) for name, v in
+            (("draft", t[5]), ("target_pass", t[6]), ("rest", t[7]), ("outside_rounds", outside))}
 
 
 def _syncs(session: Session, ids: torch.Tensor, cfg: RunConfig) -> tuple[int, int]:

@@ -19,6 +19,8 @@ slot cache    ``SlotCache``: one generation's cache on a static KV: its length, 
 bucket        the KV slots a pass attends over: the smallest power of two >= 256 that holds the cache
               after the pass, at most the capacity. A graph is captured per (width, bucket).
 switch        ``EARS_CUDA_GRAPHS``: 1 (the default) captures on CUDA, 0 keeps every pass eager.
+fallback      a capture that fails (a device or driver that refuses it) turns capture off for that bank: the
+              pass runs eagerly then and after, with the same kernels, and ``failed`` says why.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class GraphBank:
         self.pool: Any = None
         self.capture_s = 0.0  # seconds spent capturing, warm-ups included
         self.replays = 0
+        self.failed: str | None = None  # why capture stopped here (module terms: fallback), None while it runs
 
     def run(self, key: Any, fn: Callable[[], Any]) -> Any:
         """fn's outputs, from the graph captured for ``key`` (captured now if new); fn() reads and writes
@@ -70,21 +73,30 @@ class GraphBank:
         hit = self.graphs.get(key)
         if hit is None:
             t0 = time.perf_counter()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()  # the warm-up: what the replay will compute (module terms)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            if self.pool is None:
-                self.pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(graph, pool=self.pool):
-                out = fn()
-            hit = self.graphs[key] = (graph, out)
-            self.capture_s += time.perf_counter() - t0
+            try:
+                hit = self.graphs[key] = self._capture(fn)
+            except Exception as exc:  # noqa: BLE001 - any failure to capture means: run eagerly from now on
+                self.capture, self.failed = False, f"capture failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                self.graphs.clear()
+                return fn()
+            finally:
+                self.capture_s += time.perf_counter() - t0
         hit[0].replay()
         self.replays += 1
         return hit[1]
+
+    def _capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()  # the warm-up: what the replay will compute (module terms)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = fn()
+        return graph, out
 
     def clear(self) -> None:
         self.graphs.clear()

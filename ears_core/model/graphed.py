@@ -15,6 +15,10 @@ GraphedLM      wraps a transformers causal LM with its calling convention (``pas
                forward still runs (eagerly) on the same weights.
 GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
 capture        ``capture_s``: seconds spent capturing so far (the first pass of each width and bucket).
+lazy           a GraphedLM builds its static pass (the fused weights, the KV buffer) at its first pass, not
+               when it wraps the model: on ZeroGPU the model is wrapped in the app's process, whose "cuda"
+               tensors are stand-ins, and the first pass runs in the worker that holds the GPU, so the
+               fused weights are made there, once, from the real ones.
 inference      every pass runs under ``torch.inference_mode`` whatever the caller's mode: the static buffers
                it updates in place are inference tensors once made there.
 """
@@ -149,21 +153,32 @@ class GraphedLM(nn.Module):
         self.config = model.config
         self.generation_config = getattr(model, "generation_config", None)
         dev = next(model.parameters()).device
-        self.runner = _LMRunner(StaticDecoder.of_causal_lm(model), graphs_wanted(dev) if capture is None else capture,
-                                with_hidden=True)
-        self.ears_kernels = "cuda-graphs" if self.runner.bank.capture else "static"
+        self._capture = graphs_wanted(dev) if capture is None else capture
+        self._runner: _LMRunner | None = None  # built at the first pass (module terms: lazy)
+        self.ears_kernels = "cuda-graphs" if self._capture and dev.type == "cuda" else "static"
+
+    @property
+    def runner(self) -> _LMRunner:
+        if self._runner is None:
+            self._runner = _LMRunner(StaticDecoder.of_causal_lm(self.model), self._capture, with_hidden=True)
+        return self._runner
+
+    @property
+    def capture_failed(self) -> str | None:
+        """Why passes run eagerly after all (cuda_graphs.py: fallback), or None."""
+        return self._runner.bank.failed if self._runner is not None else None
 
     @property
     def device(self) -> torch.device:
-        return self.runner.static.device
+        return next(self.model.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.runner.static.dtype
+        return next(self.model.parameters()).dtype
 
     @property
     def capture_s(self) -> float:
-        return self.runner.bank.capture_s
+        return self._runner.bank.capture_s if self._runner is not None else 0.0
 
     def warm(self, widths: Any) -> None:
         """Capture the passes over ``widths`` tokens now (model/cuda_graphs.py)."""

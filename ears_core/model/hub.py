@@ -43,7 +43,8 @@ def describe_device(model: torch.nn.Module) -> str:
         return f"{', '.join(devices)} via accelerate's device map ({dtype})"
     dev = torch.device(devices[0])
     if getattr(model, "ears_kernels", "") == "cuda-graphs":  # model/graphed.py
-        dtype += ", captured CUDA graphs"
+        failed = model.capture_failed
+        dtype += f", eager: {failed}" if failed else ", captured CUDA graphs"
     elif getattr(model, "ears_eager_reason", None):
         dtype += f", eager: {model.ears_eager_reason}"
     if dev.type == "cuda":
