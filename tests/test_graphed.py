@@ -11,7 +11,7 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from conftest import PROMPTS, perturbed_copy, tiny_llama
-from ears_core import GreedyRule, autoregressive, generate, tree_generate
+from ears_core import GreedyRule, StandardRule, autoregressive, generate, tree_generate
 from ears_core.draft.drafters import ModelDrafter
 from ears_core.draft.eagle import EagleDrafter
 from ears_core.draft.head_layers import HeadLayers
@@ -207,16 +207,19 @@ def test_an_eagle_drafter_on_a_graphed_target_and_head_drafts_as_by_hand(monkeyp
     torch.manual_seed(5)
     head = DraftHead(head_config_from_target(ref.config), torch.arange(0, 96, 2)).eval()
     target = GraphedLM(copy.deepcopy(ref), capture=False)
-    runs = []
-    for tgt, graphs in ((ref, False), (target, True)):
-        drafter = EagleDrafter(copy.deepcopy(head), tgt)
-        drafter.cuda_graphs = graphs
-        runs.append(generate(tgt, drafter, PROMPTS[2], rule=GreedyRule(), k=3, temperature=0, max_new_tokens=20))
-        assert isinstance(drafter._layers, GraphedHead if graphs else HeadLayers)
-    assert runs[0].token_ids == runs[1].token_ids
-    assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
-    drafted = [[(d.token_id, round(d.q, 4)) for s in run.steps for d in s.drafts] for run in runs]
-    assert drafted[0] and drafted[0] == drafted[1]  # the same drafts with the same draft probabilities
+    for rule, temperature in ((GreedyRule(), 0.0), (StandardRule(), 0.9)):
+        runs = []
+        for tgt, graphs in ((ref, False), (target, True)):
+            drafter = EagleDrafter(copy.deepcopy(head), tgt)
+            drafter.cuda_graphs = graphs
+            runs.append(generate(tgt, drafter, PROMPTS[2], rule=rule, k=3, temperature=temperature,
+                                 max_new_tokens=20, seed=4))
+            assert isinstance(drafter._layers, GraphedHead if graphs else HeadLayers)
+            assert (drafter._steps is not None) == graphs  # the chain's draft steps through step_graphs.py
+        assert runs[0].token_ids == runs[1].token_ids
+        assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
+        drafted = [[(d.token_id, round(d.q, 4)) for s in run.steps for d in s.drafts] for run in runs]
+        assert drafted[0] and drafted[0] == drafted[1]  # the same drafts with the same draft probabilities
 
 
 def test_auto_never_picks_a_tree_on_cuda() -> None:
@@ -270,3 +273,18 @@ def test_a_capture_that_fails_runs_the_pass_eagerly_and_says_why() -> None:
     lm.ears_kernels = "cuda-graphs"
     from ears_core.model.hub import describe_device
     assert "eager: capture failed" in describe_device(lm)
+
+
+@pytest.mark.parametrize("rule,temperature", [(GreedyRule(), 0.0), (StandardRule(), 0.9)])
+def test_a_graphed_draft_model_s_captured_step_drafts_as_transformers_forward(rule, temperature) -> None:
+    ref = tiny_llama(0, vocab=96, layers=2, hidden=32)
+    draft = perturbed_copy(ref, 0.05, 2)
+    graphed = GraphedLM(copy.deepcopy(draft), capture=False)
+    runs = []
+    for d in (draft, graphed):
+        drafter = ModelDrafter(d, 96)
+        runs.append(generate(ref, drafter, torch.tensor([[3, 17, 60, 2]]), rule=rule, k=4, temperature=temperature,
+                             max_new_tokens=24, seed=3))
+        assert (drafter._steps is not None) == (d is graphed)
+    drafted = [[(x.token_id, round(x.q, 4)) for s in run.steps for x in s.drafts] for run in runs]
+    assert drafted[0] and drafted[0] == drafted[1] and runs[0].token_ids == runs[1].token_ids

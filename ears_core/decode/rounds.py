@@ -144,9 +144,13 @@ def decode_rounds(target: PreTrainedModel, drafter: Any, shape: RoundShape, ids:
     clock = StepClock(dev)  # CUDA events on a GPU, read after the round's sync
     rule = verifying_rule(rule, cfg.sampling.greedy)  # the same verdicts; GreedyRule's for the ordinary rule at T = 0
     every = torch.arange(cfg.max_new_tokens + shape.depth + 1, device=dev)  # every output position a round may use
+
+    def probs_fn(logits: Tensor) -> Tensor:
+        return logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling)
+
+    probs_fn.sampling_key = (cfg.vocab_size, cfg.sampling)  # names what it computes (draft/step_graphs.py)
     ctx = RoundContext(
-        target, drafter, rule, cfg, {s: counter_uniforms(cfg.seed, every, s) for s in Stream},
-        lambda logits: logits_to_probs(logits[..., : cfg.vocab_size], cfg.sampling),
+        target, drafter, rule, cfg, {s: counter_uniforms(cfg.seed, every, s) for s in Stream}, probs_fn,
         bool(getattr(drafter, "needs_target_hidden", False)), cfg.with_distortion and not rule.lossless)
     observe = getattr(rule, "observe_round", None)  # a rule with state across rounds (e.g. a distortion budget)
     with torch.inference_mode():

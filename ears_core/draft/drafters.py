@@ -25,7 +25,7 @@ support             (optional, default None) a (N,) long tensor of the token ids
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -85,6 +85,19 @@ def model_vocab_size(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+def _step_graphs(model: Any, vocab_size: int) -> Any:
+    """A graphed draft model's captured draft step (draft/step_graphs.py), made once per model; else None."""
+    from ears_core.model.graphed import GraphedLM
+
+    if not isinstance(model, GraphedLM):
+        return None
+    steps = model.__dict__.get("step_graphs")
+    if steps is None or steps.vocab_size != vocab_size:
+        from ears_core.draft.step_graphs import LMStepGraphs
+        steps = model.__dict__["step_graphs"] = LMStepGraphs(model, vocab_size)
+    return steps
+
+
 class ModelDrafter:
     """A Hugging Face causal LM used as the draft, with its own KV cache and rollback."""
 
@@ -96,6 +109,7 @@ class ModelDrafter:
         self.device = model.device
         self._cache: DynamicCache | None = None
         self._cache_len = 0  # tokens in the cache
+        self._steps: Any = None  # a graphed model's captured draft step, set at prefill
         self._pending: Tensor | None = None  # (B, P) committed tokens not yet in the cache
         self._proposed: Tensor | None = None  # (B, k) the last proposal
         self._base = 0  # committed length when the last proposal started
@@ -106,6 +120,7 @@ class ModelDrafter:
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
         self._cache = new_cache(self.model)
         self._cache_len = 0
+        self._steps = _step_graphs(self.model, self.vocab_size)
         if input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self._cache, use_cache=True, logits_to_keep=1)
             self._cache_len = input_ids.shape[1] - 1
@@ -121,7 +136,20 @@ class ModelDrafter:
         self._base = self._cache_len + self._pending.shape[1]
         tokens, probs, self.confidence = [], [], []
         inp = self._pending  # (B, P)
+        steps = self._steps if self._steps is not None and getattr(probs_fn, "sampling_key", None) else None
         for i in range(k):
+            if steps is not None and inp.shape[1] == 1:  # one captured graph (draft/step_graphs.py)
+                conf_t, pr, tok = steps.step(self._cache, inp[:, 0], uniforms[:, i], probs_fn)
+                self._cache_len += 1
+                if keep is not None:
+                    conf = float(conf_t)  # one host read, before the draw is used
+                    if not keep(conf):
+                        break
+                    self.confidence.append(conf)
+                tokens.append(tok)
+                probs.append(pr)
+                inp = tok.unsqueeze(-1)
+                continue
             logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
             self._cache_len += inp.shape[1]
             if keep is not None:

@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
 from ears_core.draft.head_layers import HeadCache, supports
+from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import additive_mask
 from ears_core.model.kv_cache import drop_last_positions
 from ears_core.sampling import sample_with_uniforms
@@ -180,6 +181,7 @@ class EagleDrafter:
         self.by_hand = supports(head.body)  # the head's layers run by hand (head_layers.py); False: its general forward
         self._layers: Any = None  # HeadLayers (or a GraphedHead on CUDA), built at prefill once dtype and kernels are set
         self.cuda_graphs = True  # on CUDA, run the head's passes as captured graphs (model/graphed.py)
+        self._steps: StepGraphs | None = None  # its chain draft steps as captured graphs (draft/step_graphs.py)
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
 
@@ -228,8 +230,12 @@ class EagleDrafter:
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         if self.by_hand:
-            from ears_core.model.graphed import head_layers
+            from ears_core.model.graphed import GraphedHead, head_layers
             self._layers = head_layers(self.head, self.cuda_graphs and input_ids.shape[0] == 1)
+            if isinstance(self._layers, GraphedHead) and self._n_space:  # one captured graph per draft step
+                self._steps = self._layers.__dict__.get("step_graphs")
+                if self._steps is None:
+                    self._steps = self._layers.__dict__["step_graphs"] = StepGraphs(self, self._layers.runner)
             cache: HeadCache | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
         else:
             cache = DynamicCache(config=self.head.config)
@@ -254,6 +260,9 @@ class EagleDrafter:
         if s.next_feat is None or k == 0:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
+        steps = self._steps if self._steps is not None and StepGraphs.usable(probs_fn) else None
+        if steps is not None:  # the same steps, each one captured graph (draft/step_graphs.py)
+            return self._propose_captured(steps, k, probs_fn, uniforms, keep)
         feat, tokens, probs = s.next_feat, [], []
         for i in range(k):
             if i > 0:  # the head's predicted feature after the previous draft
@@ -281,6 +290,30 @@ class EagleDrafter:
         if self._n_space:  # widen once: zero outside vocab_ids
             q = q.new_zeros(b, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)
         return s.proposed, q  # (B, k'), (B, k', V)
+
+    def _propose_captured(self, steps: StepGraphs, k: int, probs_fn: Any, uniforms: Tensor, keep: Any
+                          ) -> tuple[Tensor, Tensor]:
+        """``propose`` with each draft step one captured graph (the chain, batch 1, on the head's N tokens)."""
+        s = self._s
+        feat, tokens, probs = s.next_feat, [], []
+        for i in range(k):
+            if i > 0 and keep is not None and not keep(None):
+                break
+            feat, conf, pr, tok = steps.step(s.cache, feat, tokens[-1] if tokens else None, uniforms[:, i], probs_fn)
+            if keep is not None:
+                c = float(conf)  # one host read, pre-draw (the token is drawn, not yet used)
+                if not keep(c):
+                    break
+                self.confidence.append(c)
+            tokens.append(tok)
+            probs.append(pr)
+        dev = self.w_sub.device
+        if not tokens:
+            s.proposed = torch.empty((1, 0), dtype=torch.long, device=dev)
+            return s.proposed, torch.empty((1, 0, self.vocab_size), device=dev)
+        s.proposed = torch.stack(tokens, dim=1)  # (1, k')
+        q = torch.stack(probs, dim=1)  # (1, k', N)
+        return s.proposed, q.new_zeros(1, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)
 
     @torch.inference_mode()
     def sync(self) -> None:

@@ -106,7 +106,7 @@ class StaticKV:
     """A model's preallocated KV buffer, who holds it, and the graphs that read it (module terms)."""
 
     def __init__(self, make: Callable[[int], Tensor], capacity: int, bank: GraphBank) -> None:
-        self.make, self.bank = make, bank
+        self.make, self.banks = make, [bank]  # every bank whose graphs read this buffer
         self.buf = make(capacity)  # (L, 2, Hkv, C, D)
         self._holder: Any = None  # a weak reference: a finished generation's slots are not copied aside
 
@@ -139,7 +139,8 @@ class StaticKV:
         if held is not None:
             grown[:, :, :, : held.length] = self.buf[:, :, :, : held.length]
         self.buf = grown
-        self.bank.clear()
+        for bank in self.banks:
+            bank.clear()
 
 
 class SlotCache:

@@ -1,0 +1,116 @@
+"""An EAGLE drafter's chain draft step as one captured CUDA graph.
+
+Terms
+-----
+draft step    what a chain drafter computes per drafted position (eagle.py): for a later position, the
+              head's pass over fc([its predicted feature ; E(previous draft)]), one row on the head's KV;
+              then the head's logits on its N tokens, the confidence (the largest of their softmax at
+              T = 1), the drawing distribution probs_fn(logits / tau) and the token drawn with the
+              position's uniform. Eagerly that is some twenty small kernels, each launched from Python;
+              captured it is one replay, and where no size policy asks for the confidence the host does
+              not wait between steps.
+first / next  a round's first position reads the head's last output (no head pass); later ones run it.
+key           a graph per (first or next, KV bucket, sampling): ``probs_fn.sampling_key``, which the decode
+              loop sets, names the sampling; a ``probs_fn`` without one keeps the eager step.
+same numbers  the captured step runs the eager step's operations in its order, so the same drafts with the
+              same probabilities (a CPU test compares them; off CUDA the bank just calls the step).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ears_core.model.cuda_graphs import GraphBank, SlotCache, bucket
+from ears_core.model.static_decoder import causal_mask
+from ears_core.sampling import sample_with_uniforms
+
+__all__ = ["StepGraphs"]
+
+
+class StepGraphs:
+    """The captured draft steps of the drafters sharing one graphed head (module terms)."""
+
+    def __init__(self, drafter: Any, runner: Any) -> None:
+        s = runner.static
+        self.drafter, self.runner, self.static = drafter, runner, s
+        self.bank = GraphBank(s.device, capture=runner.bank.capture)
+        runner.kv.banks.append(self.bank)  # captured over the head's KV: dropped with its graphs when it grows
+        self.feat = torch.zeros(1, s.hidden, dtype=s.dtype, device=s.device)  # (1, d) the input feature
+        self.tok = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the previous draft
+        self.u = torch.zeros(1, dtype=torch.float32, device=s.device)  # (1,) the position's uniform
+        self.pos = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the new row's slot and position
+
+    @staticmethod
+    def usable(probs_fn: Any) -> bool:
+        return getattr(probs_fn, "sampling_key", None) is not None
+
+    @torch.inference_mode()
+    def step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
+             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)).
+        feat (1, d): the head's last output (``prev`` None: the first position) or the predicted feature
+        the previous draft ``prev`` (1,) was drawn from."""
+        d, s = self.drafter, self.static
+        self.feat.copy_(feat)
+        self.u.copy_(u)
+        kv, c, n = None, None, cache.length
+        if prev is not None:
+            kv = cache.buffer(1)
+            c = bucket(n + 1, self.runner.kv.capacity)
+            kv = kv[:, :, :, :c]
+            self.tok.copy_(prev)
+            self.pos.fill_(n)
+
+        def run() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+            f = self.feat
+            if kv is not None:
+                z = d.head.inputs(f.to(d.dtype), d.embed(self.tok).to(d.dtype))  # (1, d)
+                f = s.run(z, self.pos, self.pos, causal_mask(self.pos, c, s.groups, s.dtype), kv)  # (1, d)
+            sub = d._sub(f)  # (1, N) float32 logits on the head's tokens
+            conf = torch.softmax(sub, dim=-1).amax(dim=-1)  # (1,) at T = 1
+            pr = probs_fn(d._scaled(sub))  # (1, N)
+            return f, conf, pr, d.vocab_ids[sample_with_uniforms(pr, self.u)]
+
+        out = self.bank.run((prev is None, c, probs_fn.sampling_key), run)
+        if prev is not None:
+            cache.length = n + 1
+        return tuple(t.clone() for t in out)  # type: ignore[return-value]
+
+
+class LMStepGraphs:
+    """A draft model's (GraphedLM's) one-token draft step as one captured graph: its pass over the previous
+    token, then the confidence, the drawing distribution and the drawn token (module terms)."""
+
+    def __init__(self, model: Any, vocab_size: int) -> None:
+        runner = model.runner
+        s = runner.static
+        self.runner, self.static, self.vocab_size = runner, s, vocab_size
+        self.bank = GraphBank(s.device, capture=runner.bank.capture)
+        runner.kv.banks.append(self.bank)
+        self.tok = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the token fed
+        self.u = torch.zeros(1, dtype=torch.float32, device=s.device)  # (1,) the position's uniform
+        self.pos = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) its slot and position
+
+    @torch.inference_mode()
+    def step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Feed ``tok`` (1,) -> (confidence (1,), probabilities (1, V), the drawn token (1,))."""
+        s, n = self.static, cache.length
+        c = bucket(n + 1, self.runner.kv.capacity)
+        kv = cache.buffer(1)[:, :, :, :c]
+        self.tok.copy_(tok)
+        self.u.copy_(u)
+        self.pos.fill_(n)
+
+        def run() -> tuple[Tensor, Tensor, Tensor]:
+            states = s.run(s.embed(self.tok), self.pos, self.pos, causal_mask(self.pos, c, s.groups, s.dtype), kv)
+            logits = s.logits(states)  # (1, V_model)
+            conf = torch.softmax(logits[:, : self.vocab_size].float(), dim=-1).amax(dim=-1)  # (1,) at T = 1
+            pr = probs_fn(logits)  # (1, V)
+            return conf, pr, sample_with_uniforms(pr, self.u)
+
+        out = self.bank.run((c, probs_fn.sampling_key), run)
+        cache.length = n + 1
+        return tuple(t.clone() for t in out)  # type: ignore[return-value]
