@@ -13,6 +13,9 @@ workers     every handler that decodes goes through ONE decorated function (``gp
             the handler's name), so one worker serves them all: what a call leaves there (the Session,
             its measured prices and cached baselines) serves the next call of any handler, never the
             app's own process.
+graphs      the worker is a plain CUDA process once ZeroGPU has moved the weights in, so the pair's passes are
+            captured there as CUDA graphs (model/graphed.py builds its static passes at the first pass, in
+            the worker) and replayed while the worker lives; a fresh worker captures again.
 on ZeroGPU  ``spaces.config.Config.zero_gpu`` (the Space sets SPACES_ZERO_GPU). ``import spaces`` then
             patches torch: in the thread that imported it, moving weights to "cuda" is recorded (they
             reach the GPU in each worker); in any other thread of the app's process CUDA work fails.
