@@ -218,7 +218,12 @@ def _load_tokenizer(spec: str, role: str, cache_dir: Any, allow_download: bool) 
 
 def _load_model(spec: str, role: str, device: torch.device, dtype: torch.dtype, cache_dir: Any,
                 allow_download: bool, device_map: str | None) -> torch.nn.Module:
-    return load_model(spec, *_resolve(spec, role, cache_dir), role, device, dtype, allow_download, device_map)
+    """A target or draft model; on CUDA, with its passes as captured CUDA graphs where they can be (model/graphed.py)."""
+    model = load_model(spec, *_resolve(spec, role, cache_dir), role, device, dtype, allow_download, device_map)
+    if device.type == "cuda":
+        from ears_core.model.graphed import graphed_or_eager
+        model = graphed_or_eager(model)
+    return model
 
 
 def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str | torch.device | None = None,
@@ -379,9 +384,6 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
     else:
         load_float()
         target_model, dt, rows_exact = loaded[0]
-        if dev.type == "cuda":  # passes as captured CUDA graphs where they can be (model/graphed.py)
-            from ears_core.model.graphed import graphed_or_eager
-            target_model = graphed_or_eager(target_model)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     if draft == NGRAM:
@@ -395,9 +397,6 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         from ears_core.model.packed_linear import pack_like
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
         pack_like(target_model, draft_model)
-        if in_dev.type == "cuda":
-            from ears_core.model.graphed import graphed_or_eager
-            draft_model = graphed_or_eager(draft_model)
     from ears_core.draft.drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):
         if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:

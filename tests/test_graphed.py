@@ -17,7 +17,8 @@ from ears_core.draft.eagle import EagleDrafter
 from ears_core.draft.head_layers import HeadLayers
 from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
 from ears_core.model.cuda_graphs import GraphBank, SlotCache, bucket, graphs_wanted
-from ears_core.model.graphed import GraphedHead, GraphedLM, graphed_or_eager, head_layers
+from ears_core.draft.head_layers import head_layers
+from ears_core.model.graphed import GraphedHead, GraphedLM, graphed_or_eager
 from ears_core.model.kv_cache import keep_tail_positions
 from ears_core.model.static_decoder import supports
 from ears_core.serve.session import Session
@@ -195,12 +196,12 @@ def test_a_graphed_head_equals_the_head_layers_in_a_chain_and_in_a_tree() -> Non
 
 
 def test_an_eagle_drafter_on_a_graphed_target_and_head_drafts_as_by_hand(monkeypatch) -> None:
-    import ears_core.model.graphed as graphed
+    import ears_core.model.cuda_graphs as cuda_graphs
     from ears_core.draft.eagle import DraftHead, head_config_from_target
 
     head = random_head()
     assert isinstance(head_layers(head, True), HeadLayers)  # off CUDA: by hand
-    monkeypatch.setattr(graphed, "graphs_wanted", lambda device: True)  # as on CUDA (the bank still calls through)
+    monkeypatch.setattr(cuda_graphs, "graphs_wanted", lambda device: True)  # as on CUDA (the bank still calls through)
     assert isinstance(head_layers(head, True), GraphedHead) and head_layers(head, True) is head_layers(head, True)
     assert isinstance(head_layers(head, False), HeadLayers)
     ref = tiny_llama(0, vocab=96)

@@ -230,7 +230,8 @@ class EagleDrafter:
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         if self.by_hand:
-            from ears_core.model.graphed import GraphedHead, head_layers
+            from ears_core.draft.head_layers import head_layers
+            from ears_core.model.graphed import GraphedHead
             self._layers = head_layers(self.head, self.cuda_graphs and input_ids.shape[0] == 1)
             if isinstance(self._layers, GraphedHead) and self._n_space:  # one captured graph per draft step
                 self._steps = self._layers.__dict__.get("step_graphs")

@@ -37,7 +37,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from ears_core.model.kv_cache import doubled_capacity
 
-__all__ = ["HeadCache", "HeadLayers", "supports"]
+__all__ = ["HeadCache", "HeadLayers", "supports", "head_layers"]
 
 
 def supports(body: nn.Module) -> bool:
@@ -138,3 +138,18 @@ class HeadLayers:
             x = x + mlp.down_proj(mlp.act_fn(mlp.gate_proj(h)) * mlp.up_proj(h))
         cache.length = end
         return self.body.norm(x)  # (B, m, d)
+
+
+def head_layers(head: nn.Module, want_graphs: bool) -> object:
+    """The layers a drafter runs an EAGLE head's body with: a ``GraphedHead`` (model/graphed.py; built once per
+    head, shared by the drafters of every generation) where passes are captured and ``want_graphs``; else
+    ``HeadLayers``."""
+    from ears_core.model.cuda_graphs import graphs_wanted
+    from ears_core.model.graphed import GraphedHead
+
+    if want_graphs and graphs_wanted(head.body.norm.weight.device):
+        built = head.__dict__.get("_ears_graphed")
+        if built is None:
+            built = head.__dict__["_ears_graphed"] = GraphedHead(head.body, capture=True)
+        return built
+    return HeadLayers(head.body)

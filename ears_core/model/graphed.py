@@ -270,16 +270,3 @@ def graphed_or_eager(model: nn.Module) -> nn.Module:
         return model
     return GraphedLM(model, capture=True)
 
-
-def head_layers(head: nn.Module, want_graphs: bool) -> Any:
-    """The layers a drafter runs an EAGLE head's body with: a GraphedHead (built once per head, shared by the
-    drafters of every generation) where passes are captured and ``want_graphs``; else ``HeadLayers``."""
-    from ears_core.draft.head_layers import HeadLayers
-
-    dev = head.body.norm.weight.device
-    if want_graphs and graphs_wanted(dev):
-        built = head.__dict__.get("_ears_graphed")
-        if built is None:
-            built = head.__dict__["_ears_graphed"] = GraphedHead(head.body, capture=True)
-        return built
-    return HeadLayers(head.body)
