@@ -289,3 +289,20 @@ def test_a_graphed_draft_model_s_captured_step_drafts_as_transformers_forward(ru
         assert (drafter._steps is not None) == (d is graphed)
     drafted = [[(x.token_id, round(x.q, 4)) for s in run.steps for x in s.drafts] for run in runs]
     assert drafted[0] and drafted[0] == drafted[1] and runs[0].token_ids == runs[1].token_ids
+
+
+def test_decodes_in_two_threads_take_turns_on_the_shared_buffer() -> None:
+    import threading
+
+    ref, lm = graphed_pair(10)
+    prompts = [torch.tensor([[1, 2, 3, 4, 5, 6]]), torch.tensor([[90, 80, 70]])]
+    alone = [autoregressive(lm, ids, temperature=0.0, max_new_tokens=40).token_ids for ids in prompts]
+    assert alone == [autoregressive(ref, ids, temperature=0.0, max_new_tokens=40).token_ids for ids in prompts]
+    got: dict[int, list[int]] = {}
+    threads = [threading.Thread(target=lambda i=i: got.__setitem__(
+        i, autoregressive(lm, prompts[i], temperature=0.0, max_new_tokens=40).token_ids)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[0], got[1]] == alone

@@ -53,6 +53,11 @@ class StepGraphs:
         """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)).
         feat (1, d): the head's last output (``prev`` None: the first position) or the predicted feature
         the previous draft ``prev`` (1,) was drawn from."""
+        with cache.kv.lock:  # model/cuda_graphs.py: threads
+            return self._step(cache, feat, prev, u, probs_fn)
+
+    def _step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         d, s = self.drafter, self.static
         self.feat.copy_(feat)
         self.u.copy_(u)
@@ -97,6 +102,10 @@ class LMStepGraphs:
     @torch.inference_mode()
     def step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Feed ``tok`` (1,) -> (confidence (1,), probabilities (1, V), the drawn token (1,))."""
+        with cache.kv.lock:  # model/cuda_graphs.py: threads
+            return self._step(cache, tok, u, probs_fn)
+
+    def _step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
         s, n = self.static, cache.length
         c = bucket(n + 1, self.runner.kv.capacity)
         kv = cache.buffer(1)[:, :, :, :c]

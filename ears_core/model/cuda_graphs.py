@@ -16,6 +16,9 @@ slot cache    ``SlotCache``: one generation's cache on a static KV: its length, 
               holds it. Another generation's cache may take the buffer (a baseline run between two
               speculative ones, say): the holder's filled slots are copied aside and copied back when it
               is used again, so any number of caches coexist and only the one in use sits in the buffer.
+threads       a model's passes share its buffer and the graphs' input and output buffers, so a pass, with the
+              copy of its outputs, holds the buffer's lock: decodes in several threads (two visitors of the
+              app) take turns pass by pass, each in its own slots.
 bucket        the KV slots a pass attends over: the smallest power of two >= 256 that holds the cache
               after the pass, at most the capacity. A graph is captured per (width, bucket).
 switch        ``EARS_CUDA_GRAPHS``: 1 (the default) captures on CUDA, 0 keeps every pass eager.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import os
+import threading
 import time
 import weakref
 from typing import Any, Callable
@@ -107,6 +111,7 @@ class StaticKV:
 
     def __init__(self, make: Callable[[int], Tensor], capacity: int, bank: GraphBank) -> None:
         self.make, self.banks = make, [bank]  # every bank whose graphs read this buffer
+        self.lock = threading.RLock()  # held over a pass and the copy of its outputs (module terms: threads)
         self.buf = make(capacity)  # (L, 2, Hkv, C, D)
         self._holder: Any = None  # a weak reference: a finished generation's slots are not copied aside
 
@@ -176,12 +181,14 @@ class SlotCache:
     @torch.inference_mode()
     def keep_tail(self, start: int, keep: Tensor) -> None:
         """Keep [0, start), then the positions ``keep`` (ascending, each >= start) in that order."""
-        buf = self.buffer()
-        n = int(keep.numel())
-        buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps safe
-        self.length = start + n
+        with self.kv.lock:
+            buf = self.buffer()
+            n = int(keep.numel())
+            buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps safe
+            self.length = start + n
 
     def __deepcopy__(self, memo: dict) -> "SlotCache":
         fresh = copy.copy(self)
-        fresh.saved = self.kv.buf[:, :, :, : self.length].clone() if self.kv.holder is self else self.saved.clone()
+        with self.kv.lock:
+            fresh.saved = self.kv.buf[:, :, :, : self.length].clone() if self.kv.holder is self else self.saved.clone()
         return fresh

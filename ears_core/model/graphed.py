@@ -117,11 +117,12 @@ class _Runner:
     @torch.inference_mode()
     def warm(self, widths: Any, rows: Any) -> None:
         """Capture the passes of ``widths`` on the first bucket now, on a scratch cache; rows(m) makes m input rows."""
-        cache = SlotCache(self.kv)
-        self.run(cache, rows(32))
-        for m in widths:
-            self.run(cache, rows(m))
-            cache.drop_last(m)
+        with self.kv.lock:
+            cache = SlotCache(self.kv)
+            self.run(cache, rows(32))
+            for m in widths:
+                self.run(cache, rows(m))
+                cache.drop_last(m)
 
 
 class _LMRunner(_Runner):
@@ -204,12 +205,13 @@ class GraphedLM(nn.Module):
             raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "
                             "model.new_cache() (ears_core.model.kv_cache.new_cache)")
         seen = _seen(attention_mask)
-        (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen)
-        keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
-        states_out = None
-        if output_hidden_states:
-            states_out = tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
-        return GraphedOutput(keep[None].clone(), states_out, cache)
+        with cache.kv.lock:  # the pass and the copies of its outputs (cuda_graphs.py: threads)
+            (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen)
+            keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
+            states_out = None
+            if output_hidden_states:
+                states_out = tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
+            return GraphedOutput(keep[None].clone(), states_out, cache)
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
@@ -243,8 +245,9 @@ class GraphedHead:
     def __call__(self, z: Tensor, cache: "HeadSlots", positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
         """z (1, m, d) -> (1, m, d) predicted features; positions (m,) and mask (m, length + m) bool: a tree's rows."""
-        out, _ = self.runner.run(cache, z[0], positions, mask)
-        return out[None].clone()
+        with cache.kv.lock:
+            out, _ = self.runner.run(cache, z[0], positions, mask)
+            return out[None].clone()
 
 
 class HeadSlots(SlotCache):
