@@ -76,6 +76,14 @@ __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
 # ---------------------------------------------------------------------------------- running
 
 
+def _transformers_model(model: Any) -> Any:
+    """The transformers model under a graphed wrapper (model/graphed.py: its eager forward, for transformers' own
+    assisted generation), else ``model`` itself."""
+    from ears_core.model.graphed import GraphedLM
+
+    return model.model if isinstance(model, GraphedLM) else model
+
+
 @dataclass
 class Bench:
     """The loaded models and how each method is run on them."""
@@ -96,7 +104,7 @@ class Bench:
 
     @property
     def assisted_label(self) -> str:
-        if isinstance(self.draft, PreTrainedModel):
+        if isinstance(_transformers_model(self.draft), PreTrainedModel):
             return "transformers assisted generation (assistant_model = the draft)"
         return "transformers prompt lookup (prompt_lookup_num_tokens = K; the draft is not a transformers model)"
 
@@ -131,13 +139,14 @@ class Bench:
                     draft_ms=s.draft_ms, target_ms=s.target_ms, total_distortion=s.total_distortion)
 
     def _assisted(self, cfg: Config, ids: torch.Tensor, seed: int, max_new: int) -> dict[str, Any]:
-        extra: dict[str, Any] = ({"assistant_model": self.draft, "num_assistant_tokens": cfg.k,
+        draft = _transformers_model(self.draft)
+        extra: dict[str, Any] = ({"assistant_model": draft, "num_assistant_tokens": cfg.k,
                                   "num_assistant_tokens_schedule": "constant"}
-                                 if isinstance(self.draft, PreTrainedModel) else {"prompt_lookup_num_tokens": cfg.k})
+                                 if isinstance(draft, PreTrainedModel) else {"prompt_lookup_num_tokens": cfg.k})
         torch.manual_seed(seed)
         eos = self.tokenizer.eos_token_id
         t0 = time.perf_counter()
-        out = self.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+        out = _transformers_model(self.target).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
                                    do_sample=True, temperature=cfg.temperature, top_k=0, top_p=1.0,
                                    pad_token_id=eos, **extra)
         wall = time.perf_counter() - t0
@@ -192,7 +201,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
         return dict(target=s.target, draft=bench.draft_label, machine=quality["machine"], sections={}, quality=quality)
     s = replace(s, sections=tuple(x for x in s.sections if x not in OWN_SECTIONS))
     prompts = load_prompts(s.prompts_file)
-    assisted = s.assisted and isinstance(bench.target, PreTrainedModel)  # not the lean target: no assistant models
+    assisted = s.assisted and isinstance(_transformers_model(bench.target), PreTrainedModel)  # not the lean target
     if "tree" in s.sections and not hasattr(bench.drafter(), "propose_tree"):
         raise ValueError(f"the tree section needs a draft with a distribution to branch from (a draft model or "
                          f"head), not {bench.draft_label}: drop 'tree' from --sections or choose another --draft")

@@ -306,3 +306,16 @@ def test_decodes_in_two_threads_take_turns_on_the_shared_buffer() -> None:
     for t in threads:
         t.join()
     assert [got[0], got[1]] == alone
+
+
+def test_the_bench_runs_transformers_assisted_generation_on_the_models_under_graphed_ones() -> None:
+    from ears_core.bench import Bench, _transformers_model
+    from ears_core.pair import ModelPair
+
+    ref = tiny_llama(0, vocab=96, layers=2, hidden=32)
+    draft = perturbed_copy(ref, 0.03, 1)
+    target = GraphedLM(ref, capture=False)
+    assert _transformers_model(target) is ref and _transformers_model(draft) is draft
+    pair = ModelPair(target, GraphedLM(draft, capture=False), None, torch.device("cpu"), torch.float32, "t", 96, "d")
+    bench = Bench(target, None, 96, pair, "d")
+    assert bench.assisted_label.startswith("transformers assisted generation")

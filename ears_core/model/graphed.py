@@ -113,7 +113,6 @@ class _Runner:
         cache.length = n + m
         return out, hidden
 
-
     @torch.inference_mode()
     def warm(self, widths: Any, rows: Any) -> None:
         """Capture the passes of ``widths`` on the first bucket now, on a scratch cache; rows(m) makes m input rows."""
