@@ -125,6 +125,10 @@ class StaticKV:
 
     def take(self, cache: "SlotCache") -> Tensor:
         """The buffer, held by ``cache`` (module terms: slot cache)."""
+        with self.lock:
+            return self._take(cache)
+
+    def _take(self, cache: "SlotCache") -> Tensor:
         if self.holder is not cache:
             held = self.holder
             if held is not None:
@@ -137,6 +141,10 @@ class StaticKV:
 
     def grow(self, need: int) -> None:
         """Room for ``need`` slots: a doubled buffer, the holder's slots copied, every graph dropped."""
+        with self.lock:
+            self._grow(need)
+
+    def _grow(self, need: int) -> None:
         if need <= self.capacity:
             return
         grown = self.make(doubled_capacity(self.capacity, need))

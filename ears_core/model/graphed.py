@@ -25,6 +25,7 @@ inference      every pass runs under ``torch.inference_mode`` whatever the calle
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,12 +156,15 @@ class GraphedLM(nn.Module):
         dev = next(model.parameters()).device
         self._capture = graphs_wanted(dev) if capture is None else capture
         self._runner: _LMRunner | None = None  # built at the first pass (module terms: lazy)
+        self._building = threading.Lock()  # two threads' first passes build it once
         self.ears_kernels = "cuda-graphs" if self._capture and dev.type == "cuda" else "static"
 
     @property
     def runner(self) -> _LMRunner:
         if self._runner is None:
-            self._runner = _LMRunner(StaticDecoder.of_causal_lm(self.model), self._capture, with_hidden=True)
+            with self._building:
+                if self._runner is None:
+                    self._runner = _LMRunner(StaticDecoder.of_causal_lm(self.model), self._capture, with_hidden=True)
         return self._runner
 
     @property
