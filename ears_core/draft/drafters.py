@@ -138,28 +138,22 @@ class ModelDrafter:
         inp = self._pending  # (B, P)
         steps = self._steps if self._steps is not None and getattr(probs_fn, "sampling_key", None) else None
         for i in range(k):
-            if steps is not None and inp.shape[1] == 1:  # one captured graph (draft/step_graphs.py)
+            pr = None
+            if steps is not None and inp.shape[1] == 1:  # the whole step as one captured graph (draft/step_graphs.py)
                 conf_t, pr, tok = steps.step(self._cache, inp[:, 0], uniforms[:, i], probs_fn)
-                self._cache_len += 1
-                if keep is not None:
-                    conf = float(conf_t)  # one host read, before the draw is used
-                    if not keep(conf):
-                        break
-                    self.confidence.append(conf)
-                tokens.append(tok)
-                probs.append(pr)
-                inp = tok.unsqueeze(-1)
-                continue
-            logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+            else:
+                logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
+                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1) if keep is not None else None
+                conf_t = raw.max(dim=-1).values.mean() if raw is not None else None  # at T = 1
             self._cache_len += inp.shape[1]
             if keep is not None:
-                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1)  # (B, V) at T = 1
-                conf = float(raw.max(dim=-1).values.mean())  # one host read, before the draw
+                conf = float(conf_t)  # one host read, before the draw
                 if not keep(conf):
                     break
                 self.confidence.append(conf)
-            pr = probs_fn(logits[:, -1, :])  # (B, V)
-            tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
+            if pr is None:
+                pr = probs_fn(logits[:, -1, :])  # (B, V)
+                tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
             tokens.append(tok)
             probs.append(pr)
             inp = tok.unsqueeze(-1)

@@ -261,27 +261,29 @@ class EagleDrafter:
         if s.next_feat is None or k == 0:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
-        steps = self._steps if self._steps is not None and StepGraphs.usable(probs_fn) else None
-        if steps is not None:  # the same steps, each one captured graph (draft/step_graphs.py)
-            return self._propose_captured(steps, k, probs_fn, uniforms, keep)
+        steps = self._steps if self._steps is not None and StepGraphs.usable(probs_fn) else None  # batch 1, N tokens
         feat, tokens, probs = s.next_feat, [], []
         for i in range(k):
-            if i > 0:  # the head's predicted feature after the previous draft
-                if keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
-                    break
-                feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
-            sub = self._sub(feat)  # (B, N)
+            if i > 0 and keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
+                break
+            pr = None
+            if steps is not None:  # the whole step as one captured graph (draft/step_graphs.py)
+                feat, conf_t, pr, tok = steps.step(s.cache, feat, tokens[-1] if i else None, uniforms[:, i], probs_fn)
+            else:
+                if i > 0:  # the head's predicted feature after the previous draft
+                    feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
+                sub = self._sub(feat)  # (B, N)
+                conf_t = torch.softmax(sub, dim=-1).max(dim=-1).values.mean() if keep is not None else None
             if keep is not None:
-                conf = float(torch.softmax(sub, dim=-1).max(dim=-1).values.mean())  # one host read, pre-draw
+                conf = float(conf_t)  # one host read, pre-draw
                 if not keep(conf):
                     break
                 self.confidence.append(conf)
-            if self._n_space:
-                pr = probs_fn(self._scaled(sub))  # (B, N): the sampling distribution on the head's tokens
-                tokens.append(self.vocab_ids[sample_with_uniforms(pr, uniforms[:, i])])  # (B,)
-            else:
-                pr = probs_fn(self._widen(self._scaled(sub)))  # (B, V), zero outside vocab_ids
-                tokens.append(sample_with_uniforms(pr, uniforms[:, i]))  # (B,)
+            if pr is None:  # (B, N) on the head's tokens, or (B, V) zero outside vocab_ids
+                pr = probs_fn(self._scaled(sub) if self._n_space else self._widen(self._scaled(sub)))
+                tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
+                tok = self.vocab_ids[tok] if self._n_space else tok
+            tokens.append(tok)
             probs.append(pr)
         if not tokens:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
@@ -291,30 +293,6 @@ class EagleDrafter:
         if self._n_space:  # widen once: zero outside vocab_ids
             q = q.new_zeros(b, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)
         return s.proposed, q  # (B, k'), (B, k', V)
-
-    def _propose_captured(self, steps: StepGraphs, k: int, probs_fn: Any, uniforms: Tensor, keep: Any
-                          ) -> tuple[Tensor, Tensor]:
-        """``propose`` with each draft step one captured graph (the chain, batch 1, on the head's N tokens)."""
-        s = self._s
-        feat, tokens, probs = s.next_feat, [], []
-        for i in range(k):
-            if i > 0 and keep is not None and not keep(None):
-                break
-            feat, conf, pr, tok = steps.step(s.cache, feat, tokens[-1] if tokens else None, uniforms[:, i], probs_fn)
-            if keep is not None:
-                c = float(conf)  # one host read, pre-draw (the token is drawn, not yet used)
-                if not keep(c):
-                    break
-                self.confidence.append(c)
-            tokens.append(tok)
-            probs.append(pr)
-        dev = self.w_sub.device
-        if not tokens:
-            s.proposed = torch.empty((1, 0), dtype=torch.long, device=dev)
-            return s.proposed, torch.empty((1, 0, self.vocab_size), device=dev)
-        s.proposed = torch.stack(tokens, dim=1)  # (1, k')
-        q = torch.stack(probs, dim=1)  # (1, k', N)
-        return s.proposed, q.new_zeros(1, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)
 
     @torch.inference_mode()
     def sync(self) -> None:
