@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ears_core.model.kv_cache import doubled_capacity
+from ears_core.model.kv_cache import PositionCache, doubled_capacity
 
 __all__ = ["GraphBank", "StaticKV", "SlotCache", "bucket", "graphs_wanted", "MIN_BUCKET"]
 
@@ -156,7 +156,7 @@ class StaticKV:
             bank.clear()
 
 
-class SlotCache:
+class SlotCache(PositionCache):
     """One generation's KV cache on a ``StaticKV`` (module terms), with transformers' cache names."""
 
     def __init__(self, kv: StaticKV) -> None:
@@ -174,26 +174,13 @@ class SlotCache:
         self.kv.grow(self.length + extra)
         return self.kv.buf
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.length
-
-    def drop_last(self, n: int) -> None:
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
-        self.length -= n
-
-    def crop(self, max_length: int) -> None:
-        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
-        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
+    def _held(self) -> Tensor:
+        return self.buffer()
 
     @torch.inference_mode()
     def keep_tail(self, start: int, keep: Tensor) -> None:
-        """Keep [0, start), then the positions ``keep`` (ascending, each >= start) in that order."""
-        with self.kv.lock:
-            buf = self.buffer()
-            n = int(keep.numel())
-            buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps safe
-            self.length = start + n
+        with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
+            super().keep_tail(start, keep)
 
     def __deepcopy__(self, memo: dict) -> "SlotCache":
         fresh = copy.copy(self)

@@ -9,7 +9,9 @@ crop       drop the last n positions of every layer (a chain round whose drafts 
 keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
 Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
 is cropped by its own ``crop``, and cannot be rearranged. A model with a cache of its own (the lean
-target's ``LeanCache``: model/lean_cache.py) makes it with ``new_cache()``, and the cache does its own edits.
+target's ``LeanCache``: model/lean_cache.py; a graphed model's ``SlotCache``: model/cuda_graphs.py) makes it
+with ``new_cache()``, and the cache does its own edits: both are ``PositionCache``s, a length over a
+preallocated buffer.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions", "new_cache"]
+__all__ = ["PositionCache", "cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions",
+           "new_cache"]
 
 
 def doubled_capacity(capacity: int, need: int) -> int:
@@ -28,6 +31,38 @@ def doubled_capacity(capacity: int, need: int) -> int:
     while capacity < need:
         capacity *= 2
     return capacity
+
+
+class PositionCache:
+    """What the project's own caches share (model/lean_cache.py, model/cuda_graphs.py): ``length`` filled
+    positions of a preallocated (L, 2, Hkv, C, D) buffer, edited under transformers' names."""
+
+    length: int
+
+    def _held(self) -> Tensor:
+        """The (L, 2, Hkv, C, D) buffer to edit in place."""
+        raise NotImplementedError
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Cached positions (transformers' name, so code written for its caches reads it)."""
+        return self.length
+
+    def drop_last(self, n: int) -> None:
+        """Drop the last n >= 0 cached positions (they stay in memory and are overwritten next)."""
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
+        self.length -= n
+
+    def crop(self, max_length: int) -> None:
+        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
+        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
+
+    def keep_tail(self, start: int, keep: Tensor) -> None:
+        """Keep [0, start), then positions ``keep`` (ascending, each >= start) in that order, for all layers at once."""
+        buf = self._held()
+        n = int(keep.numel())
+        buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps are safe
+        self.length = start + n
 
 
 def new_cache(model: Any) -> Any:

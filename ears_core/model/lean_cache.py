@@ -20,12 +20,12 @@ import copy
 import torch
 from torch import Tensor
 
-from ears_core.model.kv_cache import doubled_capacity
+from ears_core.model.kv_cache import PositionCache, doubled_capacity
 
 __all__ = ["LeanCache"]
 
 
-class LeanCache:
+class LeanCache(PositionCache):
     """The KV cache of a ``LeanLlama`` (module terms); batch 1."""
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256,
@@ -45,9 +45,8 @@ class LeanCache:
     def capacity(self) -> int:
         return int(self.buf.shape[3])
 
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Cached positions (transformers' name, so code written for its caches reads it)."""
-        return self.length
+    def _held(self) -> Tensor:
+        return self.buf
 
     def reserve(self, m: int) -> None:
         """Make room for m more positions (doubling the capacity when it runs out)."""
@@ -58,23 +57,6 @@ class LeanCache:
         grown[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
         self.buf = grown
         self._views = None
-
-    def drop_last(self, n: int) -> None:
-        """Drop the last n >= 0 cached positions."""
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
-        self.length -= n
-
-    def keep_tail(self, start: int, keep: Tensor) -> None:
-        """Keep [0, start), then positions ``keep`` (ascending, each >= start) in that order (module terms)."""
-        n = int(keep.numel())
-        idx = keep.to(self.buf.device)
-        self.buf[:, :, :, start: start + n] = self.buf.index_select(3, idx)  # gathered first: overlaps are safe
-        self.length = start + n
-
-    def crop(self, max_length: int) -> None:
-        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
-        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
 
     def __deepcopy__(self, memo: dict) -> "LeanCache":
         fresh = copy.copy(self)
