@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ears_core.model.attention import visible_positions
 from ears_core.model.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
 from ears_core.model.static_decoder import StaticDecoder, additive_mask_over, causal_mask
 
@@ -70,8 +71,13 @@ class _Runner:
             s = self.static
             io = self.io[m] = {"x": torch.empty_like(x), "pos": torch.empty(m, dtype=torch.long, device=s.device)}
             if self.with_hidden:
-                io["hidden"] = torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device)
+                io["hidden"] = self._hidden(m)
         return io
+
+    def _hidden(self, m: int) -> Tensor:
+        """A buffer for the (L + 1, m, d) hidden states of a pass over m rows."""
+        s = self.static
+        return torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device)
 
     def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
               hidden: Tensor | None) -> Any:  # overridden: what one pass computes from its input rows x
@@ -109,7 +115,7 @@ class _Runner:
             wide = torch.zeros(m, c, dtype=torch.bool, device=s.device)
             wide[:, : n + m] = seen[..., : n + m].reshape(m, n + m)
             mask = additive_mask_over(wide, s.groups, s.dtype)
-        hidden = torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device) if self.with_hidden else None
+        hidden = self._hidden(m) if self.with_hidden else None
         out = self._body(x, pos, slots, mask, kv, hidden)
         cache.length = n + m
         return out, hidden
@@ -134,15 +140,6 @@ class _LMRunner(_Runner):
 class _HeadRunner(_Runner):
     def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None) -> Any:
         return self.static.run(x, pos, slots, mask, kv, None)  # (m, d)
-
-
-def _seen(attention_mask: Tensor | None) -> Tensor | None:
-    """A tree pass's (1, 1, m, L) mask, additive or bool -> bool, True where a row may attend; None otherwise."""
-    if attention_mask is None or attention_mask.dim() != 4:
-        if attention_mask is not None and not bool(attention_mask.all()):
-            raise ValueError("a graphed model takes no padding: pass unpadded ids, batch 1")
-        return None
-    return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
 
 
 class GraphedLM(nn.Module):
@@ -207,7 +204,7 @@ class GraphedLM(nn.Module):
         if not isinstance(cache, SlotCache) or cache.kv is not self.runner.kv:
             raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "
                             "model.new_cache() (ears_core.model.kv_cache.new_cache)")
-        seen = _seen(attention_mask)
+        seen = visible_positions(attention_mask, "a graphed model")
         with cache.kv.lock:  # the pass and the copies of its outputs (cuda_graphs.py: threads)
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen)
             keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)

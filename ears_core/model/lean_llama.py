@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ears_core.model.attention import visible_positions
 from ears_core.model.gguf_q4 import Int4Weight, int4_linear
 from ears_core.model.lean_cache import LeanCache
 
@@ -147,16 +148,10 @@ class LeanLlama(nn.Module):
     @staticmethod
     def _mask(attention_mask: Tensor | None, m: int, n: int) -> Tensor | None:
         """A (1, 1, m, n + m) bool mask, True where a row may attend; None for one row and no mask."""
-        if attention_mask is None:
-            if m == 1:
-                return None
-            return torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None]
-        if attention_mask.dim() == 2:  # transformers' padding mask (B, T): all ones is no mask at all
-            if not bool(attention_mask.all()):
-                raise ValueError("the lean target takes no padding: pass unpadded ids, batch 1")
-            return LeanLlama._mask(None, m, n)
-        mask = attention_mask[..., : n + m]
-        return mask if mask.dtype == torch.bool else mask == 0
+        seen = visible_positions(attention_mask, "the lean target")
+        if seen is None:
+            return None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None]
+        return seen[..., : n + m]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: LeanCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
