@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from ears_core.model.attention import visible_positions
 from ears_core.model.gguf_q4 import Int4Weight, int4_linear
 from ears_core.model.lean_cache import LeanCache
+from ears_core.model.static_decoder import rotation_tables
 
 __all__ = ["LeanLayer", "LeanLlama", "LeanOutput", "ROW_CAP"]
 
@@ -111,15 +112,11 @@ class LeanLlama(nn.Module):
         self.attn_dtype = attn_dtype
         self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (lean_plan.py)
         positions = int(getattr(text, "max_position_embeddings", 8192))
-        rope = LlamaRotaryEmbedding(text)
-        x = torch.zeros(1, 1, self.head_dim)
-        cos, sin = rope(x, torch.arange(positions)[None])  # (1, P, D) each, float32
-        half = self.head_dim // 2
-        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # rotate_half(x) = roll(x, half) * sign
+        cos, sin = rotation_tables(LlamaRotaryEmbedding(text), self.head_dim, positions)  # (P, D) each, float32
         # per head of the fused q/k/v output: q and k heads rotate, v heads pass (cos 1, sin 0: the same bits)
         rotates = torch.arange(self.heads + 2 * self.kv_heads) < self.heads + self.kv_heads  # (H + 2 Hkv,)
-        self._cos = torch.where(rotates[None, :, None], cos[0][:, None], 1.0).to(torch.bfloat16)  # (P, H + 2 Hkv, D)
-        self._sin = torch.where(rotates[None, :, None], (sin[0] * sign)[:, None], 0.0).to(torch.bfloat16)
+        self._cos = torch.where(rotates[None, :, None], cos[:, None], 1.0).to(torch.bfloat16)  # (P, H + 2 Hkv, D)
+        self._sin = torch.where(rotates[None, :, None], sin[:, None], 0.0).to(torch.bfloat16)
         self.ears_kernels = "lean-int4"
 
     # -------------------------------------------------------------------- transformers' accessors

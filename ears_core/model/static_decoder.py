@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["StaticDecoder", "StaticLayer", "supports", "additive_mask_over", "causal_mask"]
+__all__ = ["StaticDecoder", "StaticLayer", "supports", "additive_mask_over", "causal_mask", "rotation_tables"]
 
 FAMILIES = ("llama", "qwen2", "mistral")
 
@@ -97,6 +97,18 @@ def _fuse_bias(parts: list[nn.Linear]) -> Tensor | None:
                       for p in parts])
 
 
+def rotation_tables(rotary: nn.Module, head_dim: int, positions: int, device: torch.device | str = "cpu"
+                    ) -> tuple[Tensor, Tensor]:
+    """(cos, signed sin), each (P, D) float32, for P positions of a transformers rotary embedding, such that
+    ``x cos + x.roll(D / 2, -1) sin`` is its ``x cos + rotate_half(x) sin``."""
+    with torch.no_grad():
+        probe = torch.zeros(1, 1, head_dim, device=device)  # float32: the tables as the embedding computes them
+        cos, sin = rotary(probe, torch.arange(positions, device=device)[None])  # (1, P, D) each
+    half = head_dim // 2
+    sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device)  # rotate_half(x) = roll(x, half) * sign
+    return cos[0], sin[0] * sign
+
+
 def causal_mask(pos: Tensor, slots: int, groups: int, dtype: torch.dtype) -> Tensor:
     """The additive (G m, C) mask of a pass whose row j sits at slot ``pos[j]`` and sees slots <= it."""
     seen = torch.arange(slots, device=pos.device)[None, :] <= pos[:, None]  # (m, C)
@@ -130,12 +142,8 @@ class StaticDecoder:
             for l in layers]
         self.device, self.dtype = self.final_norm.device, self.final_norm.dtype
         positions = int(getattr(text, "max_position_embeddings", 8192))
-        with torch.no_grad():
-            probe = torch.zeros(1, 1, self.head_dim, device=self.device, dtype=self.dtype)
-            cos, sin = rotary(probe, torch.arange(positions, device=self.device)[None])  # (1, P, D), x's dtype
-        half = self.head_dim // 2
-        sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(self.device, self.dtype)  # rotate_half = roll * sign
-        self.cos, self.sin = cos[0].contiguous(), (sin[0] * sign).contiguous()  # (P, D) each
+        cos, sin = rotation_tables(rotary, self.head_dim, positions, self.device)
+        self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)  # (P, D) each: the rounding transformers applies
         self.max_positions = positions
 
     @classmethod
