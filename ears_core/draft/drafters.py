@@ -136,7 +136,7 @@ class ModelDrafter:
         self._base = self._cache_len + self._pending.shape[1]
         tokens, probs, self.confidence = [], [], []
         inp = self._pending  # (B, P)
-        steps = self._steps if self._steps is not None and getattr(probs_fn, "sampling_key", None) else None
+        steps = self._steps if self._steps is not None and self._steps.usable(probs_fn) else None
         for i in range(k):
             pr = None
             if steps is not None and inp.shape[1] == 1:  # the whole step as one captured graph (draft/step_graphs.py)

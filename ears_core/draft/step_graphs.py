@@ -30,22 +30,32 @@ from ears_core.sampling import sample_with_uniforms
 __all__ = ["StepGraphs"]
 
 
-class StepGraphs:
-    """The captured draft steps of the drafters sharing one graphed head (module terms)."""
+class _Steps:
+    """What both kinds of captured draft step hold: a bank over the graphed model's KV and the step's inputs."""
 
-    def __init__(self, drafter: Any, runner: Any) -> None:
+    def __init__(self, runner: Any) -> None:
         s = runner.static
-        self.drafter, self.runner, self.static = drafter, runner, s
+        self.runner, self.static = runner, s
         self.bank = GraphBank(s.device, capture=runner.bank.capture)
-        runner.kv.banks.append(self.bank)  # captured over the head's KV: dropped with its graphs when it grows
-        self.feat = torch.zeros(1, s.hidden, dtype=s.dtype, device=s.device)  # (1, d) the input feature
-        self.tok = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the previous draft
+        runner.kv.banks.append(self.bank)  # captured over the model's KV: dropped with its graphs when it grows
+        self.tok = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the token fed: the previous draft
         self.u = torch.zeros(1, dtype=torch.float32, device=s.device)  # (1,) the position's uniform
         self.pos = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the new row's slot and position
 
     @staticmethod
     def usable(probs_fn: Any) -> bool:
+        """Whether ``probs_fn`` names its sampling (module terms: key), so its steps can be captured."""
         return getattr(probs_fn, "sampling_key", None) is not None
+
+
+class StepGraphs(_Steps):
+    """The captured draft steps of the drafters sharing one graphed head (module terms)."""
+
+    def __init__(self, drafter: Any, runner: Any) -> None:
+        super().__init__(runner)
+        s = self.static
+        self.drafter = drafter
+        self.feat = torch.zeros(1, s.hidden, dtype=s.dtype, device=s.device)  # (1, d) the input feature
 
     @torch.inference_mode()
     def step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
@@ -85,19 +95,13 @@ class StepGraphs:
         return tuple(t.clone() for t in out)  # type: ignore[return-value]
 
 
-class LMStepGraphs:
+class LMStepGraphs(_Steps):
     """A draft model's (GraphedLM's) one-token draft step as one captured graph: its pass over the previous
     token, then the confidence, the drawing distribution and the drawn token (module terms)."""
 
     def __init__(self, model: Any, vocab_size: int) -> None:
-        runner = model.runner
-        s = runner.static
-        self.runner, self.static, self.vocab_size = runner, s, vocab_size
-        self.bank = GraphBank(s.device, capture=runner.bank.capture)
-        runner.kv.banks.append(self.bank)
-        self.tok = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the token fed
-        self.u = torch.zeros(1, dtype=torch.float32, device=s.device)  # (1,) the position's uniform
-        self.pos = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) its slot and position
+        super().__init__(model.runner)
+        self.vocab_size = vocab_size
 
     @torch.inference_mode()
     def step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
