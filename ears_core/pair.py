@@ -21,7 +21,8 @@ vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / hea
 draft dtype the dtype and kernels an EAGLE-style head computes with (draft/head_kernels.py): on a CPU
             with native bfloat16 (AVX512-BF16 or AMX) and a float32 target, float32 and bfloat16, each
             packed and as loaded, are timed once per machine when the pair loads and the fastest is kept
-            (cached); ``EARS_DRAFT_DTYPE=float32|bfloat16`` fixes the dtype. The head's weights are
+            (cached); beside the lean int4 target, the head from 4-bit blocks (int4) is timed too;
+            ``EARS_DRAFT_DTYPE=float32|bfloat16|int4`` fixes the variant. The head's weights are
             stored in bfloat16, so only its rows of the target's output head are rounded.
 offline     nothing is downloaded unless ``allow_download=True`` is passed (model/hub.py).
 """
@@ -164,7 +165,7 @@ def _load_head_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_si
     """The head in ``folder`` as a drafter, in the dtype and kernels that draft fastest here (head_kernels.py)."""
     device = target_model.get_input_embeddings().weight.device
     try:
-        variants = candidates(device, dtype)
+        variants = candidates(device, dtype, int4=getattr(target_model, "ears_kernels", "") == "lean-int4")
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     drafter, choice = choose_head_variant(target_model, lambda v: _head_drafter(target_model, v, vocab_size, folder),
@@ -186,6 +187,8 @@ def _head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: i
     drafter = EagleDrafter(head, target_model, vocab_size)
     if variant.packed:
         drafter.pack_kernels()
+    if variant.int4:
+        drafter.quantize_kernels()
     calibration = folder / "calibration.json"  # scripts/calibrate_draft.py
     if calibration.is_file():
         drafter.calibration_table = json.loads(calibration.read_text())

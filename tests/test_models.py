@@ -194,7 +194,7 @@ def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypat
     monkeypatch.setenv("EARS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("EARS_DTYPE", "float32")  # a float32 target: its head's dtype is timed, not given
     # as on a CPU with native bfloat16 and no oneDNN packing, whatever this one has
-    monkeypatch.setattr(em, "candidates", lambda device, dtype: candidates(device, dtype, bf16=True, packing=False))
+    monkeypatch.setattr(em, "candidates", lambda device, dtype, **kw: candidates(device, dtype, bf16=True, packing=False))
     pair = load_pair(str(folder), str(tmp_path / "h"), device="cpu")
     assert isinstance(pair.draft, EagleDrafter) and pair.draft.feature_layers == (1, -1)
     choice = pair.draft.kernel_choice  # the two dtypes were timed; the drafter is the one chosen

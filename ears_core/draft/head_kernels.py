@@ -2,13 +2,20 @@
 
 Terms
 -----
-variant       (dtype, packed): the dtype of the head's layers, its cache and its rows of the target's
-              output head (eagle.py, "head dtype"), and whether its linear layers run oneDNN-packed
-              weights (packed_linear.py). Draft side only: whatever the variant, q is exactly the
-              distribution each draft was drawn from, so every rule stays as exact as before.
-candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype only. A float32 target on
+variant       (dtype, packed, int4): the dtype of the head's layers, its cache and its rows of the target's
+              output head (eagle.py, "head dtype"), whether its linear layers run oneDNN-packed weights
+              (packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
+              4-bit blocks of its weights on the CPU int4 kernel (model/int4_linear.py; bfloat16
+              activations). Draft side only: whatever the variant, q is exactly the distribution each
+              draft was drawn from, so every rule stays as exact as before.
+int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
+              of the embedded head stands 3 points less often at T = 0: docs/benchmarks.md). Offered where
+              the target is the lean int4 one (its step is short, so the head's share of a round is large)
+              and kept only if its round is at least ``INT4_MIN_GAIN`` cheaper than the best float variant's.
+candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype only (``int4``: the int4 variant). A float32 target on
               a CPU with native bfloat16 dot products (AVX512-BF16 or AMX): float32 and bfloat16.
-              Otherwise the target's dtype. Each dtype packed and as loaded where oneDNN is here.
+              Otherwise the target's dtype. Each dtype packed and as loaded where oneDNN is here; then int4
+              where offered (module terms: int4).
 why measure   a draft step reads all of the head's weights from memory (the target's pass has just
               evicted them), so bfloat16 halves the bytes; but whether its kernels are as fast as
               float32's for one row depends on the CPU: two machines with native bfloat16 (an AMD EPYC
@@ -40,12 +47,15 @@ __all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_v
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REPEATS = 7
 MIN_GAIN = 0.03  # another variant must be >= 3 % cheaper than the target's dtype as loaded
+INT4_MIN_GAIN = 0.2  # the int4 variant must be >= 20 % cheaper than the best float one (it drafts a little worse)
+INT4 = "int4"  # EARS_DRAFT_DTYPE's name for the int4 variant
 
 
 @dataclass(frozen=True)
 class Variant:
     dtype: str  # a DRAFT_DTYPES key
     packed: bool
+    int4: bool = False  # the layers and output rows on the int4 kernel (module terms); dtype is then bfloat16
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -53,7 +63,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return f"{self.dtype}{' packed' if self.packed else ''}"
+        return INT4 if self.int4 else f"{self.dtype}{' packed' if self.packed else ''}"
 
 
 @dataclass
@@ -65,10 +75,11 @@ class HeadChoice:
     ms: dict[str, float] = field(default_factory=dict)
     key: str = ""
     measured_at: str = ""
+    int4: bool = False
 
     @property
     def variant(self) -> Variant:
-        return Variant(self.dtype, self.packed)
+        return Variant(self.dtype, self.packed, self.int4)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -76,13 +87,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str, str] | None = None,
-               bf16: bool | None = None, packing: bool | None = None) -> list[Variant]:
+               bf16: bool | None = None, packing: bool | None = None, int4: bool = False) -> list[Variant]:
     """The variants to time (module terms), the default first. ``bf16``/``packing``: whether this CPU
-    has native bfloat16 and oneDNN packing (None: ask torch). A ValueError names a bad override."""
+    has native bfloat16 and oneDNN packing (None: ask torch); ``int4``: offer the int4 variant (the
+    target is the lean one). A ValueError names a bad override."""
     choice = (os.environ if env is None else env).get("EARS_DRAFT_DTYPE", "").strip().lower()
-    if choice and choice not in DRAFT_DTYPES:
+    if choice and choice not in (*DRAFT_DTYPES, INT4):
         raise ValueError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
-                         f"{', '.join(DRAFT_DTYPES)} (or leave it unset to measure on this machine)")
+                         f"{', '.join((*DRAFT_DTYPES, INT4))} (or leave it unset to measure on this machine)")
+    if choice == INT4:
+        if device.type != "cpu" or not _int4_here(bf16):
+            raise ValueError("EARS_DRAFT_DTYPE=int4 needs a CPU with native bfloat16 and PyTorch's int4 kernel: "
+                             "leave it unset to measure the float variants here")
+        return [Variant("bfloat16", False, True)]
     if device.type != "cpu":
         return [Variant(choice or _dtype_name(target_dtype), False)]
     if choice:
@@ -94,7 +111,14 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
     if packing is None:
         from ears_core.model.packed_linear import available
         packing = available()
-    return [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
+    found = [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
+    return found + ([Variant("bfloat16", False, True)] if int4 and not choice and _int4_here(bf16) else [])
+
+
+def _int4_here(bf16: bool | None) -> bool:
+    from ears_core.model.gguf_q4 import available
+
+    return available() and (native_bf16() if bf16 is None else bf16)
 
 
 def _key(head: Any, variants: list[Variant]) -> str:
@@ -127,6 +151,17 @@ def time_round(target: torch.nn.Module, drafter: Any, vocab_size: int, *, cache_
     return ms
 
 
+def _pick(variants: list[Variant], ms: dict[Variant, float]) -> tuple[str, bool, bool]:
+    """(dtype, packed, int4) of the variant kept (module terms: choice, int4)."""
+    floats = [v for v in variants if not v.int4]
+    best = min(floats, key=lambda v: ms[v])
+    if ms[best] > (1 - MIN_GAIN) * ms[floats[0]]:
+        best = floats[0]
+    quick = [v for v in variants if v.int4 and ms[v] <= (1 - INT4_MIN_GAIN) * ms[best]]
+    best = quick[0] if quick else best
+    return best.dtype, best.packed, best.int4
+
+
 def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any], variants: list[Variant],
                         vocab_size: int, *, cache_dir: str | os.PathLike | None = None,
                         timer: Callable[[Any], float] | None = None) -> tuple[Any, HeadChoice | None]:
@@ -147,11 +182,10 @@ def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any],
             for v in (variants if r % 2 == 0 else variants[::-1]):
                 samples[v].append(run(drafters[v]))
         ms = {v: statistics.median(s) for v, s in samples.items()}
-        best = min(variants, key=lambda v: ms[v])
-        if ms[best] > (1 - MIN_GAIN) * ms[variants[0]]:
-            best = variants[0]
-        choice = HeadChoice(best.dtype, best.packed, {v.label: round(ms[v], 4) for v in variants},
-                            key, time.strftime("%Y-%m-%d %H:%M:%S"))
+        dtype, packed, int4 = _pick(variants, ms)
+        choice = HeadChoice(dtype, packed, {v.label: round(ms[v], 4) for v in variants}, key,
+                            time.strftime("%Y-%m-%d %H:%M:%S"), int4)
+        best = choice.variant
         write_cached(path, asdict(choice))
         return drafters[best], choice
     return (first if choice.variant == variants[0] else make(choice.variant)), choice

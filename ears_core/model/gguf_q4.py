@@ -93,8 +93,8 @@ class Int4Weight:
 def pack_q4_1(codes: Tensor, d: Tensor, m: Tensor) -> Int4Weight:
     """Codes (N, K), d and m (N, K / 32) -> the int4 kernel's weight (module terms: int4 group)."""
     n, k = codes.shape
-    if k % GROUP or n % 8:
-        raise ValueError(f"the int4 kernel needs K a multiple of {GROUP} and N of 8, not ({n}, {k})")
+    if k % GROUP or n % 16:
+        raise ValueError(f"the int4 kernel needs K a multiple of {GROUP} and N of 16, not ({n}, {k})")
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32).contiguous(), INNER_K_TILES)
     sz = torch.stack([d, m + 8 * d], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)  # (K/32, N, 2)
     return Int4Weight(packed, sz, n, k)

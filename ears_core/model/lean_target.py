@@ -7,7 +7,7 @@ from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and min
                bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
                Building reads the 92 MiB file and repacks 210 matrices, quickly enough that the packed form
                is not cached (docs/measurements.md).
-from floats    ``q4_1_blocks`` quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
+from floats    ``q4_1_blocks`` (int4_linear.py) quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
                so any Llama can run lean; the tests build a tiny random one and compare it with
                transformers' forward over the same blocks dequantised.
 supported      this torch has the int4 kernel and the CPU multiplies bfloat16 natively (AVX512-BF16 or
@@ -23,7 +23,8 @@ import torch
 from torch import Tensor
 
 from ears_core.model import gguf_q4
-from ears_core.model.gguf_q4 import GROUP, pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
+from ears_core.model.gguf_q4 import pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
+from ears_core.model.int4_linear import q4_1_blocks
 from ears_core.model.lean_llama import LeanLayer, LeanLlama
 
 __all__ = ["from_float_model", "from_gguf", "q4_1_blocks", "supported"]
@@ -82,20 +83,6 @@ def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.flo
         raise ValueError("this GGUF has an untied output head: the lean target ties it to the embedding")
     return LeanLlama(config, layers, q8_0_to_tensor(emb.data), floats("output_norm.weight").to(torch.bfloat16),
                      attn_dtype)
-
-
-def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A float weight (N, K) -> Q4_1-style codes (N, K) uint8, d and m (N, K / 32) float32 (float16 values):
-    per block of 32, m = the minimum and d = (maximum - minimum) / 15, codes rounded and clamped."""
-    n, k = w.shape
-    if k % GROUP:
-        raise ValueError(f"Q4_1 blocks need inputs in multiples of {GROUP}, not {k}")
-    g = w.detach().float().view(n, k // GROUP, GROUP)
-    lo, hi = g.amin(-1), g.amax(-1)  # (N, nb)
-    d = ((hi - lo) / 15).half().float()
-    m = lo.half().float()
-    codes = ((g - m[..., None]) / d.clamp_min(1e-12)[..., None]).round().clamp(0, 15).to(torch.uint8)
-    return codes.view(n, k), d, m
 
 
 def from_float_model(model: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:

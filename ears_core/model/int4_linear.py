@@ -1,0 +1,77 @@
+"""Float linear layers re-quantised to Q4_1-style blocks and run on the CPU int4 kernel (gguf_q4.py).
+
+Terms
+-----
+blocks        ``q4_1_blocks(w)``: per block of 32 consecutive inputs of a row, the minimum ``m`` and the step
+              ``d = (max - min) / 15`` (both rounded to float16, as a GGUF stores them) and codes
+              ``round((w - m) / d)`` clamped to 0..15, so a weight reads back as ``d * c + m``. The lean target
+              reads such blocks from the GGUF; a float model (a test's, or the draft head) makes them here.
+Int4Linear    an ``nn.Module`` with ``nn.Linear``'s calling convention over such blocks: bfloat16 in, bfloat16
+              out, the bias (if any) added in bfloat16. A quarter of the bytes of a bfloat16 weight (plus a
+              scale and zero per 32), which is what a one-row pass on a CPU pays for.
+quantize      ``quantize_linears(module)`` swaps every ``nn.Linear`` under ``module`` (whose shape the kernel
+              takes: inputs a multiple of 32, outputs of 16) for an ``Int4Linear`` of its weight. Used for the
+              EAGLE head's int4 variant (draft/head_kernels.py): draft side only, so the drafts' distribution q
+              changes a little and every rule stays exactly as lossless (or as distorted) as before.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ears_core.model.gguf_q4 import GROUP, Int4Weight, int4_linear, pack_q4_1
+
+__all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "takes"]
+
+
+def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """A float weight (N, K) -> codes (N, K) uint8, d and m (N, K / 32) float32 holding float16 values
+    (module terms: blocks)."""
+    n, k = w.shape
+    if k % GROUP:
+        raise ValueError(f"Q4_1 blocks need inputs in multiples of {GROUP}, not {k}")
+    g = w.detach().float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)  # (N, nb)
+    d = ((hi - lo) / 15).half().float()
+    m = lo.half().float()
+    codes = ((g - m[..., None]) / d.clamp_min(1e-12)[..., None]).round().clamp(0, 15).to(torch.uint8)
+    return codes.view(n, k), d, m
+
+
+def takes(layer: nn.Module) -> bool:
+    """Whether the int4 kernel takes this layer's shape (an ``nn.Linear``, K % 32 == 0, N % 16 == 0)."""
+    return isinstance(layer, nn.Linear) and layer.in_features % GROUP == 0 and layer.out_features % 16 == 0
+
+
+class Int4Linear(nn.Module):
+    """``nn.Linear``'s forward over Q4_1-style blocks of its weight (module terms)."""
+
+    def __init__(self, layer: nn.Linear) -> None:
+        super().__init__()
+        if not takes(layer):
+            raise ValueError(f"the int4 kernel needs inputs a multiple of {GROUP} and outputs of 16, not "
+                             f"{layer.in_features} -> {layer.out_features}")
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.weight4: Int4Weight = pack_q4_1(*q4_1_blocks(layer.weight))
+        bias = layer.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # (..., K) -> (..., N) bfloat16
+        y = int4_linear(x.to(torch.bfloat16), self.weight4)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
+
+
+def quantize_linears(module: nn.Module) -> int:
+    """Swap every ``nn.Linear`` the kernel takes under ``module`` for an ``Int4Linear``; returns how many."""
+    swapped = 0
+    for name, child in list(module.named_children()):
+        if takes(child):
+            setattr(module, name, Int4Linear(child))
+            swapped += 1
+        else:
+            swapped += quantize_linears(child)
+    return swapped

@@ -1,0 +1,83 @@
+"""Float linear layers on the int4 kernel (model/int4_linear.py) and the draft head's int4 variant."""
+
+import pytest
+import torch
+from torch import nn
+
+from conftest import tiny_llama
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
+from ears_core.draft.head_kernels import INT4_MIN_GAIN, MIN_GAIN, Variant, _pick, candidates
+from ears_core.model import gguf_q4
+from ears_core.model.gguf_q4 import dequantize_q4_1
+from ears_core.model.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, takes
+
+CPU = torch.device("cpu")
+F32, F32P, BF, BFP = Variant("float32", False), Variant("float32", True), Variant("bfloat16", False), Variant("bfloat16", True)
+I4 = Variant("bfloat16", False, True)
+needs_kernel = pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
+
+
+@needs_kernel
+def test_an_int4_linear_computes_its_blocks_within_bfloat16_rounding():
+    gen = torch.Generator().manual_seed(11)
+    layer = nn.Linear(96, 48, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(48, 96, generator=gen))
+        layer.bias.copy_(torch.randn(48, generator=gen))
+    x = torch.randn(5, 96, generator=gen).to(torch.bfloat16)
+    four = Int4Linear(layer)
+    ref = x.float() @ dequantize_q4_1(*q4_1_blocks(layer.weight)).T + layer.bias  # (5, 48) float32 of the same blocks
+    got = four(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (5, 48)
+    assert torch.allclose(got.float(), ref, rtol=2e-2, atol=5e-2 * ref.abs().mean().item())
+    assert (got.float() - x.float() @ layer.weight.T - layer.bias).abs().max() > 1e-3  # 4-bit: not the float layer
+    rows = torch.cat([four(x[i:i + 1]) for i in range(5)])
+    assert torch.equal(rows, got)  # a row's result does not depend on the rows beside it
+
+
+def test_only_shapes_the_kernel_takes_are_swapped():
+    net = nn.Sequential(nn.Linear(64, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 16), nn.Linear(64, 24)))
+    assert [takes(m) for m in (net[0], net[2][0], net[2][1])] == [True, False, False]  # 16 inputs; 24 outputs
+    with pytest.raises(ValueError, match="multiple of 32 and outputs of 16, not 16 -> 16"):
+        Int4Linear(net[2][0])
+    if gguf_q4.available():
+        assert quantize_linears(net) == 1 and isinstance(net[0], Int4Linear) and isinstance(net[2][0], nn.Linear)
+
+
+def test_the_int4_variant_is_offered_beside_the_lean_target_only():
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=True) == [BF, BFP]
+    want = [BF, BFP, I4] if gguf_q4.available() else [BF, BFP]
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=True, int4=True) == want
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=False, packing=False, int4=True) == [BF]  # no native bf16
+    assert candidates(CPU, torch.bfloat16, env={"EARS_DRAFT_DTYPE": "float32"}, bf16=True, int4=True,
+                      packing=False) == [F32]
+    if gguf_q4.available():
+        assert candidates(CPU, torch.float32, env={"EARS_DRAFT_DTYPE": "INT4"}, bf16=True) == [I4]
+    with pytest.raises(ValueError, match="EARS_DRAFT_DTYPE=int4 needs a CPU with native bfloat16"):
+        candidates(CPU, torch.float32, env={"EARS_DRAFT_DTYPE": "int4"}, bf16=False)
+    assert I4.label == "int4" and I4.torch_dtype == torch.bfloat16
+
+
+def test_the_int4_variant_must_beat_the_best_float_one_by_its_margin():
+    base = 2.0
+    assert _pick([BF, BFP, I4], {BF: base, BFP: 1.5, I4: 1.5 * (1 - INT4_MIN_GAIN) - 0.01}) == ("bfloat16", False, True)
+    assert _pick([BF, BFP, I4], {BF: base, BFP: 1.5, I4: 1.5 * (1 - INT4_MIN_GAIN / 2)}) == ("bfloat16", True, False)
+    assert _pick([BF, BFP], {BF: base, BFP: base * (1 - MIN_GAIN / 2)}) == ("bfloat16", False, False)
+
+
+@needs_kernel
+def test_a_quantized_head_drafts_and_greedy_output_stays_the_targets():
+    from ears_core import GreedyRule, autoregressive, generate
+
+    torch.manual_seed(3)
+    target = tiny_llama(0)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).to(torch.bfloat16).eval()
+    drafter = EagleDrafter(head, target)
+    assert drafter.quantize_kernels() == 9  # fc, q, k, v, o, gate, up, down, and the output rows
+    assert isinstance(drafter.sub_head, Int4Linear) and isinstance(head.fc, Int4Linear)
+    prompt = [1, 5, 9, 14, 3]
+    base = autoregressive(target, prompt, temperature=0.0, max_new_tokens=16)
+    spec = generate(target, drafter, prompt, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=16)
+    assert spec.token_ids == base.token_ids and spec.stats.drafted > 0
+    with pytest.raises(ValueError, match="bfloat16"):
+        EagleDrafter(DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)), target).quantize_kernels()
