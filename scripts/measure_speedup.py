@@ -15,6 +15,7 @@ llama.cpp's plain decoding of the same GGUF on the same threads (scripts/llama_c
 
     python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes lean,float32] [--peer] [--out F.json]
     python scripts/measure_speedup.py --dtypes bfloat16 --drafts auto,/tmp/new-head   # a head before shipping it
+    python scripts/measure_speedup.py --dtypes lean --drafts auto:bfloat16,auto:int4  # the head's variants
 
 Run it alone on the machine; state its price curve (printed) next to any figure.
 """
@@ -117,7 +118,8 @@ def main() -> None:
     ap.add_argument("--peer", action="store_true", help="measure llama.cpp on the same GGUF before and after")
     ap.add_argument("--drafts", default="auto", help="comma list of draft specs ('auto' = the shipped head, or "
                     "head folders), each measured with every dtype, taking turns prompt by prompt; a spec ending "
-                    "in ':general' runs that head through its general forward instead of its layers by hand")
+                    "in ':general' runs that head through its general forward instead of its layers by hand, one "
+                    "ending in ':float32', ':bfloat16' or ':int4' loads the head in that variant (EARS_DRAFT_DTYPE)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
@@ -128,8 +130,12 @@ def main() -> None:
     for draft in drafts:
         for dt in a.dtypes.split(","):
             label = dt if len(drafts) == 1 else f"{dt} / {Path(draft).name}"
-            spec, general = draft.removesuffix(":general"), draft.endswith(":general")
+            spec, _, suffix = draft.partition(":")
+            general = suffix == "general"
+            if suffix and not general:
+                os.environ["EARS_DRAFT_DTYPE"] = suffix
             pair = _load(spec, dt)
+            os.environ.pop("EARS_DRAFT_DTYPE", None)
             if general:
                 pair.draft.by_hand = False  # draft/head_layers.py's comparison: the general forward
             session = Session(pair)
