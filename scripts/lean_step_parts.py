@@ -1,0 +1,119 @@
+"""Where a lean target step's time goes on this machine, taken apart by leaving pieces out (not a test).
+
+The embedded lean int4 target (model/lean_llama.py) decodes a run of one-token passes after a 64-token
+prompt, as target-only decoding does; the mean pass is measured whole, then with the output head, the
+int4 matrix calls, the attention and the RMSNorms left out in turn (each replaced by a ready tensor of the
+right shape, so what follows runs on the same shapes; each stays left out while the next is), each the best
+of ``--repeats`` runs. The
+differences are the pieces' prices; what is left is every other op and the Python around them. It also
+times the same int4 matrix calls back to back, outside a pass: what the kernel costs on its own.
+
+    python scripts/lean_step_parts.py [--steps 96] [--repeats 5] [--threads 2]
+
+Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+
+import ears_core.model.lean_llama as lean_llama
+from ears_core.model.embedded import prepare_embedded
+from ears_core.model.gguf_q4 import GROUP
+from ears_core.model.target_path import lean_embedded
+
+
+def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
+    """Best of ``repeats`` runs of the mean one-token pass over ``steps`` consecutive passes."""
+    ids = torch.randint(0, 49000, (1, 64), generator=torch.Generator().manual_seed(0))
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            cache = model.new_cache()
+            model(ids, past_key_values=cache, logits_to_keep=1)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                model(torch.tensor([[7]]), past_key_values=cache, logits_to_keep=1)
+            best = min(best, (time.perf_counter() - t0) / steps * 1e3)
+    return best
+
+
+class _Functional:
+    """``torch.nn.functional`` with some functions replaced (module-level ``F`` of lean_llama)."""
+
+    def __init__(self, **replaced: Any) -> None:
+        self.replaced = replaced
+
+    def __getattr__(self, name: str) -> Any:
+        return self.replaced.get(name) or getattr(F, name)
+
+
+@contextmanager
+def left_out(model: Any, piece: str) -> Iterator[None]:
+    ready: dict[tuple, torch.Tensor] = {}
+
+    def zeros(*shape: int) -> torch.Tensor:
+        return ready.setdefault(shape, torch.zeros(shape, dtype=torch.bfloat16))
+
+    saved = (lean_llama.int4_linear, lean_llama.F, model._logits)
+    if piece == "the output head":
+        model._logits = lambda h: zeros(h.shape[0], model.embed.weight.shape[0])
+    elif piece == "the int4 matrix calls":
+        lean_llama.int4_linear = lambda x, w: zeros(x.shape[0], w.out_features)
+    elif piece == "attention":
+        lean_llama.F = _Functional(**saved[1].replaced if isinstance(saved[1], _Functional) else {},
+                                   scaled_dot_product_attention=lambda q, k, v, **kw: q)
+    elif piece == "the RMSNorms":
+        lean_llama.F = _Functional(**saved[1].replaced if isinstance(saved[1], _Functional) else {},
+                                   rms_norm=lambda x, shape, weight, eps: x)
+    try:
+        yield
+    finally:
+        lean_llama.int4_linear, lean_llama.F, model._logits = saved
+
+
+def int4_back_to_back_ms(model: Any, repeats: int) -> float:
+    """The pass's int4 matrix calls, one after another with nothing between them (best of ``repeats``)."""
+    weights = [w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    xs = {w.in_features: torch.randn(1, w.in_features).to(torch.bfloat16) for w in weights}
+    op = torch.ops.aten._weight_int4pack_mm_for_cpu
+    best = float("inf")
+    for _ in range(repeats + 2):
+        t0 = time.perf_counter()
+        for w in weights:
+            op(xs[w.in_features], w.packed, GROUP, w.scales_zeros)
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    model = lean_embedded(prepare_embedded())
+    if model is None:
+        raise SystemExit("the lean target does not run on this CPU (no int4 kernel, no native bfloat16 or rows not exact)")
+    whole = mean_pass_ms(model, a.steps, a.repeats)
+    print(f"a one-token pass: {whole:.2f} ms (mean of {a.steps} after a 64-token prompt, best of {a.repeats})")
+    rest = whole
+    with ExitStack() as gone:  # each piece stays left out while the next is
+        for piece in ("the output head", "the int4 matrix calls", "attention", "the RMSNorms"):
+            gone.enter_context(left_out(model, piece))
+            without = mean_pass_ms(model, a.steps, a.repeats)
+            print(f"  {piece}: {rest - without:.2f} ms")
+            rest = without
+    print(f"  every other op: {rest:.2f} ms")
+    print(f"the same int4 calls back to back: {int4_back_to_back_ms(model, a.repeats):.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
