@@ -61,11 +61,11 @@ def left_out(model: Any, piece: str) -> Iterator[None]:
     def zeros(*shape: int) -> torch.Tensor:
         return ready.setdefault(shape, torch.zeros(shape, dtype=torch.bfloat16))
 
-    saved = (lean_llama.int4_linear, lean_llama.F, model._logits)
+    saved = (lean_llama.int4_rows, lean_llama.F, model._logits)
     if piece == "the output head":
         model._logits = lambda h: zeros(h.shape[0], model.embed.weight.shape[0])
     elif piece == "the int4 matrix calls":
-        lean_llama.int4_linear = lambda x, w: zeros(x.shape[0], w.out_features)
+        lean_llama.int4_rows = lambda x, w: zeros(x.shape[0], w.out_features)
     elif piece == "attention":
         lean_llama.F = _Functional(**saved[1].replaced if isinstance(saved[1], _Functional) else {},
                                    scaled_dot_product_attention=lambda q, k, v, **kw: q)
@@ -75,7 +75,7 @@ def left_out(model: Any, piece: str) -> Iterator[None]:
     try:
         yield
     finally:
-        lean_llama.int4_linear, lean_llama.F, model._logits = saved
+        lean_llama.int4_rows, lean_llama.F, model._logits = saved
 
 
 def int4_back_to_back_ms(model: Any, repeats: int) -> float:

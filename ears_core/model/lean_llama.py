@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ears_core.model.attention import visible_positions
-from ears_core.model.gguf_q4 import Int4Weight, int4_linear
+from ears_core.model.gguf_q4 import GROUP, Int4Weight
 from ears_core.model.lean_cache import LeanCache
 from ears_core.model.static_decoder import rotation_tables
 
@@ -73,18 +73,24 @@ class _Tied(nn.Module):
         self.weight = weight
 
 
-def _chunked(fn: Any, x: Tensor, plan: dict[int, tuple[int, ...]] | None = None) -> Tensor:
-    """fn over the rows of x (r, ...): in the chunks ``plan[r]`` (lean_plan.py) where planned, else at most
-    ``ROW_CAP`` at a time (module terms: exact rows)."""
-    r = x.shape[0]
-    sizes = plan.get(r) if plan else None
-    if sizes is None:
-        if r <= ROW_CAP:
-            return fn(x)
+def int4_rows(x: Tensor, w: Int4Weight) -> Tensor:
+    """(r, K) contiguous bfloat16 rows -> (r, N) through the int4 kernel, in one call."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, GROUP, w.scales_zeros)
+
+
+def _linear_for(m: int, plan: dict[int, tuple[int, ...]]) -> Any:
+    """The int4 layer call for passes over m rows: one kernel call, or the planned chunks (module terms: exact rows)."""
+    sizes = plan.get(m) if plan else None
+    if sizes is None and m > ROW_CAP:
         sizes = ROW_CAP
-    elif len(sizes) == 1:
-        return fn(x)
-    return torch.cat([fn(c) for c in x.split(sizes)])
+    if sizes is None or (not isinstance(sizes, int) and len(sizes) == 1):
+        return int4_rows
+    return lambda x, w: torch.cat([int4_rows(c, w) for c in x.split(sizes)])
+
+
+def _chunked(fn: Any, x: Tensor) -> Tensor:
+    """fn over the rows of x (r, ...), at most ``ROW_CAP`` at a time (module terms: exact rows)."""
+    return fn(x) if x.shape[0] <= ROW_CAP else torch.cat([fn(c) for c in x.split(ROW_CAP)])
 
 
 class LeanLlama(nn.Module):
@@ -170,21 +176,21 @@ class LeanLlama(nn.Module):
         x = self.embed(input_ids[0])  # (m, d)
         hidden = [x] if output_hidden_states else None
         h_q, h_kv, dim, half = self.heads, self.kv_heads, self.head_dim, self.head_dim // 2
-        end, adt, plan = n + m, self.attn_dtype, self.row_plan
+        end, adt, lin, shape, eps = n + m, self.attn_dtype, _linear_for(m, self.row_plan), (self.hidden,), self.eps
         for layer, (kv, k_all, v_all) in zip(self.layers, cache.layer_views()):
-            h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)  # (m, d)
-            qkv = _chunked(lambda c: int4_linear(c, layer.qkv), h, plan).view(m, h_q + 2 * h_kv, dim)  # (m, H + 2 Hkv, D)
+            h = F.rms_norm(x, shape, layer.attn_norm, eps)  # (m, d)
+            qkv = lin(h, layer.qkv).view(m, h_q + 2 * h_kv, dim)  # (m, H + 2 Hkv, D)
             qkv = torch.addcmul(qkv * cos, qkv.roll(half, -1), sin)  # q and k rotated, v as it was
             kv[:, :, n:end].copy_(qkv[:, h_q:].view(m, 2, h_kv, dim).permute(1, 2, 0, 3))  # (2, Hkv, m, D) new keys, values
             q = qkv[:, :h_q].transpose(0, 1)[None].to(adt)  # (1, H, m, D)
             a = F.scaled_dot_product_attention(q, k_all[:, :, :end], v_all[:, :, :end], attn_mask=mask,
                                                enable_gqa=h_q != h_kv)  # (1, H, m, D)
             a = a[0].to(x.dtype).transpose(0, 1).reshape(m, h_q * dim)  # (m, H D)
-            x = x + _chunked(lambda c: int4_linear(c, layer.o), a, plan)
-            h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
-            gu = _chunked(lambda c: int4_linear(c, layer.gate_up), h, plan)  # (m, 2 I)
+            x = x + lin(a, layer.o)
+            h = F.rms_norm(x, shape, layer.mlp_norm, eps)
+            gu = lin(h, layer.gate_up)  # (m, 2 I)
             inner = gu.shape[1] // 2
-            x = x + _chunked(lambda c: int4_linear(c, layer.down), F.silu(gu[:, :inner]) * gu[:, inner:], plan)
+            x = x + lin(F.silu(gu[:, :inner]) * gu[:, inner:], layer.down)
             if hidden is not None:
                 hidden.append(x)
         cache.length = end
