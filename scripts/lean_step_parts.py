@@ -62,16 +62,15 @@ def left_out(model: Any, piece: str) -> Iterator[None]:
         return ready.setdefault(shape, torch.zeros(shape, dtype=torch.bfloat16))
 
     saved = (lean_llama.int4_rows, lean_llama.F, model._logits)
+    gone = saved[1].replaced if isinstance(saved[1], _Functional) else {}  # functions already left out
     if piece == "the output head":
         model._logits = lambda h: zeros(h.shape[0], model.embed.weight.shape[0])
     elif piece == "the int4 matrix calls":
         lean_llama.int4_rows = lambda x, w: zeros(x.shape[0], w.out_features)
     elif piece == "attention":
-        lean_llama.F = _Functional(**saved[1].replaced if isinstance(saved[1], _Functional) else {},
-                                   scaled_dot_product_attention=lambda q, k, v, **kw: q)
+        lean_llama.F = _Functional(**gone, scaled_dot_product_attention=lambda q, k, v, **kw: q)
     elif piece == "the RMSNorms":
-        lean_llama.F = _Functional(**saved[1].replaced if isinstance(saved[1], _Functional) else {},
-                                   rms_norm=lambda x, shape, weight, eps: x)
+        lean_llama.F = _Functional(**gone, rms_norm=lambda x, shape, weight, eps: x)
     try:
         yield
     finally:

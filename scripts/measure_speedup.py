@@ -132,10 +132,14 @@ def main() -> None:
             label = dt if len(drafts) == 1 else f"{dt} / {Path(draft).name}"
             spec, _, suffix = draft.partition(":")
             general = suffix == "general"
+            before = os.environ.get("EARS_DRAFT_DTYPE")
             if suffix and not general:
                 os.environ["EARS_DRAFT_DTYPE"] = suffix
             pair = _load(spec, dt)
-            os.environ.pop("EARS_DRAFT_DTYPE", None)
+            if before is None:
+                os.environ.pop("EARS_DRAFT_DTYPE", None)
+            else:
+                os.environ["EARS_DRAFT_DTYPE"] = before
             if general:
                 pair.draft.by_hand = False  # draft/head_layers.py's comparison: the general forward
             session = Session(pair)

@@ -9,7 +9,7 @@ variant       (dtype, packed, int4): the dtype of the head's layers, its cache a
               activations). Draft side only: whatever the variant, q is exactly the distribution each
               draft was drawn from, so every rule stays as exact as before.
 int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
-              of the embedded head stands 3 points less often at T = 0: docs/benchmarks.md). Offered where
+              of the embedded head stands 5 points less often at T = 0, 1 at T = 0.9: docs/benchmarks.md). Offered where
               the target is the lean int4 one (its step is short, so the head's share of a round is large)
               and kept only if its round is at least ``INT4_MIN_GAIN`` cheaper than the best float variant's.
 candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype only (``int4``: the int4 variant). A float32 target on
@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 from ears_core.model.hub import native_bf16
+from ears_core.model.lean_target import supported
 from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
 
 __all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant"]
@@ -64,6 +65,9 @@ class Variant:
     @property
     def label(self) -> str:
         return INT4 if self.int4 else f"{self.dtype}{' packed' if self.packed else ''}"
+
+
+INT4_VARIANT = Variant("bfloat16", False, True)  # the int4 kernel takes bfloat16 activations
 
 
 @dataclass
@@ -96,10 +100,10 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
         raise ValueError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
                          f"{', '.join((*DRAFT_DTYPES, INT4))} (or leave it unset to measure on this machine)")
     if choice == INT4:
-        if device.type != "cpu" or not _int4_here(bf16):
+        if device.type != "cpu" or not supported(bf16):
             raise ValueError("EARS_DRAFT_DTYPE=int4 needs a CPU with native bfloat16 and PyTorch's int4 kernel: "
                              "leave it unset to measure the float variants here")
-        return [Variant("bfloat16", False, True)]
+        return [INT4_VARIANT]
     if device.type != "cpu":
         return [Variant(choice or _dtype_name(target_dtype), False)]
     if choice:
@@ -112,13 +116,9 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
         from ears_core.model.packed_linear import available
         packing = available()
     found = [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
-    return found + ([Variant("bfloat16", False, True)] if int4 and not choice and _int4_here(bf16) else [])
+    return found + ([INT4_VARIANT] if int4 and not choice and supported(bf16) else [])
 
 
-def _int4_here(bf16: bool | None) -> bool:
-    from ears_core.model.gguf_q4 import available
-
-    return available() and (native_bf16() if bf16 is None else bf16)
 
 
 def _key(head: Any, variants: list[Variant]) -> str:

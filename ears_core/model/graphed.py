@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.attention import visible_positions
+from ears_core.model.attention import one_sequence, visible_positions
 from ears_core.model.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
 from ears_core.model.static_decoder import StaticDecoder, additive_mask_over, causal_mask
 
@@ -198,8 +198,7 @@ class GraphedLM(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: SlotCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> GraphedOutput:
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"a graphed model decodes one sequence at a time: ids (1, T), not {tuple(input_ids.shape)}")
+        one_sequence(input_ids, "a graphed model")
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, SlotCache) or cache.kv is not self.runner.kv:
             raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ears_core.model.attention import visible_positions
+from ears_core.model.attention import one_sequence, visible_positions
 from ears_core.model.gguf_q4 import GROUP, Int4Weight
 from ears_core.model.lean_cache import LeanCache
 from ears_core.model.static_decoder import rotation_tables
@@ -159,13 +159,12 @@ class LeanLlama(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: LeanCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> LeanOutput:
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"the lean target decodes one sequence at a time: ids (1, T), not {tuple(input_ids.shape)}")
+        m = one_sequence(input_ids, "the lean target")
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, LeanCache):
             raise TypeError(f"the lean target keeps its keys and values in a LeanCache, not a {type(cache).__name__}: "
                             "make one with model.new_cache() (ears_core.model.kv_cache.new_cache)")
-        m, n = int(input_ids.shape[1]), cache.length
+        n = cache.length
         cache.reserve(m)
         if position_ids is None:
             cos, sin = self._cos[n: n + m], self._sin[n: n + m]  # (m, 1, D)

@@ -32,11 +32,11 @@ __all__ = ["from_float_model", "from_gguf", "q4_1_blocks", "supported"]
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def supported() -> bool:
-    """Module terms: the int4 kernel is here and the CPU has native bfloat16."""
+def supported(bf16: bool | None = None) -> bool:
+    """Module terms: the int4 kernel is here and the CPU has native bfloat16 (``bf16``: that answer given)."""
     from ears_core.model.hub import native_bf16
 
-    return gguf_q4.available() and native_bf16()
+    return gguf_q4.available() and (native_bf16() if bf16 is None else bf16)
 
 
 def _stack(parts: list[tuple[Tensor, Tensor, Tensor]]) -> Any:
