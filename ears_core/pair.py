@@ -402,9 +402,11 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         pack_like(target_model, draft_model)
     from ears_core.draft.drafters import model_vocab_size
     for role, model in (("target", target_model), ("draft", draft_model)):
-        if isinstance(model, torch.nn.Module) and model_vocab_size(model) < vocab_size:
-            raise ModelLoadError(f"the {role} model scores {model_vocab_size(model)} tokens but the tokenizer "
-                                 f"has {vocab_size}: the model and tokenizer files do not belong together")
+        if isinstance(model, torch.nn.Module):
+            if model_vocab_size(model) < vocab_size:
+                raise ModelLoadError(f"the {role} model scores {model_vocab_size(model)} tokens but the tokenizer "
+                                     f"has {vocab_size}: the model and tokenizer files do not belong together")
+            model.ears_vocab_size = vocab_size  # padded head rows past the tokenizer are never emitted
     from ears_core.model.embedded import EMBEDDED_NAME
 
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)

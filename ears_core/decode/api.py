@@ -18,7 +18,7 @@ from ears_core.decode.generation import (Generation, GenerationResult, as_input_
 from ears_core.decode.rounds import DecodeConfig, RoundShape, decode_rounds
 from ears_core.decode.text import Detokenizer
 from ears_core.decode.tree import TreeShape
-from ears_core.draft.drafters import Drafter, ModelDrafter, model_vocab_size
+from ears_core.draft.drafters import Drafter, ModelDrafter, scored_vocab
 from ears_core.draft.trees import KeepFn, LevelFn, TreeSpec
 from ears_core.deprecated import renamed_keyword
 from ears_core.events import StepRecord
@@ -179,8 +179,9 @@ def autoregressive_stream(
     vocab_size: int | None = None,
     deadline_s: float | None = None,
 ) -> Generation:
-    """Target-only decoding, one token per forward pass: the baseline, streamed."""
-    vocab = vocab_size if vocab_size is not None else model_vocab_size(target)
+    """Target-only decoding, one token per forward pass: the baseline, streamed. ``vocab_size``: the ids it
+    may emit; default the target's scored vocabulary (a loaded pair's tokenizer, never a padding row)."""
+    vocab = vocab_size if vocab_size is not None else scored_vocab(target)
     ids = as_input_ids(input_ids, target.device)
     check_request(target, ids, max_new_tokens, seed, vocab)
     cfg = DecodeConfig(SamplingConfig(temperature, top_k, top_p), max_new_tokens, seed, vocab,

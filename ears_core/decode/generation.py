@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from ears_core.draft.drafters import model_vocab_size
+from ears_core.draft.drafters import model_vocab_size, scored_vocab
 from ears_core.events import StepRecord, TokenEvent
 from ears_core.metrics import GenerationStats, summarize
 
@@ -159,15 +159,17 @@ def check_request(target: PreTrainedModel, ids: Tensor, max_new_tokens: Any, see
 
 
 def shared_vocab(target: PreTrainedModel, draft_vocab: int, vocab_size: int | None) -> int:
-    """The vocabulary draft and target share: ``vocab_size`` if given, else both heads' (which must agree)."""
-    target_vocab = model_vocab_size(target)
+    """The vocabulary draft and target share: ``vocab_size`` if given, else both sides' scored vocabularies
+    (``scored_vocab``: a loaded pair's tokenizer length, else the heads' rows), which must agree."""
     if vocab_size is not None:
-        if vocab_size > min(target_vocab, draft_vocab):
+        rows = model_vocab_size(target)
+        if vocab_size > min(rows, draft_vocab):
             raise ValueError(
-                f"vocab_size={vocab_size} is larger than the target's ({target_vocab}) or the "
+                f"vocab_size={vocab_size} is larger than the target's ({rows}) or the "
                 f"draft's ({draft_vocab}) output head"
             )
         return vocab_size
+    target_vocab = scored_vocab(target)
     if target_vocab != draft_vocab:
         raise ValueError(
             f"draft and target vocabularies differ ({draft_vocab} vs {target_vocab} tokens): the "

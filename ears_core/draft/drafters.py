@@ -34,7 +34,8 @@ from transformers import DynamicCache, PreTrainedModel
 from ears_core.model.kv_cache import new_cache
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "target_features"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "scored_vocab",
+           "target_features"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -85,6 +86,13 @@ def model_vocab_size(model: PreTrainedModel) -> int:
     return int(model.config.get_text_config().vocab_size)
 
 
+def scored_vocab(model: PreTrainedModel) -> int:
+    """The ids a model scores for its tokenizer: ``ears_vocab_size`` where ``load_pair`` set it (the pair's
+    ``len(tokenizer)``; Qwen2.5's heads carry 271-399 padding rows past it), else its head's rows."""
+    known = getattr(model, "ears_vocab_size", None)
+    return int(known) if known is not None else model_vocab_size(model)
+
+
 def _step_graphs(model: Any, vocab_size: int) -> Any:
     """A graphed draft model's captured draft step (draft/step_graphs.py), made once per model; else None."""
     from ears_core.model.graphed import GraphedLM
@@ -105,7 +113,7 @@ class ModelDrafter:
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.model = model
-        self.vocab_size = vocab_size if vocab_size is not None else model_vocab_size(model)
+        self.vocab_size = vocab_size if vocab_size is not None else scored_vocab(model)
         self.device = model.device
         self._cache: DynamicCache | None = None
         self._cache_len = 0  # tokens in the cache

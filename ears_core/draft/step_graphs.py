@@ -12,12 +12,15 @@ draft step    what a chain drafter computes per drafted position (eagle.py): for
 first / next  a round's first position reads the head's last output (no head pass); later ones run it.
 key           a graph per (first or next, KV bucket, sampling): ``probs_fn.sampling_key``, which the decode
               loop sets, names the sampling; a ``probs_fn`` without one keeps the eager step.
+bounded       a bank keeps the graphs of ``MAX_SAMPLINGS`` samplings at most (41 temperatures are one slider
+              away): a new one evicts the graphs of the least recently used (``use_sampling``).
 same numbers  the captured step runs the eager step's operations in its order, so the same drafts with the
               same probabilities (a CPU test compares them; off CUDA the bank just calls the step).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -27,7 +30,9 @@ from ears_core.model.cuda_graphs import GraphBank, SlotCache, bucket
 from ears_core.model.static_decoder import causal_mask
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["StepGraphs"]
+__all__ = ["StepGraphs", "LMStepGraphs", "MAX_SAMPLINGS"]
+
+MAX_SAMPLINGS = 4  # samplings whose draft-step graphs a bank keeps (module terms: bounded)
 
 
 class _Steps:
@@ -41,6 +46,18 @@ class _Steps:
         self.tok = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the token fed: the previous draft
         self.u = torch.zeros(1, dtype=torch.float32, device=s.device)  # (1,) the position's uniform
         self.pos = torch.zeros(1, dtype=torch.long, device=s.device)  # (1,) the new row's slot and position
+        self.samplings: OrderedDict[Any, None] = OrderedDict()  # least recently used first
+
+    def use_sampling(self, key: Any) -> Any:
+        """Mark sampling ``key`` used now; past ``MAX_SAMPLINGS``, drop the graphs of the least recently used
+        (every graph key ends with its sampling). -> key."""
+        self.samplings.pop(key, None)
+        self.samplings[key] = None
+        while len(self.samplings) > MAX_SAMPLINGS:
+            old, _ = self.samplings.popitem(last=False)
+            for graph_key in [g for g in self.bank.graphs if g[-1] == old]:
+                del self.bank.graphs[graph_key]
+        return key
 
     @staticmethod
     def usable(probs_fn: Any) -> bool:
@@ -89,7 +106,7 @@ class StepGraphs(_Steps):
             pr = probs_fn(d._scaled(sub))  # (1, N)
             return f, conf, pr, d.vocab_ids[sample_with_uniforms(pr, self.u)]
 
-        out = self.bank.run((prev is None, c, probs_fn.sampling_key), run)
+        out = self.bank.run((prev is None, c, self.use_sampling(probs_fn.sampling_key)), run)
         if prev is not None:
             cache.length = n + 1
         return tuple(t.clone() for t in out)  # type: ignore[return-value]
@@ -124,6 +141,6 @@ class LMStepGraphs(_Steps):
             pr = probs_fn(logits)  # (1, V)
             return conf, pr, sample_with_uniforms(pr, self.u)
 
-        out = self.bank.run((c, probs_fn.sampling_key), run)
+        out = self.bank.run((c, self.use_sampling(probs_fn.sampling_key)), run)
         cache.length = n + 1
         return tuple(t.clone() for t in out)  # type: ignore[return-value]

@@ -9,17 +9,23 @@ present    the embedded pair is present when its prepared safetensors folder is 
 largest    the present pair with the most bytes of target weights on disk: the speed part's subject.
 real check greedy equality with the target's own greedy decoding on five chat prompts (chain, and tree
            where the drafter can branch), then EARS (beta 0.1) at T = 0.9 running to the end.
+cold start what a ZeroGPU Space's first request spends before its first token (``cold_start``): the load, the
+           first speculative run's first token (on CUDA its first passes capture their graphs), the
+           capture seconds within that, and the GPU memory allocated after the load and at its peak. The
+           Space's allowance (studio/zerogpu.py, ``START_S``) is set from these.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from ears_core.decode.api import autoregressive, generate, tree_generate
+from ears_core.decode.api import autoregressive, generate, stream, tree_generate
 from ears_core.gpu_check.correctness import parting
 from ears_core.gpu_check.outcome import Check
 from ears_core.model.embedded import CACHE_SUBDIR, MARKER, cache_root
@@ -81,22 +87,49 @@ def _greedy_parts(pair: ModelPair, new_tokens: int) -> list[str]:
     return parts
 
 
-def check_real_pair(target: str, draft: str, device: torch.device, new_tokens: int = 48) -> Check:
-    """Load a present pair on ``device`` and run the real check (module terms)."""
+def _gib(n: int) -> float:
+    return round(n / 2**30, 3)
+
+
+def cold_start(target: str, draft: str, device: torch.device) -> tuple[ModelPair, dict[str, Any]]:
+    """Load the pair and run to its first speculative token, timed (module terms: cold start)."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
     pair = load_pair(target, draft, device=device)
+    loaded = time.perf_counter()
+    allocated = torch.cuda.memory_allocated(device) if cuda else 0
+    run = iter(stream(*pair, pair.encode(REAL_PROMPTS[0]), rule=EARSRule(beta=0.1), k=4, temperature=0.9,
+                      max_new_tokens=8, seed=0, vocab_size=pair.vocab_size))
+    next(run)
+    first = time.perf_counter()
+    for _ in run:
+        pass
+    captured = sum(float(getattr(m, "capture_s", 0.0) or 0.0) for m in (pair.target, pair.draft) if m is not None)
+    return pair, {"load_s": round(loaded - t0, 2), "first_token_s": round(first - t0, 2),
+                  "capture_s": round(captured, 2), "gpu_allocated_gib": _gib(allocated),
+                  "gpu_peak_gib": _gib(torch.cuda.max_memory_allocated(device)) if cuda else 0.0}
+
+
+def check_real_pair(target: str, draft: str, device: torch.device, new_tokens: int = 48) -> Check:
+    """Load a present pair on ``device``, timing its cold start, and run the real check (module terms)."""
+    pair, start = cold_start(target, draft, device)
     parts = _greedy_parts(pair, new_tokens)
     if parts:
-        return Check("", "fail", "; ".join(parts), {"target": target, "draft": draft})
+        return Check("", "fail", "; ".join(parts), {"target": target, "draft": draft, **start})
     out = generate(*pair, pair.encode(REAL_PROMPTS[2]), rule=EARSRule(beta=0.1), k=4, temperature=0.9,
                    max_new_tokens=64, seed=0, vocab_size=pair.vocab_size)
     s = out.stats
     ended = s.new_tokens == 64 or (out.token_ids and out.token_ids[-1] in _eos(pair))
     if not ended or not math.isfinite(s.mean_distortion) or s.mean_distortion < 0:
         return Check("", "fail", f"EARS 0.1 at T = 0.9 stopped after {s.new_tokens} tokens (distortion "
-                     f"{s.mean_distortion})", {"target": target})
+                     f"{s.mean_distortion})", {"target": target, **start})
     return Check("", "pass", f"{pair.name}: greedy = target on {len(REAL_PROMPTS)} prompts; EARS 0.1 at T = 0.9 ran "
-                 f"{s.new_tokens} tokens (acceptance {s.acceptance_rate or 0:.2f}, pardons {s.pardon_rate or 0:.2f})",
-                 {"target": target, "draft": draft, "acceptance": s.acceptance_rate})
+                 f"{s.new_tokens} tokens (acceptance {s.acceptance_rate or 0:.2f}, pardons {s.pardon_rate or 0:.2f}); "
+                 f"cold start to the first token {start['first_token_s']} s (load {start['load_s']} s, capture "
+                 f"{start['capture_s']} s), GPU memory {start['gpu_allocated_gib']} GiB, peak {start['gpu_peak_gib']} GiB",
+                 {"target": target, "draft": draft, "acceptance": s.acceptance_rate, **start})
 
 
 def _eos(pair: ModelPair) -> set[int]:

@@ -80,13 +80,15 @@ class _Runner:
         return torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device)
 
     def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
-              hidden: Tensor | None) -> Any:  # overridden: what one pass computes from its input rows x
+              hidden: Tensor | None, keep: int = 0) -> Any:  # overridden: what one pass computes from its rows x
         raise NotImplementedError
 
     def run(self, cache: SlotCache, x: Tensor, positions: Tensor | None = None,
-            seen: Tensor | None = None) -> tuple[Any, Tensor | None]:
+            seen: Tensor | None = None, keep: int = 0, want_hidden: bool = True) -> tuple[Any, Tensor | None]:
         """One pass over the m rows ``x`` at the cache's end -> (body outputs, hidden (L + 1, m, d) or None).
-        positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal."""
+        positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal. An eager pass
+        (a prompt) computes logits for its last ``keep`` rows only (0: all) and hidden states only when
+        ``want_hidden``: a 4,000-token prompt on a 152k vocabulary would otherwise hold gigabytes of logits."""
         m, n = int(x.shape[0]), cache.length
         s = self.static
         if n + m > s.max_positions:
@@ -115,8 +117,8 @@ class _Runner:
             wide = torch.zeros(m, c, dtype=torch.bool, device=s.device)
             wide[:, : n + m] = seen[..., : n + m].reshape(m, n + m)
             mask = additive_mask_over(wide, s.groups, s.dtype)
-        hidden = self._hidden(m) if self.with_hidden else None
-        out = self._body(x, pos, slots, mask, kv, hidden)
+        hidden = self._hidden(m) if self.with_hidden and want_hidden else None
+        out = self._body(x, pos, slots, mask, kv, hidden, keep)
         cache.length = n + m
         return out, hidden
 
@@ -132,13 +134,15 @@ class _Runner:
 
 
 class _LMRunner(_Runner):
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None) -> Any:
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
+              keep: int = 0) -> Any:
         states = self.static.run(self.static.embed(x), pos, slots, mask, kv, hidden)  # (m, d)
-        return states, self.static.logits(states)  # (m, d), (m, V)
+        return states, self.static.logits(states[-keep:] if keep else states)  # (m, d), (kept, V)
 
 
 class _HeadRunner(_Runner):
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None) -> Any:
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
+              keep: int = 0) -> Any:
         return self.static.run(x, pos, slots, mask, kv, None)  # (m, d)
 
 
@@ -205,7 +209,8 @@ class GraphedLM(nn.Module):
                             "model.new_cache() (ears_core.model.kv_cache.new_cache)")
         seen = visible_positions(attention_mask, "a graphed model")
         with cache.kv.lock:  # the pass and the copies of its outputs (cuda_graphs.py: threads)
-            (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen)
+            (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
+                                                       output_hidden_states)
             keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
             states_out = None
             if output_hidden_states:

@@ -115,6 +115,11 @@ class PairSlot:
     def loaded(self) -> Session | None:
         return self._session
 
+    def decode_budget_s(self) -> float:
+        """Seconds of decoding a request may spend, asked once its Session is ready: ``Settings.timeout_s``
+        (a ZeroGPU Space's slot also counts what its call spent starting up: studio/zerogpu.py)."""
+        return self.settings.timeout_s
+
     def switch(self, target: str, draft: str | None, check: bool = True,
                progress: Callable[[str], Any] | None = None) -> Session:
         """Make (target, draft) the pair in memory. The tokenizers are checked first (seconds), so a

@@ -185,7 +185,8 @@ class Session:
         """Make sure of a price curve and run one short speculative generation with K = 2: the first
         kernels run, and the draft step and per-round overhead are measured. Where the drafter can
         branch, one short tree of fixed size follows, learnt from by nothing (its first passes with
-        a tree mask are slow, and would teach the tree budget a node price that stops it drafting).
+        a tree mask are slow, and would teach the tree budget a node price that stops it drafting); not
+        on CUDA, where shape "auto" never picks a tree (``wide_passes_are_cheap``).
         A cached curve can be hours old, and a machine's curve moves (docs/measurements.md, price
         curves), so unless the caller gave one it is measured again: now, before the decodes, or
         with ``background_prices`` between requests, after them (the warm-up then only reads the
@@ -204,7 +205,7 @@ class Session:
                                               draft_length="fixed", draft_shape="chain"))
         for _ in run:
             pass
-        if self.can_branch:
+        if self.can_branch and self.pair.device.type != "cuda":  # shape "auto" never picks a tree on CUDA
             cfg = RunConfig(rule="greedy", params={}, temperature=0.0, max_new_tokens=tokens, draft_length="fixed",
                             draft_shape="tree")
             for _ in self._tree_run(ids, cfg, *cfg.rule_and_temperature(), None).gen:  # .gen: not absorbed

@@ -143,6 +143,7 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
         if loading:  # the pair is still loading (a server's start, a switch): wait for it
             yield pack(message="", summary=f"*{LOADING}*")
         session = slot.session()
+        limit_s = slot.decode_budget_s()  # after the session: a ZeroGPU worker's start-up counts against it
         waits = {LOAD_WAIT: time.perf_counter() - since} if loading else {}
         cfg = session.resolved(cfg)  # "auto" -> tree or chain, so the page names what ran
         ids = session.encode(req.prompt)
@@ -152,8 +153,8 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
     shape = cfg.draft_shape
     yield pack(tokens=viz.tokens_html([], cursor=True), message="", summary="*generating…*", tree=None,
                tree_panel=gr.Column(visible=shape == "tree"))
-    res, run, rounds, tree_out = yield from _decode(runs, session, ids, cfg, settings.timeout_s, since, waits)
-    note = message(timeout_note(settings.timeout_s)) if res.timed_out else ""
+    res, run, rounds, tree_out = yield from _decode(runs, session, ids, cfg, limit_s, since, waits)
+    note = message(timeout_note(limit_s)) if res.timed_out else ""
     contended, curves = run.contended, {run.gen.method: list(run.gen.samples)}
     budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
     yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.k, curves, budget),
@@ -161,9 +162,9 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
     base_tps, base_wall, base_note = None, None, ""
     if a["with_baseline"] and not res.timed_out:
         base_tps, base_wall, base_note, contended, cut = yield from _baseline(runs, session, ids, cfg, res, curves,
-                                                                              contended, settings.timeout_s)
+                                                                              contended, limit_s)
         if cut:
-            note = message(timeout_note(settings.timeout_s) + " (during the target-only baseline)")
+            note = message(timeout_note(limit_s) + " (during the target-only baseline)")
     state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
     rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape,
                         baseline_wall_tps=base_wall)

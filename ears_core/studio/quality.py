@@ -126,7 +126,7 @@ def make_sweep(slot: PairSlot, shipped: dict[str, Any] | None) -> Callable[..., 
         questions = qset.select(n)
         settings = [Setting("target"), Setting("standard"), *(Setting("ears", (("beta", b),), "beta") for b in chosen)]
         decoding = Decoding(TEMPERATURE, K, min(MAX_NEW, slot.settings.max_new_tokens))
-        total, records, budget = len(questions) * len(settings), [], slot.settings.timeout_s
+        total, records, budget = len(questions) * len(settings), [], slot.decode_budget_s()
         yield progress_html(0, total, "(starting)"), gr.skip(), ""
         t0 = time.perf_counter()
         for rec in sweep(session, qset, questions, settings, decoding, budget_s=budget, background=True):

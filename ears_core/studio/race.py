@@ -92,7 +92,7 @@ def _race(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
         labels = [f"A: {labels[0]}", f"B: {labels[1]}"]
     labels.append("target-only")
     html, curves, results, contended = [empty] * 3, {}, [], []
-    budget = settings.timeout_s
+    budget = slot.decode_budget_s()  # after the session: a ZeroGPU worker's start-up counts against it
     for i, name in enumerate(labels):
         left = max(budget - sum(r.stats.decode_s for r in results), 0.0)
         tracked = session.speculative(ids, cfgs[i], left) if i < 2 else session.baseline(ids, base_cfg, left)

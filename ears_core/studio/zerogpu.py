@@ -33,6 +33,10 @@ duration    the GPU seconds a request asks for (``gpu_seconds``): ``START_S`` (a
             each question), at most ``timeout_s`` (the request's decoding budget). Both are allowances,
             not measurements: no pair of this size has run on ZeroGPU's GPUs yet. The shorter a
             duration, the sooner ZeroGPU schedules the request.
+budget      a request's decoding budget on ZeroGPU counts its call's start-up: ``on_gpu`` notes when the call's
+            duration runs out (``call_ends``), and ``StartupPair.decode_budget_s`` is the least of
+            ``timeout_s`` and what is left of the duration after the Session start-up, less ``END_MARGIN_S``,
+            so a cold worker's start-up never pushes the decode past the GPU time it asked for.
 quota       ZeroGPU multiplies a duration by the size's factor (1.5 on the default ``large``) and counts
             it against the visitor's daily quota; a request asking for more than the visitor has left
             is refused. ``SPACE_ENV``'s decoding budget keeps every request at most ``QUOTA_SHARE`` of an
@@ -52,6 +56,8 @@ import functools
 import inspect
 import math
 import os
+import threading
+import time
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
@@ -66,7 +72,7 @@ from ears_core.serve.settings import Settings
 from . import LAUNCH_KW, build_app, quality
 from .zerogpu_rules import ZEROGPU
 
-__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "QUOTA_SHARE", "SPACE_ENV", "HANDLERS", "StartupPair", "on_zero_gpu",
+__all__ = ["GPU_TARGET", "START_S", "S_PER_TOKEN", "END_MARGIN_S", "call_ends", "QUOTA_SHARE", "SPACE_ENV", "HANDLERS", "StartupPair", "on_zero_gpu",
            "space_settings", "gpu_seconds", "decodes", "largest_request", "request_quota", "space_notice",
            "request_seconds", "gpu_call", "build_space", "launch_kw"]
 
@@ -76,6 +82,7 @@ GPU_TARGET = "Qwen/Qwen2.5-7B-Instruct"  # its preset draft: Qwen/Qwen2.5-0.5B-I
 # They give way to figures measured on ZeroGPU's GPU once there are some.
 START_S = 20.0
 S_PER_TOKEN = 0.05
+END_MARGIN_S = 2.0  # seconds of a call's duration kept free of decoding: the last frames' pickling and sending
 QUOTA_SHARE = 0.5  # of an unauthenticated visitor's daily quota, at most, for one request: two requests a day at least
 # EARS_TIMEOUT_S: START_S + 20 s of decoding = 40 s, x 1.5 on the default size = 60 s of quota (module terms: quota)
 SPACE_ENV = {"EARS_MAX_NEW_TOKENS": "256", "EARS_TIMEOUT_S": "20", "EARS_ALLOW_DOWNLOAD": "1",
@@ -185,6 +192,14 @@ def space_notice(settings: Settings) -> str:
             "no baseline or fewer questions ask for less.")
 
 
+_CALL = threading.local()  # .ends: time.monotonic() when this thread's GPU call's duration runs out
+
+
+def call_ends() -> float | None:
+    """When the GPU call this thread runs in must end (``time.monotonic()``), or None outside one."""
+    return getattr(_CALL, "ends", None)
+
+
 def gpu_call(settings: Settings) -> Callable[[Callable, str], Callable]:
     """``build_app``'s ``gpu_call``: each decoding handler runs inside ONE ``spaces.GPU`` function shared by
     all of them (module terms: workers), with its own request's duration."""
@@ -197,7 +212,11 @@ def gpu_call(settings: Settings) -> Callable[[Callable, str], Callable]:
 
     @spaces.GPU(duration=duration)
     def on_gpu(name: str, *args: Any, **kwargs: Any) -> Any:
-        yield from handlers[name](*args, **kwargs)
+        _CALL.ends = time.monotonic() + duration(name, *args, **kwargs)  # module terms: budget
+        try:
+            yield from handlers[name](*args, **kwargs)
+        finally:
+            _CALL.ends = None
 
     def wrap(handler: Callable, name: str) -> Callable:
         if not inspect.isgeneratorfunction(handler):
@@ -224,6 +243,13 @@ class StartupPair(PairSlot):
 
     def __init__(self, settings: Settings, pair: ModelPair) -> None:
         super().__init__(settings, lambda: pair)
+
+    def decode_budget_s(self) -> float:
+        """``timeout_s``, or less: what the GPU call has left after its start-up (module terms: budget)."""
+        ends = call_ends()
+        if ends is None:
+            return self.settings.timeout_s
+        return max(min(self.settings.timeout_s, ends - time.monotonic() - END_MARGIN_S), 0.0)
 
     def switch(self, target: str, draft: str | None, check: bool = True,
                progress: Callable[[str], Any] | None = None) -> Any:
