@@ -86,7 +86,7 @@ def family_target(name: str, seed: int = 0) -> nn.Module:
     return model
 
 
-def family_draft(target: nn.Module, noise: float = 0.02, seed: int = 1) -> nn.Module:
+def family_draft(target: nn.Module, noise: float = 0.005, seed: int = 1) -> nn.Module:
     """The target's family and shape with ``DRAFT_ROWS`` head rows: its weights plus noise (module terms: draft)."""
     cfg = copy.deepcopy(target.config)
     cfg.vocab_size = DRAFT_ROWS
@@ -141,7 +141,7 @@ def test_the_static_pass_equals_transformers_logits_and_hidden_states(name: str)
     for layer in range(len(full.hidden_states)):
         got = torch.cat([p.hidden_states[layer] for p in pieces], dim=1)  # (1, 20, d)
         torch.testing.assert_close(got, full.hidden_states[layer], atol=1e-4, rtol=1e-4, msg=f"layer {layer}")
-    assert lm.ears_kernels == "static" and lm.runner.static.layers[0].qkv_bias is not None or "qwen2" not in name
+    assert (lm.runner.static.layers[0].qkv_bias is not None) == name.startswith("qwen2")
     assert (lm.runner.static.layers[0].q_norm is not None) == (name == "qwen3")
 
 
@@ -154,13 +154,13 @@ def test_greedy_speculative_output_is_the_target_s_own_within_the_tokenizer(name
     base = autoregressive(target, ids, temperature=0.0, max_new_tokens=16, vocab_size=VOCAB)
     assert base.token_ids == autoregressive(ref, ids, temperature=0.0, max_new_tokens=16, vocab_size=VOCAB).token_ids
     assert max(base.token_ids) < VOCAB
-    accepted = 0
+    accepted = drafted = 0
     for k in (1, 4):
         spec = generate(target, ModelDrafter(graphed_draft, VOCAB), ids, rule=GreedyRule(), temperature=0.0,
                         max_new_tokens=16, k=k, vocab_size=VOCAB)
         assert spec.token_ids == base.token_ids, k
-        accepted += spec.stats.accepted
-    assert accepted > 0  # the draft agrees often enough for acceptance to be exercised
+        accepted, drafted = accepted + spec.stats.accepted, drafted + spec.stats.drafted
+    assert 0 < accepted < drafted  # drafts both accepted and rejected
 
 
 def refusal(config: Any, model_cls: Callable[[Any], nn.Module], path: str = "") -> str:
