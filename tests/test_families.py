@@ -3,10 +3,11 @@
 Terms
 -----
 family case   a tiny random target with the structure of a preset's: llama3 rope scaling with a tied or an
-              untied head and groups of 4 (Llama-3.1/3.2), yarn scaling (its attention factor scales cos and
-              sin), Qwen2 with random non-zero q/k/v biases, a tied head, groups of 6 and 7 and its sliding
-              window switched off (Qwen2.5), Qwen3 with q/k norms and a head width other than hidden / heads,
-              Mistral without a sliding window. Every RMSNorm weight is random too (their init is all ones).
+              untied head and groups of 4 (Llama-3.1/3.2), linear and yarn scaling (yarn's attention factor
+              scales cos and sin), Qwen2 with random non-zero q/k/v biases, a tied head, groups of 6 and 7
+              and its sliding window switched off (Qwen2.5), Qwen3 with q/k norms and a head width other
+              than hidden / heads, Mistral without a sliding window. Every RMSNorm weight is random too
+              (their init is all ones).
 padded rows   the tokenizer has ``VOCAB`` tokens; the target's head has ``TARGET_ROWS`` rows and the draft's
               ``DRAFT_ROWS``, as Qwen2.5's heads are padded past its tokenizer. Decoding passes
               ``vocab_size=VOCAB``.
@@ -37,6 +38,7 @@ VOCAB, TARGET_ROWS, DRAFT_ROWS = 200, 256, 232
 ROPE_THETA = 500000.0
 LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
           "original_max_position_embeddings": 64, "rope_theta": ROPE_THETA}
+LINEAR = {"rope_type": "linear", "factor": 2.0, "rope_theta": ROPE_THETA}
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": ROPE_THETA}
 COMMON = dict(num_hidden_layers=2, max_position_embeddings=256, initializer_range=0.1, bos_token_id=0,
               eos_token_id=None, pad_token_id=None)
@@ -52,6 +54,9 @@ FAMILIES: dict[str, tuple[Any, Any, dict[str, Any]]] = {
     "llama-yarn": (LlamaConfig, LlamaForCausalLM, dict(
         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
         rope_parameters=YARN, tie_word_embeddings=False)),
+    "llama-linear": (LlamaConfig, LlamaForCausalLM, dict(
+        hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters=LINEAR, tie_word_embeddings=True)),
     "qwen2-group6": (Qwen2Config, Qwen2ForCausalLM, dict(
         hidden_size=96, intermediate_size=128, num_attention_heads=12, num_key_value_heads=2,
         tie_word_embeddings=True, use_sliding_window=False, sliding_window=16, max_window_layers=1)),
