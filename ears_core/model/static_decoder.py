@@ -15,16 +15,27 @@ GQA fold      H query heads share Hkv key/value heads in groups of G = H / Hkv. 
               as (1, Hkv, G m, D), so attention is plain multi-head attention over the Hkv heads (any SDPA
               kernel takes it, a mask included) and the mask is built once per pass as (G m, C), not per
               layer.
-fused         q/k/v run as one matrix product and gate/up as another: the transformers modules' own
-              weights are re-pointed to slices of the fused ones, so nothing is held twice and the
-              model's own (eager) forward computes with the same numbers.
+fused         q/k/v run as one matrix product and gate/up as another (q/k/v biases as one vector): each
+              transformers module's own Parameter keeps its identity and has its ``.data`` replaced by a
+              slice of the fused tensor, so the unfused originals are freed even where something outside
+              the model holds the Parameter objects (ZeroGPU's ``spaces`` packing does), nothing is held
+              twice, and the model's own (eager) forward computes with the same numbers.
+q/k norm      Qwen3's RMSNorm over each head's D values of q and of k, before the rotation: a layer's
+              ``q_norm``/``k_norm`` weights (D,), None where the family has none (then no step is added).
 numerics      the decoder's own arithmetic in the model's dtype: ``F.rms_norm``, the rotation as
               transformers' ``x cos + rotate_half(x) sin``, SDPA with the model's scale. It is not bit
               for bit transformers' forward (another kernel order); on a captured target, target-only and
               speculative decoding both run it, so they compare like with like.
-supported     ``supports(model)``: a Llama-shaped causal LM (llama, qwen2, mistral without a sliding
-              window), SiLU MLP, a rotary embedding whose frequencies do not change with the length, the
-              whole model on one device. Anything else keeps transformers' forward (``reason`` says why).
+fixed rope    a rotary embedding whose frequencies and ``attention_scaling`` do not depend on the context
+              length, so one (P, D) table over all P positions is what transformers computes at each one:
+              default, linear, llama3 and yarn (yarn's attention factor multiplies cos and sin in the
+              embedding's forward, which builds the tables). Not dynamic (frequencies recomputed past the
+              cached length) nor longrope (short or long factors picked by the context length: a table
+              over all positions would apply the long factors to short contexts).
+supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES`` (llama, qwen2,
+              qwen3 with its q/k norm, mistral), no sliding-window layer, SiLU MLP, no bias on the output or
+              MLP projections, a fixed rope over the whole head, the whole model on one device. Anything
+              else keeps transformers' forward; ``supports`` returns the reason, naming the model.
 """
 
 from __future__ import annotations
@@ -38,7 +49,8 @@ from torch import Tensor, nn
 
 __all__ = ["StaticDecoder", "StaticLayer", "supports", "additive_mask_over", "causal_mask", "rotation_tables"]
 
-FAMILIES = ("llama", "qwen2", "mistral")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+FIXED_ROPES = ("default", "linear", "llama3", "yarn")  # module terms: fixed rope
 
 
 @dataclass
@@ -52,49 +64,107 @@ class StaticLayer:
     mlp_norm: Tensor  # (d,)
     gate_up: Tensor  # (2 I, d): gate, then up
     down: Tensor  # (d, I)
+    q_norm: Tensor | None = None  # (D,) or None (module terms: q/k norm)
+    k_norm: Tensor | None = None  # (D,) or None
 
 
 def supports(model: Any) -> str | None:
-    """None where ``StaticDecoder`` can run ``model``, else the reason it cannot (module terms)."""
+    """None where ``StaticDecoder`` can run ``model``, else why not, naming the model (module terms)."""
     cfg = getattr(model, "config", None)
     body = getattr(model, "model", None)
     if cfg is None or body is None or not hasattr(body, "layers"):
-        return "not a transformers causal LM with a decoder body"
+        return f"{type(model).__name__}: not a transformers causal LM with a decoder body"
     text = cfg.get_text_config()
     kind = str(getattr(text, "model_type", ""))
+    name = f"{getattr(cfg, 'name_or_path', '') or type(model).__name__} ({kind or 'no model type'})"
+    reason = _structure_reason(body, text, kind) or _rope_reason(getattr(body, "rotary_emb", None),
+                                                                 int(body.layers[0].self_attn.head_dim))
+    if reason is None:
+        devices = {p.device for p in model.parameters()}
+        reason = f"the model is spread over {len(devices)} devices" if len(devices) != 1 else None
+    return None if reason is None else f"{name}: {reason}"
+
+
+def _structure_reason(body: nn.Module, text: Any, kind: str) -> str | None:
+    """Why the layers are not the Llama shape the static pass runs, or None."""
     if kind not in FAMILIES:
-        return f"model type {kind!r} is not one of {', '.join(FAMILIES)}"
-    if getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True):
-        return "a sliding-window attention model"
+        return f"model type {kind!r} is not a family the static pass knows ({', '.join(FAMILIES)})"
+    window = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)
+    layer_types = getattr(text, "layer_types", None) or ()
+    if window or "sliding_attention" in layer_types or any(
+            getattr(l.self_attn, "sliding_window", None) for l in body.layers):
+        return "sliding-window attention (the static pass attends over the whole cache)"
     if str(getattr(text, "hidden_act", "silu")) != "silu":
         return f"activation {text.hidden_act!r} (the static pass runs SiLU)"
     if getattr(text, "mlp_bias", False) or getattr(body.layers[0].self_attn.o_proj, "bias", None) is not None:
         return "biases on the output or MLP projections"
-    rope = getattr(body, "rotary_emb", None)
-    if rope is None or "dynamic" in str(getattr(rope, "rope_type", "default")):
-        return "a rotary embedding whose frequencies change with the length"
-    devices = {p.device for p in model.parameters()}
-    if len(devices) != 1:
-        return f"the model is spread over {len(devices)} devices"
+    attn = body.layers[0].self_attn
+    norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+    if any(n is not None for n in norms) and not all(
+            getattr(n, "weight", None) is not None and tuple(n.weight.shape) == (attn.head_dim,) for n in norms):
+        return "a q/k norm that is not an RMSNorm over each head (the static pass runs Qwen3's)"
+    return None
+
+
+def _rope_reason(rope: nn.Module | None, head_dim: int) -> str | None:
+    """Why the rotary embedding's tables cannot be built once over all positions, or None (module terms)."""
+    if rope is None or not isinstance(getattr(rope, "inv_freq", None), Tensor):
+        return "no rotary embedding the static pass can read"
+    kind = str(getattr(rope, "rope_type", "default"))
+    if "dynamic" in kind:
+        return (f"rope type {kind!r}: a rotary embedding whose frequencies change with the context length "
+                "(transformers recomputes them past the cached length)")
+    if kind == "longrope":
+        return ("rope type 'longrope': transformers picks the short or the long factors by the context length, "
+                "and the static pass's tables are built over all positions, so the long factors would apply to "
+                "short contexts too")
+    if kind not in FIXED_ROPES:
+        return f"rope type {kind!r} is not one the static pass checks ({', '.join(FIXED_ROPES)})"
+    if 2 * rope.inv_freq.numel() != head_dim:
+        return (f"a partial rotary embedding ({2 * rope.inv_freq.numel()} of {head_dim} head dimensions; the static "
+                "pass rotates the whole head)")
     return None
 
 
 def _fuse(parts: list[nn.Linear]) -> Tensor:
-    """One (sum out, in) weight for several linears; each module's weight becomes a view of it."""
-    fused = torch.cat([p.weight.detach() for p in parts])
+    """One (sum out, in) weight for several linears; each module's weight becomes a view of it (module terms:
+    fused: the Parameter objects stay, their unfused storage goes)."""
+    fused = torch.cat([p.weight.detach() for p in parts])  # (sum out, in)
     start = 0
     for p in parts:
         rows = p.weight.shape[0]
-        p.weight = nn.Parameter(fused[start: start + rows], requires_grad=False)
+        p.weight.data = fused[start: start + rows]
+        p.weight.requires_grad_(False)
         start += rows
     return fused
 
 
 def _fuse_bias(parts: list[nn.Linear]) -> Tensor | None:
+    """One (sum out,) bias for several linears (zeros where one has none), None where none has one; each
+    module's own bias becomes a view of it, as ``_fuse`` does for weights."""
     if all(p.bias is None for p in parts):
         return None
-    return torch.cat([p.bias.detach() if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
-                      for p in parts])
+    fused = torch.cat([p.bias.detach() if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
+                       for p in parts])  # (sum out,)
+    start = 0
+    for p in parts:
+        rows = p.weight.shape[0]
+        if p.bias is not None:
+            p.bias.data = fused[start: start + rows]
+            p.bias.requires_grad_(False)
+        start += rows
+    return fused
+
+
+def _static_layer(layer: nn.Module) -> StaticLayer:
+    """A transformers decoder layer's weights as a StaticLayer, fusing q/k/v and gate/up (module terms)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+    return StaticLayer(
+        layer.input_layernorm.weight, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
+        _fuse_bias([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj.weight,
+        layer.post_attention_layernorm.weight, _fuse([mlp.gate_proj, mlp.up_proj]), mlp.down_proj.weight,
+        q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None)
 
 
 def rotation_tables(rotary: nn.Module, head_dim: int, positions: int, device: torch.device | str = "cpu"
@@ -135,11 +205,9 @@ class StaticDecoder:
         self.eps = float(final_norm.variance_epsilon)
         self.final_norm = final_norm.weight
         self.embed, self.head = embed, head
-        self.layers = [StaticLayer(
-            l.input_layernorm.weight, _fuse([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]),
-            _fuse_bias([l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj]), l.self_attn.o_proj.weight,
-            l.post_attention_layernorm.weight, _fuse([l.mlp.gate_proj, l.mlp.up_proj]), l.mlp.down_proj.weight)
-            for l in layers]
+        self.layers = [_static_layer(l) for l in layers]
+        q_norm = getattr(attn, "q_norm", None)
+        self.qk_eps = float(q_norm.variance_epsilon) if q_norm is not None else self.eps  # (module terms: q/k norm)
         self.device, self.dtype = self.final_norm.device, self.final_norm.dtype
         positions = int(getattr(text, "max_position_embeddings", 8192))
         cos, sin = rotation_tables(rotary, self.head_dim, positions, self.device)
@@ -161,6 +229,14 @@ class StaticDecoder:
     def _rotate(self, t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # (m, heads, D), (m, 1, D) each
         return t * cos + t.roll(self.head_dim // 2, -1) * sin
 
+    def _normed_qk(self, layer: StaticLayer, qk: Tensor) -> Tensor:
+        """(m, H + Hkv, D) q and k -> the same, each head RMS-normed where the layer has a q/k norm."""
+        if layer.q_norm is None:
+            return qk  # llama, qwen2, mistral: no step added
+        dims, h_q = (self.head_dim,), self.heads
+        return torch.cat([F.rms_norm(qk[:, :h_q], dims, layer.q_norm, self.qk_eps),
+                          F.rms_norm(qk[:, h_q:], dims, layer.k_norm, self.qk_eps)], dim=1)  # (m, H + Hkv, D)
+
     def run(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
             hidden: Tensor | None = None) -> Tensor:
         """The layers over x (m, d) -> the final-normed states (m, d) (module terms: static pass).
@@ -175,7 +251,7 @@ class StaticDecoder:
         for i, (layer, layer_kv) in enumerate(zip(self.layers, kv.unbind(0))):
             h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)  # (m, d)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(m, h_q + 2 * h_kv, dim)  # (m, H + 2 Hkv, D)
-            qk = self._rotate(qkv[:, : h_q + h_kv], cos, sin)  # (m, H + Hkv, D): q and k in one go
+            qk = self._rotate(self._normed_qk(layer, qkv[:, : h_q + h_kv]), cos, sin)  # (m, H + Hkv, D): q and k
             q, k = qk[:, :h_q], qk[:, h_q:]  # (m, H, D), (m, Hkv, D)
             new = torch.stack([k, qkv[:, h_q + h_kv:]]).transpose(1, 2)  # (2, Hkv, m, D)
             layer_kv.index_copy_(2, slots, new)
