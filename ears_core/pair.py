@@ -20,59 +20,33 @@ vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / hea
             to ``[..., :vocab_size]``.
 draft dtype the dtype and kernels an EAGLE-style head computes with (draft/head_kernels.py): on a CPU
             with native bfloat16 (AVX512-BF16 or AMX) and a float32 target, float32 and bfloat16, each
-            packed and as loaded, are timed once per machine when the pair loads and the fastest is kept
+            packed and as loaded, are timed once per machine (``settle``) and the fastest is kept
             (cached); beside the lean int4 target, the head from 4-bit blocks (int4) is timed too;
             ``EARS_DRAFT_DTYPE=float32|bfloat16|int4`` fixes the variant. The head's weights are
             stored in bfloat16, so only its rows of the target's output head are rounded.
 offline     nothing is downloaded unless ``allow_download=True`` is passed (model/hub.py).
+provisional a load measures nothing that a default can stand in for (a cold start in seconds): the lean
+            target's int4 row plan and an EAGLE head's kernels are read from the cache, else defaults
+            listed in ``ModelPair.pending``; ``settle()`` measures them (a server's session does it between
+            requests, serve/prices.py), caches them and puts them in force.
 """
 from __future__ import annotations
 
-import json
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from ears_core.draft.head_kernels import Variant, candidates, choose_head_variant
+from ears_core.draft.head_files import (EMBEDDED_DRAFT_DIR, embedded_draft_available, embedded_draft_dir,  # noqa: F401
+                                        is_head_dir, load_head_draft)
 from ears_core.model.hub import (ModelLoadError, check_tokenizers, encode_prompt, folder_or_hub_id, is_out_of_memory,
                                  load_model, load_tokenizer, resolve_dtype)
 from ears_core.model.passing import in_passing_thread
+from ears_core.model.presets import EMBEDDED, PRESETS, Preset  # noqa: F401 - Preset: re-exported
 
-EMBEDDED = "embedded"
-EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent / "assets" / "embedded_draft"
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named target / draft pair sharing one tokenizer (the app's model picker lists these).
-
-    label: what the picker shows; target, draft: specs for ``load_pair``; note: size and needs.
-    """
-
-    label: str
-    target: str
-    draft: str
-    note: str = ""
-
-
-PRESETS: tuple[Preset, ...] = (
-    Preset("Embedded: SmolLM2-135M-Instruct + EAGLE head (CPU, offline)", EMBEDDED, EMBEDDED,
-           "ships with the app; runs anywhere"),
-    Preset("Qwen2.5-1.5B-Instruct <- Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct",
-           "Qwen/Qwen2.5-0.5B-Instruct", "about 4 GB in bfloat16"),
-    Preset("Qwen2.5-7B-Instruct <- Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct",
-           "Qwen/Qwen2.5-0.5B-Instruct", "about 16 GB in bfloat16: a GPU"),
-    Preset("Qwen3-8B <- Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-0.6B", "about 18 GB in bfloat16: a GPU"),
-    Preset("SmolLM2-1.7B-Instruct <- SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-1.7B-Instruct",
-           "HuggingFaceTB/SmolLM2-135M-Instruct", "about 4 GB in bfloat16"),
-    Preset("Llama-3.1-8B-Instruct <- Llama-3.2-1B-Instruct", "meta-llama/Llama-3.1-8B-Instruct",
-           "meta-llama/Llama-3.2-1B-Instruct", "about 19 GB in bfloat16: a GPU; gated (accept the licence, "
-           "set HF_TOKEN)"),
-)
 
 
 AUTO = "auto"  # draft spec: the target's default draft
@@ -100,6 +74,15 @@ def resolve_draft(target: str, draft: str | None = AUTO) -> str | None:
 
 
 @dataclass
+class Pending:
+    """A choice a load made by default (module terms: provisional): ``what`` it is; ``settle(piece)`` measures it
+    on this machine, caches it and puts it in force."""
+
+    what: str
+    settle: Callable[[Any], None]
+
+
+@dataclass
 class ModelPair:
     """A loaded pair. ``new_drafter()`` gives a fresh drafter for one generation (drafters hold
     decode state); ``target, draft = pair`` unpacks to the target and such a drafter, so
@@ -115,6 +98,22 @@ class ModelPair:
     draft_spec: str | None = None  # the resolved spec: "embedded", "ngram", an id or folder; None: no draft
     rows_exact: bool | None = None  # a bfloat16 CPU target: did a wide pass equal one-token passes bit for bit
     # (model/exact_rows.py)? None where it was not checked (float32, CUDA)
+    pending: list[Pending] = field(default_factory=list)  # choices made by default until measured (``settle``)
+
+    @property
+    def provisional(self) -> list[str]:
+        """What this pair runs by default until it is measured on this machine (module terms: provisional)."""
+        return [p.what for p in self.pending]
+
+    def settle(self, piece: Any = None) -> list[str]:
+        """Measure every provisional choice now (each unit in ``piece()`` when given: between requests), cache
+        it and put it in force; -> what was settled. A measurement the busy cores spoil raises
+        ``timing.MachineBusy`` and stays pending."""
+        done = []
+        while self.pending:
+            self.pending[0].settle(piece)
+            done.append(self.pending.pop(0).what)
+        return done
 
     def new_drafter(self) -> Any:
         """A drafter with no decode state, sharing this pair's weights: one per generation."""
@@ -138,65 +137,22 @@ class ModelPair:
         return iter((self.target, self.new_drafter()))
 
 
-def embedded_draft_available() -> bool:
-    """Whether the trained draft head ships in assets/embedded_draft/ (scripts/train_draft.py)."""
-    return (EMBEDDED_DRAFT_DIR / "head.json").is_file()
+def _pending(pair: ModelPair, head_folder: Path | None, cache_dir: Any) -> list[Pending]:
+    """The choices ``pair``'s load made by default (module terms: provisional), each with how to settle it."""
+    from ears_core.model.lean_plan import install_row_plan
 
-
-def _embedded_draft_dir() -> Path:
-    """The shipped draft: an EAGLE-style head (head.json + head.safetensors) for the embedded target."""
-    if not embedded_draft_available():
-        raise ModelLoadError(
-            f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
-            "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
-            "target's tokenizer; or train it with scripts/draft_data.py and scripts/train_draft.py"
-        )
-    return EMBEDDED_DRAFT_DIR
-
-
-def is_head_dir(spec: Any) -> bool:
-    """Whether a draft spec is a folder holding an EAGLE-style head (head.json, as
-    scripts/train_draft.py writes): a head trained on the target's hidden states, e.g. one to try
-    before shipping it as the embedded draft."""
-    return spec is not None and (Path(str(spec)).expanduser() / "head.json").is_file()
-
-
-def _load_head_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int, folder: Path) -> Any:
-    """The head in ``folder`` as a drafter, in the dtype and kernels that draft fastest here (head_kernels.py)."""
-    device = target_model.get_input_embeddings().weight.device
-    try:
-        variants = candidates(device, dtype, int4=getattr(target_model, "ears_kernels", "") == "lean-int4")
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from None
-    drafter, choice = choose_head_variant(target_model, lambda v: _head_drafter(target_model, v, vocab_size, folder),
-                                          variants, vocab_size)
-    drafter.kernel_choice = choice  # None when there was nothing to choose between
-    return drafter
-
-
-def _head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: int, folder: Path) -> Any:
-    """The head in ``folder`` as a drafter in one variant: its dtype, its layers packed or as loaded."""
-    from ears_core.draft.eagle import DraftHead, EagleDrafter
-
-    device = target_model.get_input_embeddings().weight.device
-    head = DraftHead.load(folder, dtype=variant.torch_dtype).to(device)
-    width = target_model.get_input_embeddings().weight.shape[1]
-    if head.config.hidden_size != width:
-        raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "
-                             f"states are {width}: a head only drafts for the target it was trained on")
-    drafter = EagleDrafter(head, target_model, vocab_size)
-    if variant.packed:
-        drafter.pack_kernels()
-    if variant.int4:
-        drafter.quantize_kernels()
-    calibration = folder / "calibration.json"  # scripts/calibrate_draft.py
-    if calibration.is_file():
-        drafter.calibration_table = json.loads(calibration.read_text())
-    return drafter
-
-
-def _load_embedded_draft(target_model: torch.nn.Module, dtype: torch.dtype, vocab_size: int) -> Any:
-    return _load_head_draft(target_model, dtype, vocab_size, _embedded_draft_dir())
+    found = []
+    target = pair.target
+    if getattr(target, "ears_rows_provisional", False):
+        def rows(piece: Any) -> None:
+            install_row_plan(target, cache_dir, piece=piece)
+            target.ears_rows_provisional = False
+        found.append(Pending("the int4 row plan", rows))
+    if head_folder is not None and getattr(pair.draft, "kernel_provisional", False):
+        def head(piece: Any) -> None:  # the new template serves the generations that start after it
+            pair.draft = load_head_draft(target, pair.dtype, pair.vocab_size, head_folder, measure=True, piece=piece)
+        found.append(Pending("the draft head's kernels", head))
+    return found
 
 
 # ---------------------------------------------------------------- any spec: embedded, hub id, folder
@@ -210,7 +166,7 @@ def _resolve(spec: str, role: str, cache_dir: str | os.PathLike | None) -> tuple
     if spec == EMBEDDED:
         from ears_core.model.embedded import prepare_embedded  # here: `python -m ears_core.model.embedded` runs it as __main__
 
-        folder = _embedded_draft_dir() if role == "draft" else prepare_embedded(cache_dir)
+        folder = embedded_draft_dir() if role == "draft" else prepare_embedded(cache_dir)
         return str(folder), True
     return folder_or_hub_id(spec, role)
 
@@ -325,12 +281,12 @@ def _float_target(target: str, dev: torch.device, dt: torch.dtype, cache_dir: An
     return model, dt, rows_exact
 
 
-def _lean_target(fall_back: bool, cache_dir: Any, load_float: Any) -> torch.nn.Module | None:
+def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
     """The embedded target's lean int4 form (model/target_path.py) where ``EARS_LEAN`` and this machine call
-    for it, else None. ``fall_back``: the dtype is the default, not the caller's (a dtype asked for means
-    the float target in it)."""
+    for it, else None; nothing is timed. ``fall_back``: the dtype is the default, not the caller's (a dtype
+    asked for means the float target in it)."""
     from ears_core.model.embedded import EMBEDDED_PIP
-    from ears_core.model.target_path import cached_choice, choose_path, lean_embedded, requested
+    from ears_core.model.target_path import lean_embedded, requested
 
     try:
         want = requested()
@@ -338,20 +294,11 @@ def _lean_target(fall_back: bool, cache_dir: Any, load_float: Any) -> torch.nn.M
         raise ModelLoadError(str(exc)) from None
     if want == "float" or (want == "auto" and not fall_back):
         return None
-    known = cached_choice(cache_dir) if want == "auto" else None
-    if known is not None and not known.lean:  # measured slower here before: not built again
-        return None
-    lean = lean_embedded(Path(_resolve(EMBEDDED, "target", cache_dir)[0]))
-    if lean is None:
-        if want == "lean":
-            raise ModelLoadError("EARS_LEAN=1 but the lean int4 target cannot run here: it needs torch's CPU int4 "
-                                 "kernel, a CPU with native bfloat16 (AVX512-BF16 or AMX), the GGUF of "
-                                 f"`{EMBEDDED_PIP}`, and exact rows; unset EARS_LEAN for the float target")
-        return None
-    if want == "auto":
-        lean.ears_path_choice = choose_path(lean, load_float, cache_dir)
-        if not lean.ears_path_choice.lean:
-            return None
+    lean = lean_embedded(Path(_resolve(EMBEDDED, "target", cache_dir)[0]), cache_dir)
+    if lean is None and want == "lean":
+        raise ModelLoadError("EARS_LEAN=1 but the lean int4 target cannot run here: it needs torch's CPU int4 "
+                             "kernel, a CPU with native bfloat16 (AVX512-BF16 or AMX), the GGUF of "
+                             f"`{EMBEDDED_PIP}`, and exact rows; unset EARS_LEAN for the float target")
     return lean
 
 
@@ -365,37 +312,25 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         if target != EMBEDDED:
             raise ModelLoadError("the embedded draft is a head on SmolLM2-135M-Instruct's hidden states: "
                                  "use it with target='embedded', or give a draft model sharing your target's tokenizer")
-        _embedded_draft_dir()  # fail before loading any weights
+        embedded_draft_dir()  # fail before loading any weights
     elif draft not in (None, NGRAM) and not is_head_dir(draft):
         draft_tok = _load_tokenizer(draft, "draft", cache_dir, allow_download)
         vocab_size = check_tokenizers(tokenizer, draft_tok)
     device_map = "auto" if dev.type == "cuda" and dev.index is None else None
-    loaded: list[tuple[torch.nn.Module, torch.dtype, bool | None]] = []
-
-    def load_float() -> torch.nn.Module:
-        """The float target, loaded once (the lean path's first measurement on a machine may load it first)."""
-        if not loaded:
-            loaded.append(_float_target(target, dev, dt, cache_dir, allow_download, device_map, fall_back))
-        return loaded[0][0]
-
-    target_model = None
-    if target == EMBEDDED and dev.type == "cpu":
-        target_model = _lean_target(fall_back, cache_dir, load_float)
+    target_model = _lean_target(fall_back, cache_dir) if target == EMBEDDED and dev.type == "cpu" else None
     if target_model is not None:  # the lean int4 target: bfloat16 activations, rows checked exact at load
         dt, rows_exact = torch.bfloat16, True
-        loaded.clear()
     else:
-        load_float()
-        target_model, dt, rows_exact = loaded[0]
+        target_model, dt, rows_exact = _float_target(target, dev, dt, cache_dir, allow_download, device_map, fall_back)
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
+    head_folder = embedded_draft_dir() if draft == EMBEDDED else Path(str(draft)).expanduser() if is_head_dir(draft) \
+        else None
     if draft == NGRAM:
         from ears_core.draft.drafters import NGramDrafter
         draft_model = NGramDrafter(vocab_size)
-    elif draft == EMBEDDED:
-        draft_model = _load_embedded_draft(target_model, dt, vocab_size)
-    elif is_head_dir(draft):
-        draft_model = _load_head_draft(target_model, dt, vocab_size, Path(str(draft)).expanduser())
+    elif head_folder is not None:
+        draft_model = load_head_draft(target_model, dt, vocab_size, head_folder)
     elif draft is not None:  # a draft model runs the kernels the target chose (a head chooses its own)
         from ears_core.model.packed_linear import pack_like
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
@@ -411,6 +346,7 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
 
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)
     shown = {None: "", EMBEDDED: " <- embedded draft", NGRAM: " <- n-gram prompt lookup"}.get(draft, f" <- {draft}")
-    return ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft,
-                     rows_exact)
+    pair = ModelPair(target_model, draft_model, tokenizer, in_dev, dt, label + shown, vocab_size, draft, rows_exact)
+    pair.pending = _pending(pair, head_folder, cache_dir)
+    return pair
 

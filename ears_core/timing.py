@@ -9,16 +9,60 @@ ms(a, b)    milliseconds between two marks. On CUDA it reads the events' elapsed
             is only valid once both have completed: it waits for b when b is still queued (a
             captured pass returns before its kernels have run), so call it after the round's
             existing host sync (the verdict's ``.tolist()``), where b has almost always completed.
+busy        a measurement's threads spent more than ``BUSY_SHARE`` of their time waiting for a core
+            (Linux's per-thread run-queue wait, ``/proc/self/task/*/schedstat``): another job held the
+            cores, so what was timed is not this machine's price. ``RunQueue`` reads it around a
+            measurement; where the kernel does not report it, nothing is ever called busy.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["StepClock"]
+__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE"]
+
+BUSY_SHARE = 0.2  # of a measurement's thread time spent waiting for a core: busy (module terms)
+
+
+class MachineBusy(RuntimeError):
+    """A measurement was made while other work held the cores (module terms: busy)."""
+
+
+def _schedstat() -> dict[str, tuple[int, int]]:
+    """Per thread of this process: (ns on a core, ns waiting for one); empty where not reported."""
+    found = {}
+    for f in Path("/proc/self/task").glob("*/schedstat"):
+        try:
+            a, b, _ = f.read_text().split()
+        except (OSError, ValueError):
+            continue
+        found[f.parent.name] = (int(a), int(b))
+    return found
+
+
+class RunQueue:
+    """``with RunQueue() as rq: ...`` then ``rq.waited_share``: of the time this process's threads wanted a
+    core during the block, the share they waited for one; ``rq.busy``: above ``BUSY_SHARE`` (module terms)."""
+
+    def __enter__(self) -> "RunQueue":
+        self.waited_share = 0.0
+        self._start = _schedstat()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        run = wait = 0
+        for tid, (r, w) in _schedstat().items():  # threads that ended meanwhile drop out
+            r0, w0 = self._start.get(tid, (0, 0))
+            run, wait = run + r - r0, wait + w - w0
+        self.waited_share = wait / (run + wait) if run + wait > 0 else 0.0
+
+    @property
+    def busy(self) -> bool:
+        return self.waited_share > BUSY_SHARE
 
 
 class StepClock:

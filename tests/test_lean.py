@@ -284,14 +284,3 @@ def test_decoding_on_a_lean_target_stops_at_its_end_of_sequence_token() -> None:
     assert lean.generate(ids, max_new_tokens=24)[0, 4:].tolist() == stopped
 
 
-@pytest.mark.slow
-def test_a_machine_that_measured_the_lean_target_slower_does_not_build_it_again(monkeypatch) -> None:
-    monkeypatch.delenv("EARS_LEAN", raising=False)
-    monkeypatch.setattr(target_path, "cached_choice", lambda cache_dir=None: target_path.PathChoice(False))
-
-    def never(folder):
-        raise AssertionError("the lean target was built though this machine measured it slower")
-
-    monkeypatch.setattr(target_path, "lean_embedded", never)
-    pair = load_pair(draft=None)
-    assert type(pair.target).__name__ == "LlamaForCausalLM"

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from ears_core import pair as em
+from ears_core.draft import head_files
 from ears_core.draft.head_kernels import candidates
 from ears_core.model import embedded, hub
 from ears_core.model.hub import ModelLoadError, encode_prompt
@@ -160,7 +161,7 @@ def test_missing_local_folder_and_bad_folder_name_the_problem(tmp_path: Path) ->
 
 def test_embedded_draft_hook(monkeypatch, tmp_path: Path, tiny) -> None:
     folder, _ = tiny
-    monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", tmp_path / "assets" / "embedded_draft")
+    monkeypatch.setattr(head_files, "EMBEDDED_DRAFT_DIR", tmp_path / "assets" / "embedded_draft")
     with pytest.raises(ModelLoadError, match="embedded draft is not built yet"):
         load_pair("embedded", "embedded", device="cpu")
     with pytest.raises(ModelLoadError, match="use it with target='embedded'"):
@@ -175,7 +176,7 @@ def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> 
 
     config = AutoConfig.from_pretrained(embedded.prepare_embedded())
     DraftHead(head_config_from_target(config), torch.arange(0, 4096)).save(tmp_path / "draft")
-    monkeypatch.setattr(em, "EMBEDDED_DRAFT_DIR", tmp_path / "draft")
+    monkeypatch.setattr(head_files, "EMBEDDED_DRAFT_DIR", tmp_path / "draft")
     pair = load_pair("embedded", "embedded", device="cpu")
     assert isinstance(pair.draft, EagleDrafter) and pair.name.endswith("<- embedded draft")
     assert pair.draft.w_sub.shape == (4096, config.hidden_size)
@@ -194,9 +195,14 @@ def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypat
     monkeypatch.setenv("EARS_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("EARS_DTYPE", "float32")  # a float32 target: its head's dtype is timed, not given
     # as on a CPU with native bfloat16 and no oneDNN packing, whatever this one has
-    monkeypatch.setattr(em, "candidates", lambda device, dtype, **kw: candidates(device, dtype, bf16=True, packing=False))
+    monkeypatch.setattr(head_files, "candidates", lambda device, dtype, **kw: candidates(device, dtype, bf16=True,
+                                                                                         packing=False))
     pair = load_pair(str(folder), str(tmp_path / "h"), device="cpu")
     assert isinstance(pair.draft, EagleDrafter) and pair.draft.feature_layers == (1, -1)
+    # a load times nothing: the default variant (float32 as loaded), until settle() measures this machine's
+    assert pair.draft.kernel_choice is None and pair.provisional == ["the draft head's kernels"]
+    assert pair.draft.dtype == torch.float32 and not list((tmp_path / "cache").glob("kernels/draft-*.json"))
+    assert pair.settle() == ["the draft head's kernels"] and pair.provisional == []
     choice = pair.draft.kernel_choice  # the two dtypes were timed; the drafter is the one chosen
     assert set(choice.ms) == {"float32", "bfloat16"} and all(ms > 0 for ms in choice.ms.values())
     assert pair.draft.dtype == getattr(torch, choice.dtype)

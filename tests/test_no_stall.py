@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import ears_core.policy.costs as costs
+import ears_core.policy.profile as costs
 import ears_core.serve.between as between
 import ears_core.serve.prices as prices_mod
 from conftest import PROMPTS

@@ -8,7 +8,7 @@ import torch
 from conftest import PROMPTS, tiny_llama
 from ears_core import GreedyRule, autoregressive, generate
 from ears_core.model import packed_linear as pl
-from ears_core.policy.costs import profile_key
+from ears_core.policy.profile import profile_key
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.model.output_head import HeadPlan, PlannedLinear
 from ears_core.model.packed_linear import PackedLinear, choose_kernels, pack_like, pack_linears, set_packed

@@ -163,7 +163,7 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
     import itertools
     import threading
 
-    import ears_core.policy.costs as costs
+    import ears_core.policy.profile as costs
     from ears_core.serve.runs import ActivityLog
     target, draft = tiny_pair
     pair = ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft")
@@ -174,7 +174,7 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
 
     def measure(model, *a, **k):
         if model is not target:  # another test's server, measuring its own pair between its requests
-            return costs.PriceCurve([1.0] * 9, 0.1, measured_at="other")
+            return PriceCurve([1.0] * 9, 0.1, measured_at="other")
         threads.append(threading.current_thread().name)
         return next(curves)
 

@@ -27,6 +27,10 @@ choice        when a pair loads: a drafting round (one catch-up entry and two dr
               times; the lowest median wins, except that the first candidate (the target's dtype, as
               loaded) is left only for one at least ``MIN_GAIN`` cheaper. The choice is cached per
               (head shape, candidates, machine) under $EARS_CACHE/kernels: a machine measures once.
+default       a load measures nothing (``measure=False``): with no cached choice it takes ``default_variant``
+              (the int4 variant where offered: it won on every lean-target machine measured; else the
+              target's dtype as loaded), and a session measures the choice between requests
+              (``pair.ModelPair.settle``; each drafting round in ``piece()``).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -42,8 +47,9 @@ import torch
 from ears_core.model.hub import native_bf16
 from ears_core.model.lean_target import supported
 from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
+from ears_core.timing import MachineBusy, RunQueue
 
-__all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant"]
+__all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant", "default_variant"]
 
 DRAFT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 REPEATS = 7
@@ -162,25 +168,39 @@ def _pick(variants: list[Variant], ms: dict[Variant, float]) -> tuple[str, bool,
     return best.dtype, best.packed, best.int4
 
 
+def default_variant(variants: list[Variant]) -> Variant:
+    """The variant a load takes before this machine's choice is measured (module terms: default)."""
+    return INT4_VARIANT if INT4_VARIANT in variants else variants[0]
+
+
 def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any], variants: list[Variant],
                         vocab_size: int, *, cache_dir: str | os.PathLike | None = None,
-                        timer: Callable[[Any], float] | None = None) -> tuple[Any, HeadChoice | None]:
+                        timer: Callable[[Any], float] | None = None, measure: bool = True,
+                        piece: Callable[[], Any] | None = None) -> tuple[Any, HeadChoice | None]:
     """The drafter ``make(variant)`` builds for the variant that is fastest here (module terms), and the
-    choice (None when there was only one variant, so nothing to measure). ``timer(drafter)`` -> ms
-    replaces the measured drafting round (tests)."""
+    choice (None when there was only one variant, so nothing to measure, or when ``measure`` is False and
+    nothing is cached: the default variant's drafter). ``timer(drafter)`` -> ms replaces the measured
+    drafting round (tests). A measurement made while the cores were busy (timing.py) raises MachineBusy."""
     if len(variants) == 1:
         return make(variants[0]), None
     first = make(variants[0])
     key = _key(first.head, variants)
     path = kernel_file("draft", key, cache_dir)
     choice = read_cached(path, HeadChoice)
+    if (choice is None or choice.variant not in variants) and not measure:
+        fallback = default_variant(variants)
+        return (first if fallback == variants[0] else make(fallback)), None
     if choice is None or choice.variant not in variants:
         drafters = {variants[0]: first} | {v: make(v) for v in variants[1:]}
         run = timer or (lambda d: time_round(target, d, vocab_size))
         samples: dict[Variant, list[float]] = {v: [] for v in variants}
-        for r in range(REPEATS):  # the candidates take turns, so a slow moment hits them all
-            for v in (variants if r % 2 == 0 else variants[::-1]):
-                samples[v].append(run(drafters[v]))
+        with RunQueue() as queue:
+            for r in range(REPEATS):  # the candidates take turns, so a slow moment hits them all
+                with (piece or nullcontext)():
+                    for v in (variants if r % 2 == 0 else variants[::-1]):
+                        samples[v].append(run(drafters[v]))
+        if queue.busy and timer is None:
+            raise MachineBusy("the cores were busy while the draft head's kernels were timed: tried again later")
         ms = {v: statistics.median(s) for v, s in samples.items()}
         dtype, packed, int4 = _pick(variants, ms)
         choice = HeadChoice(dtype, packed, {v.label: round(ms[v], 4) for v in variants}, key,

@@ -27,7 +27,8 @@ import torch
 from ears_core.gpu_check.outcome import Check
 from ears_core.model.pass_times import measure_pass_ms
 from ears_core.pair import ModelPair
-from ears_core.policy.costs import PriceCurve, measure_prices
+from ears_core.policy.costs import PriceCurve
+from ears_core.policy.profile import measure_prices
 from ears_core.serve.session import RunConfig, Session
 
 __all__ = ["price_curve", "curve_of", "tokens_per_second", "host_syncs", "MAX_M"]

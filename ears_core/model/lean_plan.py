@@ -10,21 +10,26 @@ plan         for each width m = 1 .. ``MAX_PLANNED``, the chunk sizes (summing t
              chunks of ``lean_llama.ROW_CAP``. The kernel's rows do not depend on how many come with them,
              so any split gives the same bits: the plan changes the price curve, never the output.
 cache        measured once per (CPU, threads, torch) and kept under ``$EARS_CACHE/kernels``.
+default      until then (a cold start measures nothing: ``measure=False``) the plan from ``DEFAULT_COST``, the
+             width costs of an Intel Xeon (docs/measurements.md); a session measures this machine's
+             between requests (``pair.ModelPair.settle``). Any plan gives the same bits.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["MAX_PLANNED", "MEASURED", "RowPlan", "best_chunks", "install_row_plan", "measure_widths"]
+__all__ = ["DEFAULT_COST", "MAX_PLANNED", "MEASURED", "RowPlan", "best_chunks", "install_row_plan", "measure_widths"]
 
 MEASURED = 8  # widths timed
 MAX_PLANNED = 17  # widths planned: a chain's verify pass (K + 1 <= 9) and a tree's (budget + 1 <= 17)
+DEFAULT_COST = (3.33, 4.08, 4.82, 5.65, 10.36, 10.37, 10.32, 10.45)  # c(1..8) ms, module terms: default
 
 
 @dataclass
@@ -49,8 +54,10 @@ def best_chunks(cost: list[float], widths: int = MAX_PLANNED) -> list[list[int]]
 
 
 @torch.inference_mode()
-def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: int = 20) -> list[float]:
-    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost)."""
+def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: int = 20,
+                   piece: Callable[[], Any] | None = None) -> list[float]:
+    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost); each round in ``piece()``
+    (a measurement between requests: serve/between.py)."""
     from ears_core.model.gguf_q4 import int4_linear
 
     layer = model.layers[0]
@@ -59,27 +66,39 @@ def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: i
     xs = {w: [torch.randn(w, m.in_features, generator=g).to(torch.bfloat16) for m in mats] for w in range(1, widths + 1)}
     best = [float("inf")] * widths
     for _ in range(rounds):
-        for w in range(1, widths + 1):
-            for x, m in zip(xs[w], mats):
-                int4_linear(x, m)
-            t0 = time.perf_counter()
-            for _ in range(calls):
+        with (piece or nullcontext)():
+            for w in range(1, widths + 1):
                 for x, m in zip(xs[w], mats):
                     int4_linear(x, m)
-            best[w - 1] = min(best[w - 1], (time.perf_counter() - t0) / calls * 1e3 * len(model.layers))
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    for x, m in zip(xs[w], mats):
+                        int4_linear(x, m)
+                best[w - 1] = min(best[w - 1], (time.perf_counter() - t0) / calls * 1e3 * len(model.layers))
     return [round(b, 4) for b in best]
 
 
-def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False) -> RowPlan:
-    """Give a LeanLlama its row plan: read from the cache, or measured (about a second) and cached."""
+def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False,
+                     measure: bool = True, piece: Callable[[], Any] | None = None) -> RowPlan | None:
+    """Give a LeanLlama its row plan: read from the cache, or measured (about a second; each round in
+    ``piece()``), cached and returned; with ``measure=False`` and nothing cached, the default plan, and
+    None (module terms). A measurement made while the cores were busy (timing.py) is not cached: it
+    raises ``MachineBusy``, to be tried at a later quiet."""
     from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
+    from ears_core.timing import MachineBusy, RunQueue
 
     layer = model.layers[0]
     key = f"{layer.qkv.out_features}x{layer.gate_up.out_features}x{layer.down.in_features}|{machine_tag(torch.bfloat16)}"
     path = kernel_file("lean_rows", key, cache_dir)
     plan = None if refresh else read_cached(path, RowPlan)
     if plan is None or len(plan.chunks) < MAX_PLANNED:
-        cost = measure_widths(model)
+        if not measure:
+            model.row_plan = {m: tuple(c) for m, c in enumerate(best_chunks(list(DEFAULT_COST)), 1)}
+            return None
+        with RunQueue() as queue:
+            cost = measure_widths(model, piece=piece)
+        if queue.busy:
+            raise MachineBusy("the cores were busy while the int4 row plan was measured: tried again later")
         plan = RowPlan(best_chunks(cost), cost, key, time.strftime("%Y-%m-%d %H:%M:%S"))
         write_cached(path, asdict(plan))
     model.row_plan = {m: tuple(c) for m, c in enumerate(plan.chunks, 1)}

@@ -15,8 +15,10 @@ acceptance a_i     the estimated probability that draft i stands given drafts 1.
 E(k)               1 + sum_{i<=k} prod_{j<=i} a_j: expected tokens a round emits with k drafts.
 value(k)           E(k) / T(k): expected tokens per millisecond. k = 0 is a plain target step.
 profile            a PriceCurve measured once per (model, device, dtype, threads) in a few seconds
-                   and cached as JSON under $EARS_CACHE/costs/; ``RunningPrices`` keeps it current
-                   from the rounds' own timings (exponential moving averages).
+                   and cached as JSON under $EARS_CACHE/costs/ (policy/profile.py); ``RunningPrices``
+                   keeps it current from the rounds' own timings (exponential moving averages).
+provisional        a curve from one quick pass per width, used until the profile is measured (a cold
+                   start): the rounds' timings replace it quickly (``RunningPrices``: weight 1, not 5).
 fold in            ``RunningPrices.fold_in_step()``: when the rounds' plain steps disagree with the
                    profile's (the machine got slower or faster), the profile's part of every V(m) is
                    rescaled by their ratio, so the curve's scale is right at once, with no measurement;
@@ -34,20 +36,13 @@ rule). Deciding after the draw (e.g. dropping a token whose own probability is l
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Sequence
-
-import torch
+from typing import Any, Sequence
 
 from ears_core.metrics import expected_tokens
-from ears_core.model.pass_times import measure_pass_ms
 
 __all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "expected_tokens", "round_value",
-           "measure_prices", "load_or_measure", "profile_key", "break_even_acceptance", "describe"]
+           "break_even_acceptance", "describe"]
 
 
 @dataclass
@@ -59,6 +54,7 @@ class PriceCurve:
     overhead_ms: float = 0.0
     key: str = ""  # what it was measured on: model, device, dtype, threads
     measured_at: str = ""
+    provisional: bool = False  # a quick stand-in until the profile is measured (module terms)
 
     def __post_init__(self) -> None:
         if not self.verify_ms or any(not (v > 0) for v in self.verify_ms):
@@ -248,7 +244,8 @@ class RunningPrices:
 
     def __init__(self, prices: PriceCurve, alpha: float = 0.1, measured_weight: int = 5) -> None:
         self.curve = PriceCurve(list(prices.verify_ms), prices.draft_ms, prices.overhead_ms, prices.key,
-                                prices.measured_at)
+                                prices.measured_at, prices.provisional)
+        measured_weight = 1 if prices.provisional else measured_weight
         self.alpha = alpha
         self.profile = list(prices.verify_ms)  # the measured V(m) (rescaled by ``fold_in_step``)
         self._share = [1.0] * prices.max_m  # the profile's weight in each running V(m)
@@ -348,76 +345,6 @@ class DraftPolicy:
         if isinstance(self.prior, (int, float)):
             return float(self.prior)
         return float(self.prior[min(position, len(self.prior)) - 1])
-
-
-# ---------------------------------------------------------------------------- measuring
-
-
-def profile_key(model: torch.nn.Module, extra: str = "") -> str:
-    p = next(model.parameters())
-    cfg = model.config.get_text_config()
-    name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
-    shape = f"{getattr(cfg, 'num_hidden_layers', '?')}x{getattr(cfg, 'hidden_size', '?')}x{getattr(cfg, 'vocab_size', '?')}"
-    kernels = getattr(model, "ears_kernels", "")  # "packed" when packed_linear chose oneDNN kernels
-    return (f"{name}|{shape}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}"
-            f"{'|' + kernels if kernels else ''}{extra}")
-
-
-def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
-                   repeats: int = 5, vocab: int | None = None, key: str = "", piece: Callable[[], Any] | None = None
-                   ) -> PriceCurve:
-    """A price curve whose V(1) .. V(max_m) are ``target``'s fastest passes over m new tokens
-    (model/pass_times.py; ``piece``: each pass runs in ``piece()``, for a measurement made in the
-    background). ``drafter_ms``: a measured draft step (else 5 % of a step until the rounds measure it)."""
-    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab, piece=piece)
-    return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,
-                      time.strftime("%Y-%m-%d %H:%M:%S"))
-
-
-REFRESH_SLOWER = 1.15  # a refreshed step up to 15 % slower than the cached one still replaces it
-
-
-def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
-    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "costs" / f"{safe}.v4.json"  # v2: raw curves (v1: forced non-decreasing); v3: planned head; v4: kernels in the key
-
-
-def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
-                    refresh: bool = False, key_extra: str = "", piece: Callable[[], Any] | None = None) -> PriceCurve:
-    """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
-    seconds) written to the cache. ``refresh`` measures again and returns the new curve; it replaces
-    the cached one when its step is at most ``REFRESH_SLOWER`` times the cached step (the machine
-    drifts by that much in a day, and the curve's shape with it: docs/measurements.md). A
-    refresh that reads slower than that is measured once more and the faster of the two kept, per m
-    (the machine jitters for seconds at a time); if that still reads much slower it serves this
-    process only: another job on the cores only ever adds time, and a profile measured under it
-    (e.g. a refresh asked for while a training job ran) would mislead every later process here.
-    ``piece``: as ``measure_prices``'s (a measurement it stops writes nothing)."""
-    key = profile_key(target, key_extra)
-    path = _cache_file(key, cache_dir)
-    cached = None
-    if path.is_file():
-        try:
-            cached = PriceCurve(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            pass  # a damaged or old file: measure again
-    if cached is not None and cached.max_m < max_m:
-        cached = None  # too short a curve: measured again and replaced
-    if cached is not None and not refresh:
-        return cached
-    curve = measure_prices(target, max_m=max_m, key=key, piece=piece)
-    if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:  # a refresh that reads much slower
-        again = measure_prices(target, max_m=max_m, key=key, piece=piece)  # a passing slow moment? the faster of two, per m
-        curve = PriceCurve([min(a, b) for a, b in zip(curve.verify_ms, again.verify_ms)],
-                           min(curve.draft_ms, again.draft_ms), 0.0, key, again.measured_at)
-    if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:
-        return curve  # for this process only
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
-    tmp.replace(path)
-    return curve
 
 
 def describe(curve: PriceCurve) -> str:

@@ -26,6 +26,7 @@ import torch
 
 from ears_core.model.passing import join_at_exit
 from ears_core.serve.runs import ActivityLog, Busy
+from ears_core.timing import MachineBusy
 
 __all__ = ["BetweenRequests", "QUIET_S"]
 
@@ -104,7 +105,7 @@ class BetweenRequests:
             try:
                 result = self.job(self.piece)
                 done = self.activity.begun == begun  # a decode that began and ended between two pieces: put aside
-            except Busy:
+            except (Busy, MachineBusy):  # a decode began, or the cores were busy (timing.py): at a later quiet
                 pass
             except Exception as exc:  # noqa: BLE001 - logged and kept; the next request() tries again
                 self.error, done, result = exc, True, None

@@ -5,9 +5,12 @@ Terms
 curve       this machine's price curve for the target (policy/costs.py), as ``RunningPrices``: a profile
             measured once per model, device, dtype and threads (cached on disk), moved by every finished
             run's rounds.
-first use   with no curve yet, ``curve`` reads the cached profile or measures one (seconds), in a thread
-            that exits: the one measurement ever made in a caller's thread (``warm_up`` makes it before any
-            request). ``on_path(since)``: how long such a measurement held a request that began at ``since``.
+first use   with no curve yet, ``curve`` reads the cached profile or measures one, in a thread that exits: the
+            one measurement ever made in a caller's thread (``warm_up`` makes it before any request).
+            ``on_path(since)``: how long such a measurement held a request that began at ``since``.
+provisional with ``background`` and nothing cached, that first measurement is a quick one (a pass per width,
+            policy/profile.py), used until the background measures the profile; the pair's own provisional
+            choices (its row plan, its head's kernels) are settled first, in the same pieces.
 stale       a run's plain steps 30 % (``STALE``) off the profile's: the rounds' step is folded into the
             curve at once (``RunningPrices.fold_in_step``), so the next request is priced right with no
             measurement.
@@ -27,7 +30,8 @@ from typing import Any, Sequence
 
 from ears_core.events import StepRecord
 from ears_core.model.passing import in_passing_thread
-from ears_core.policy.costs import PriceCurve, RunningPrices, load_or_measure
+from ears_core.policy.costs import PriceCurve, RunningPrices
+from ears_core.policy.profile import load_or_measure
 from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
 
@@ -61,7 +65,8 @@ class SessionPrices:
                 # in a thread that exits: a measurement asked for from a long-lived thread (an app's
                 # request worker) would leave it an OpenMP pool that throttles every later decode
                 t0 = time.perf_counter()
-                self._set(in_passing_thread(load_or_measure, self.pair.target, max_m=self.max_m, cache_dir=self.cache_dir))
+                self._set(in_passing_thread(load_or_measure, self.pair.target, max_m=self.max_m, cache_dir=self.cache_dir,
+                                            quick=self.between is not None))  # module terms: provisional
                 self._on_path.append((t0, time.perf_counter()))
             assert self.running is not None
             return self.running.curve
@@ -72,8 +77,18 @@ class SessionPrices:
             return sum(max(0.0, end - max(start, since)) for start, end in self._on_path)
 
     def measure(self, piece: Any = None) -> PriceCurve:
-        """This machine's curve measured afresh (``piece``: pass by pass, for the background)."""
+        """This machine's curve measured afresh (``piece``: pass by pass, for the background), after the pair's
+        provisional choices are settled (they change the passes' prices: pair.py, ``ModelPair.settle``)."""
+        settle = getattr(self.pair, "settle", None)
+        if settle is not None:
+            settle(piece)
         return load_or_measure(self.pair.target, max_m=self.max_m, cache_dir=self.cache_dir, refresh=True, piece=piece)
+
+    @property
+    def provisional(self) -> list[str]:
+        """What the session prices and runs by default until measured here (module terms: provisional)."""
+        curve = self.running.curve if self.running is not None else None
+        return list(getattr(self.pair, "provisional", [])) + (["the price curve"] if curve and curve.provisional else [])
 
     def install(self, curve: PriceCurve) -> None:
         with self._lock:

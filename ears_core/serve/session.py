@@ -214,7 +214,9 @@ class Session:
     def profile_text(self) -> str:
         """The price curve in force, and the draft head's measured dtype and kernels if it has them."""
         choice = getattr(self.pair.draft, "kernel_choice", None)  # head_kernels.HeadChoice or None
-        return describe(self.prices) + (f"; draft head in {choice.variant.label}" if choice is not None else "")
+        pending = self.pricing.provisional
+        return describe(self.prices) + (f"; draft head in {choice.variant.label}" if choice is not None else "") + (
+            f"; provisional until measured between requests: {', '.join(pending)}" if pending else "")
 
     def policy_for(self, rule: AcceptanceRule, temperature: float, k: int | None = None, draft_length: str = "policy",
                    *, gamma: int | None = None) -> dict[str, Any]:

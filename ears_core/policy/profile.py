@@ -1,0 +1,122 @@
+"""This machine's price profile for a target: measured, checked for a busy machine, cached on disk.
+
+Terms
+-----
+profile      a ``PriceCurve`` (policy/costs.py) of the target's passes over m = 1 .. max_m new tokens
+             (model/pass_times.py), measured once per (model, device, dtype, threads, kernels) and cached
+             as JSON under ``$EARS_CACHE/costs/``.
+busy         a measurement during which this process's threads waited for a core more than
+             ``timing.BUSY_SHARE`` of the time (timing.py: another job held the cores). It is measured
+             again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
+             ``piece`` given) it raises ``MachineBusy``, so the work is put aside and tried at a later
+             quiet; in a caller's thread it serves this process only.
+provisional  ``quick=True`` with nothing cached: one pass per width (a fraction of a second on the lean
+             target), flagged provisional and not cached; a session measures the profile between
+             requests (serve/prices.py) and installs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from ears_core.model.pass_times import measure_pass_ms
+from ears_core.policy.costs import PriceCurve
+from ears_core.timing import MachineBusy, RunQueue
+
+__all__ = ["BUSY_TRIES", "REFRESH_SLOWER", "load_or_measure", "measure_prices", "profile_key"]
+
+BUSY_TRIES = 3  # measurements of a profile at most while the machine reads busy (module terms: busy)
+
+
+def profile_key(model: torch.nn.Module, extra: str = "") -> str:
+    p = next(model.parameters())
+    cfg = model.config.get_text_config()
+    name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
+    shape = f"{getattr(cfg, 'num_hidden_layers', '?')}x{getattr(cfg, 'hidden_size', '?')}x{getattr(cfg, 'vocab_size', '?')}"
+    kernels = getattr(model, "ears_kernels", "")  # "packed" when packed_linear chose oneDNN kernels
+    return (f"{name}|{shape}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}"
+            f"{'|' + kernels if kernels else ''}{extra}")
+
+
+def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
+                   repeats: int = 5, vocab: int | None = None, key: str = "", piece: Callable[[], Any] | None = None
+                   ) -> PriceCurve:
+    """A price curve whose V(1) .. V(max_m) are ``target``'s fastest passes over m new tokens
+    (model/pass_times.py; ``piece``: each pass runs in ``piece()``, for a measurement made in the
+    background). ``drafter_ms``: a measured draft step (else 5 % of a step until the rounds measure it)."""
+    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab, piece=piece)
+    return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,
+                      time.strftime("%Y-%m-%d %H:%M:%S"))
+
+
+def measured_quietly(target: torch.nn.Module, *, max_m: int, key: str, piece: Callable[[], Any] | None = None,
+                     repeats: int = 5) -> tuple[PriceCurve, bool]:
+    """``measure_prices``, again while the machine reads busy (module terms): (the last curve, still busy)."""
+    for _ in range(BUSY_TRIES):
+        with RunQueue() as queue:
+            curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=repeats)
+        if not queue.busy:
+            return curve, False
+    return curve, True
+
+
+REFRESH_SLOWER = 1.15  # a refreshed step up to 15 % slower than the cached one still replaces it
+
+
+def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
+    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+    return root / "costs" / f"{safe}.v4.json"  # v2: raw curves (v1: forced non-decreasing); v3: planned head; v4: kernels in the key
+
+
+def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
+                    refresh: bool = False, key_extra: str = "", piece: Callable[[], Any] | None = None,
+                    quick: bool = False) -> PriceCurve:
+    """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
+    seconds) written to the cache. ``refresh`` measures again and returns the new curve; it replaces
+    the cached one when its step is at most ``REFRESH_SLOWER`` times the cached step (the machine
+    drifts by that much in a day, and the curve's shape with it: docs/measurements.md). A
+    refresh that reads slower than that is measured once more and the faster of the two kept, per m
+    (the machine jitters for seconds at a time); if that still reads much slower it serves this
+    process only: another job on the cores only ever adds time, and a profile measured under it
+    (e.g. a refresh asked for while a training job ran) would mislead every later process here.
+    ``piece``: as ``measure_prices``'s (a measurement it stops writes nothing). A busy machine and
+    ``quick``: module terms."""
+    key = profile_key(target, key_extra)
+    path = _cache_file(key, cache_dir)
+    cached = None
+    if path.is_file():
+        try:
+            cached = PriceCurve(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            pass  # a damaged or old file: measure again
+    if cached is not None and cached.max_m < max_m:
+        cached = None  # too short a curve: measured again and replaced
+    if cached is not None and not refresh:
+        return cached
+    if quick and cached is None:  # module terms: provisional
+        curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=1)
+        curve.provisional = True
+        return curve
+    curve, busy = measured_quietly(target, max_m=max_m, key=key, piece=piece)
+    if busy:
+        if piece is not None:
+            raise MachineBusy(f"the cores were busy through {BUSY_TRIES} price measurements: tried again later")
+        return curve  # for this process only
+    if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:  # a refresh that reads much slower
+        again = measure_prices(target, max_m=max_m, key=key, piece=piece)  # a passing slow moment? the faster of two, per m
+        curve = PriceCurve([min(a, b) for a, b in zip(curve.verify_ms, again.verify_ms)],
+                           min(curve.draft_ms, again.draft_ms), 0.0, key, again.measured_at)
+    if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:
+        return curve  # for this process only
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
+    tmp.replace(path)
+    return curve

@@ -1,0 +1,152 @@
+"""A cold start measures nothing a default can stand in for (issue 57): the lean target without timing the float
+one, the row plan and the head's kernels by default and settled between requests, a quick provisional price
+curve, and a measurement the busy cores spoil detected and made again.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import ears_core.timing
+from ears_core.model import lean_plan
+from ears_core.model.lean_target import from_float_model, supported
+from ears_core.pair import ModelPair, Pending
+from ears_core.policy import profile
+from ears_core.policy.costs import PriceCurve
+from ears_core.serve.between import BetweenRequests
+from ears_core.serve.runs import ActivityLog
+from ears_core.timing import MachineBusy, RunQueue
+
+from conftest import tiny_llama
+
+
+def _busy(monkeypatch, shares):
+    """RunQueue reads the given waited shares in turn (module timing.py), with the real threshold."""
+    monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
+    it = iter(shares)
+
+    class Queue(RunQueue):
+        def __exit__(self, *exc):
+            self.waited_share = next(it)
+
+    return Queue
+
+
+def test_the_run_queue_sees_another_job_on_the_cores():
+    with RunQueue() as quiet:
+        time.sleep(0.05)
+    assert 0.0 <= quiet.waited_share <= 1.0
+    if not list(__import__("pathlib").Path("/proc/self/task").glob("*/schedstat")):
+        pytest.skip("this kernel does not report run-queue waits")
+    # three threads spinning on a machine whose every core another spinner holds: they wait
+    import os
+    cores = len(os.sched_getaffinity(0))
+    stop = time.perf_counter() + 0.6
+
+    def spin():
+        while time.perf_counter() < stop:
+            pass
+
+    others = [threading.Thread(target=spin) for _ in range(3 * cores)]
+    with RunQueue() as crowded:
+        for t in others:
+            t.start()
+        for t in others:
+            t.join()
+    assert crowded.waited_share > 0.3  # Python's lock alone makes most of them wait
+
+
+def test_a_price_measurement_made_under_contention_is_made_again(monkeypatch, tmp_path):
+    model = tiny_llama(0)
+    monkeypatch.setattr(profile, "RunQueue", _busy(monkeypatch, [0.6, 0.05]))
+    calls = []
+    real = profile.measure_prices
+    monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: calls.append(1) or real(*a, **k))
+    curve = profile.load_or_measure(model, max_m=3, cache_dir=tmp_path)
+    assert len(calls) == 2 and not curve.provisional  # busy, then quiet: the quiet one is cached
+    assert list((tmp_path / "costs").glob("*.json"))
+
+
+def test_a_measurement_busy_throughout_is_never_cached_and_is_put_aside_in_the_background(monkeypatch, tmp_path):
+    model = tiny_llama(0)
+    monkeypatch.setattr(profile, "RunQueue", _busy(monkeypatch, [0.6] * 6))
+    curve = profile.load_or_measure(model, max_m=3, cache_dir=tmp_path)  # a caller's thread: for this process only
+    assert curve.verify_ms and not list((tmp_path / "costs").glob("*.json"))
+    with pytest.raises(MachineBusy):
+        profile.load_or_measure(model, max_m=3, cache_dir=tmp_path, piece=lambda: __import__("contextlib").nullcontext())
+
+
+def test_a_quick_provisional_curve_is_not_cached_and_running_prices_replace_it_fast(tmp_path):
+    model = tiny_llama(0)
+    curve = profile.load_or_measure(model, max_m=3, cache_dir=tmp_path, quick=True)
+    assert curve.provisional and not list((tmp_path / "costs").glob("*.json"))
+    from ears_core.policy.costs import RunningPrices
+    quick = RunningPrices(PriceCurve([100.0, 110.0, 120.0], 10.0, provisional=True))
+    slow = RunningPrices(PriceCurve([100.0, 110.0, 120.0], 10.0, measured_at="x"))
+    for prices in (quick, slow):
+        prices.observe(2, 2.0, 12.0, 0.5)  # the rounds say: ten times cheaper
+    assert quick.curve.verify(3) < 70 < slow.curve.verify(3)
+
+
+@pytest.mark.skipif(not supported(), reason="needs the int4 kernel and native bfloat16")
+def test_a_row_plan_is_default_until_measured_and_the_same_bits_either_way(tmp_path):
+    lean = from_float_model(tiny_llama(0, vocab=96, hidden=64))
+    assert lean_plan.install_row_plan(lean, tmp_path, measure=False) is None
+    assert lean.row_plan == {m: tuple(c) for m, c in enumerate(lean_plan.best_chunks(list(lean_plan.DEFAULT_COST)), 1)}
+    ids = torch.tensor([[1, 5, 7, 9, 11, 13, 2, 4, 8, 16]])
+    before = lean(ids).logits
+    plan = lean_plan.install_row_plan(lean, tmp_path, piece=lambda: __import__("contextlib").nullcontext())
+    assert plan is not None and lean_plan.install_row_plan(lean, tmp_path, measure=False) == plan  # now cached
+    assert torch.equal(lean(ids).logits, before)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not supported(), reason="needs the int4 kernel and native bfloat16")
+def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_path):
+    from ears_core import pair as em
+    from ears_core.draft import head_kernels
+    from ears_core.model.embedded import CACHE_SUBDIR, prepare_embedded
+
+    (tmp_path / CACHE_SUBDIR).symlink_to(prepare_embedded())  # only the prepared target: no kernels, no costs
+    monkeypatch.delenv("EARS_LEAN", raising=False)
+    monkeypatch.delenv("EARS_DTYPE", raising=False)
+    monkeypatch.delenv("EARS_DRAFT_DTYPE", raising=False)
+    monkeypatch.setenv("EARS_CACHE", str(tmp_path))
+    monkeypatch.setattr(em, "_float_target", lambda *a, **k: pytest.fail("the float target was loaded"))
+    monkeypatch.setattr(head_kernels, "time_round", lambda *a, **k: pytest.fail("a head variant was timed"))
+    monkeypatch.setattr(lean_plan, "measure_widths", lambda *a, **k: pytest.fail("the row plan was measured"))
+    pair = em.load_pair()
+    assert type(pair.target).__name__ == "LeanLlama"
+    assert pair.provisional == ["the int4 row plan", "the draft head's kernels"]
+    assert pair.draft.kernel_provisional and pair.draft.kernel_choice is None
+    assert not list(tmp_path.glob("kernels/*.json"))
+
+
+def test_settling_runs_in_pieces_and_a_decode_puts_it_aside(monkeypatch):
+    """Background measurements never run while a request decodes: every unit of ``settle`` is a piece, and a
+    decode that begins puts the attempt aside until the next quiet (serve/between.py)."""
+    activity = ActivityLog()
+    log: list[str] = []
+    decoding = threading.Event()
+
+    def unit(piece):
+        for i in range(6):
+            with piece():
+                log.append("decoding" if activity.active else "quiet")
+                if i == 1 and not decoding.is_set():
+                    decoding.set()
+            time.sleep(0.01)
+
+    pair = ModelPair(None, None, None, torch.device("cpu"), torch.float32, "fake", 4, pending=[Pending("x", unit)])
+    done = []
+    runner = BetweenRequests(activity, lambda piece: pair.settle(piece), done.append, quiet_s=0.05)
+    runner.request()
+    assert decoding.wait(10)
+    mark = activity.begin()  # a request decodes: the attempt stops at its next piece
+    time.sleep(0.2)
+    activity.end(mark)
+    assert runner.wait(10) and done == [["x"]] and pair.provisional == []
+    assert "decoding" not in log and runner.attempts >= 2 and log.count("quiet") >= 8  # the unit ran again, whole
