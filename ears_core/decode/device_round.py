@@ -83,7 +83,8 @@ def device_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tenso
                   draft_support: Tensor | None = None) -> Verdict:
     """verify()'s Verdict with no host read (``check`` adds the input guard's). target_probs (B, K+1, V),
     draft_probs (B, K, V), draft_tokens (B, K), uniforms (B, K), sample_uniforms (B, K+1): the draw at each
-    position the next token may land on. The distortion is 0 after each row's n, as on verify()'s CPU path."""
+    position the next token may land on. Off the argmax path the distortion is 0 after each row's n, as on
+    verify()'s CPU path."""
     k = draft_tokens.shape[1]
     d = decide_drafts(target_probs, draft_probs, draft_tokens, rule, uniforms, check=check)
     u = sample_uniforms.gather(1, d.num_accepted.unsqueeze(-1)).squeeze(1)  # (B,) the draw at position n
@@ -92,8 +93,9 @@ def device_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tenso
     distortion = None
     if with_distortion:
         distortion = rule.exact_distortion(target_probs[:, :k], draft_probs, d.tolerance, draft_support)  # (B, K)
-        pos = torch.arange(k, device=target_probs.device).unsqueeze(0)  # (1, K)
-        distortion = distortion.masked_fill(pos > d.num_accepted.unsqueeze(-1), 0.0)
+        if d.top is None:  # as verify()'s CPU path (emitted_only), which reads n only off the argmax path
+            pos = torch.arange(k, device=target_probs.device).unsqueeze(0)  # (1, K)
+            distortion = distortion.masked_fill(pos > d.num_accepted.unsqueeze(-1), 0.0)
     return Verdict(num_accepted=d.num_accepted, next_token=next_token, kinds=d.kinds, p=d.p, q=d.q, ratio=d.ratio,
                    u=uniforms, tolerance=d.tolerance, max_p=d.max_p, next_p=next_p, next_q=next_q,
                    distortion=distortion)
