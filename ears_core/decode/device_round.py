@@ -6,7 +6,8 @@ host read     a transfer the host waits for: ``.item()``, ``.tolist()``, ``.cpu(
               ``float()`` of a tensor, or a data-dependent shape (``nonzero``). On CUDA each one stalls the
               host until the GPU has caught up. Today's chain round (chain.py) makes one per draft for the
               draft-length policy (the confidence), one for verify()'s input guard, and on the CPU one for
-              n and one for an empty residual, besides the verdict's.
+              n and one for an empty residual, besides the verdict's. Here the input guard (a drafter's
+              broken token, verify.check_drafts) runs only with EARS_DEBUG=1, as on CUDA.
 fixed shape   the drafter drafts exactly k tokens (fewer only if it has none to offer, as an n-gram
               lookup may), k chosen before the round: K, capped by the loop so ``max_new_tokens`` is exact,
               or with a size policy the *planned k*.
@@ -39,14 +40,12 @@ its tokens, decisions and events are the chain round's, draw for draw (tests/tes
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from ears_core.decode.chain import ChainShape, RoundHost
 from ears_core.decode.rounds import Round, RoundContext
-from ears_core.decode.verify import Verdict, argmax_path, debugging, decide_drafts, next_probs
+from ears_core.decode.verify import Verdict, debugging, decide_drafts, next_probs
 from ears_core.metrics import expected_tokens
 from ears_core.rules import RESIDUAL_EPS, AcceptanceRule
 from ears_core.sampling import Stream, search_cdf

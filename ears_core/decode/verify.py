@@ -23,6 +23,8 @@ It costs one synchronisation per call; the decode loop turns it off on CUDA unle
 ``EARS_DEBUG=1``. On the CPU, where a host read costs nothing but every V-sized pass costs more
 right after a model pass (its data is out of cache), the decode loop sets ``emitted_only``: n is read
 first, and only the work the round's emitted tokens need is done (one row at a time).
+``decide_drafts`` is the decision half alone, with no host read; the device round (device_round.py) draws
+the next token from it on the device.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor,
                 top: Tensor | None, ns: list[int] | None, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The one token each row emits after its n drafts: the rule's residual at position n (n < K) or its bonus
     distribution at K; with ``top`` (greedy) the target's argmax at n. -> next_token, next_p, next_q (B,) each."""
-    b, k1, v = target_probs.shape
+    b, k1, _ = target_probs.shape
     k = k1 - 1
     n = num_accepted.unsqueeze(-1)  # (B, 1)
     bonus = num_accepted == k  # (B,)
