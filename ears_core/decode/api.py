@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from ears_core.decode.baseline import target_only_events
 from ears_core.decode.chain import ChainShape
+from ears_core.decode.device_round import DeviceChainShape
 from ears_core.decode.generation import (Generation, GenerationResult, as_input_ids, check_request, eos_set,
                                          shared_vocab)
 from ears_core.decode.rounds import DecodeConfig, RoundShape, decode_rounds
@@ -73,6 +74,7 @@ def stream(
     policy: Any = None,
     calibration: Any = None,
     gamma: int | None = None,
+    device_round: bool = False,
 ) -> Generation:
     """Speculative decoding of one prompt, at most K = ``k`` drafts per round; iterate for TokenEvents.
 
@@ -84,6 +86,8 @@ def stream(
     policy's own) say pay; None: always k. The policy reads only the draft side before each draw:
     every rule stays exactly as lossless (or as distorted) as without it.
     ``gamma``: the old name of ``k``, deprecated (it warns; ears_core/deprecated.py).
+    ``device_round``: run each round on the device with one host read (decode/device_round.py): the same
+    tokens and events for a fixed k; with a ``policy``, k is planned from earlier rounds before each round.
     """
     k = renamed_keyword(k, gamma, default=5, where="stream")
     rule = _checked_rule(rule)
@@ -94,7 +98,7 @@ def stream(
     drafter = draft if isinstance(draft, Drafter) else ModelDrafter(draft)
     if policy is not None and calibration is None:
         calibration = policy.new_calibration()
-    shape = ChainShape(k, policy, calibration)
+    shape = (DeviceChainShape if device_round else ChainShape)(k, policy, calibration)
     return _speculative(target, drafter, input_ids, rule, shape, rule.describe(), k, temperature=temperature,
                         top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, tokenizer=tokenizer,
                         eos_token_id=eos_token_id, vocab_size=vocab_size, with_distortion=with_distortion,

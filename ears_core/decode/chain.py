@@ -154,13 +154,21 @@ class RoundHost:
     def read(cls, v: Any, tokens: Tensor) -> "RoundHost":
         """Row 0 of a Verdict in one float64 vector (token ids are exact in float64): few ops, since each
         costs more right after a model pass, and one device-to-host copy."""
-        k = tokens.shape[1]
+        return cls.unpack(cls.pack(v, tokens).tolist(), tokens.shape[1])  # the one sync
+
+    @staticmethod
+    def pack(v: Any, tokens: Tensor) -> Tensor:
+        """Row 0 of a Verdict and the drafted tokens (1, k) as one (9k + 5,) float64 vector on their device."""
         dist = v.distortion if v.distortion is not None else v.p.new_zeros(v.p.shape)
         floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], dist[0], v.max_p[0],
-                            v.next_p, v.next_q])  # (7k + 3,)
-        ints = torch.cat([v.num_accepted, v.next_token, tokens[0], v.kinds[0].long()])  # (2 + 2k,)
-        f = torch.cat([floats.double(), ints.double()]).tolist()  # the one sync
-        i = [int(x) for x in f[7 * k + 3:]]
+                            v.next_p[:1], v.next_q[:1]])  # (7k + 3,)
+        ints = torch.cat([v.num_accepted[:1], v.next_token[:1], tokens[0], v.kinds[0].long()])  # (2 + 2k,)
+        return torch.cat([floats.double(), ints.double()])
+
+    @classmethod
+    def unpack(cls, f: list[float], k: int) -> "RoundHost":
+        """The record from ``pack``'s vector, read to the host (``f``: its first 9k + 5 values)."""
+        i = [int(x) for x in f[7 * k + 3: 9 * k + 5]]
         col = lambda j, n=k: f[j * k: j * k + n]  # noqa: E731
         return cls(num_accepted=i[0], next_token=i[1], next_p=f[7 * k + 1], next_q=f[7 * k + 2],
                    tokens=i[2: 2 + k], kinds=i[2 + k:], p=col(0), q=col(1), ratio=col(2), u=col(3),

@@ -23,6 +23,8 @@ It costs one synchronisation per call; the decode loop turns it off on CUDA unle
 ``EARS_DEBUG=1``. On the CPU, where a host read costs nothing but every V-sized pass costs more
 right after a model pass (its data is out of cache), the decode loop sets ``emitted_only``: n is read
 first, and only the work the round's emitted tokens need is done (one row at a time).
+``decide_drafts`` is the decision half alone, with no host read; the device round (device_round.py) draws
+the next token from it on the device.
 """
 
 from __future__ import annotations
@@ -37,8 +39,8 @@ from torch import Tensor
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["DraftKind", "KIND_NAMES", "Verdict", "verify", "argmax_path", "check_enabled", "check_drafts",
-           "default_draws"]
+__all__ = ["DraftKind", "KIND_NAMES", "Verdict", "Decisions", "verify", "decide_drafts", "argmax_path",
+           "check_enabled", "check_drafts", "default_draws", "debugging", "next_probs"]
 
 
 class DraftKind(IntEnum):
@@ -101,10 +103,15 @@ def _check(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor) -> t
     return b, k, v
 
 
+def debugging() -> bool:
+    """Whether EARS_DEBUG=1 asks for the guards that cost a host synchronisation."""
+    return os.environ.get("EARS_DEBUG", "").strip() in {"1", "true", "yes"}
+
+
 def check_enabled(device: torch.device) -> bool:
     """Whether the decode loop runs verify()'s input guard: always on the CPU, on CUDA only with
     EARS_DEBUG=1 (the guard is a host synchronisation)."""
-    return device.type != "cuda" or os.environ.get("EARS_DEBUG", "").strip() in {"1", "true", "yes"}
+    return device.type != "cuda" or debugging()
 
 
 def check_drafts(draft_tokens: Tensor, q: Tensor, in_range: Tensor, v: int) -> None:
@@ -151,8 +158,40 @@ def verify(
     ``draft_support`` (N,): the token ids outside which draft_probs is 0 (a drafter's ``support``):
     the distortion is then summed over those N tokens only.
     """
-    b, k, v = _check(target_probs, draft_probs, draft_tokens)
+    b, k, _ = _check(target_probs, draft_probs, draft_tokens)
     uniforms, sample_uniforms = default_draws(uniforms, sample_uniforms, (b, k), generator, target_probs.device)
+    d = decide_drafts(target_probs, draft_probs, draft_tokens, rule, uniforms, check=check)
+    num_accepted = d.num_accepted
+    if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
+        sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(1)  # (B,)
+    ns = num_accepted.tolist() if emitted_only and d.top is None else None  # a host read that saves work
+    next_token, next_p, next_q = _next_token(rule, target_probs, draft_probs, num_accepted, d.top, ns, sample_uniforms)
+    distortion = (_distortion(rule, target_probs[:, :k], draft_probs, d.tolerance, num_accepted, ns, draft_support)
+                  if with_distortion else None)
+    return Verdict(num_accepted=num_accepted, next_token=next_token, kinds=d.kinds, p=d.p, q=d.q, ratio=d.ratio,
+                   u=uniforms, tolerance=d.tolerance, max_p=d.max_p, next_p=next_p, next_q=next_q,
+                   distortion=distortion)
+
+
+@dataclass
+class Decisions:
+    """verify()'s decisions, before the next token is drawn: every field a tensor on the input device."""
+
+    num_accepted: Tensor  # (B,) long, 0..K
+    kinds: Tensor  # (B, K) int8, DraftKind values
+    p: Tensor  # (B, K) P_target of each draft token
+    q: Tensor  # (B, K) P_draft of each draft token
+    ratio: Tensor  # (B, K) p / max(q, 1e-10)
+    tolerance: Tensor  # (B, K)
+    max_p: Tensor  # (B, K + 1)
+    top: Tensor | None  # (B, K + 1) the target's first argmax at each position, on the argmax path; else None
+
+
+def decide_drafts(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, rule: AcceptanceRule,
+                  uniforms: Tensor, *, check: bool) -> Decisions:
+    """The decision half of verify(): target_probs (B, K+1, V), draft_probs (B, K, V), draft_tokens (B, K),
+    uniforms (B, K). Tensor operations only; ``check`` adds the input guard's one host read."""
+    v, k = target_probs.shape[2], draft_tokens.shape[1]
     judged = target_probs[:, :k]  # (B, K, V)
     in_range = (draft_tokens >= 0) & (draft_tokens < v)  # (B, K)
     idx = draft_tokens.clamp(0, max(v - 1, 0)).unsqueeze(-1)  # (B, K, 1): gather never reads outside V
@@ -170,15 +209,7 @@ def verify(
     inputs = RuleInputs(judged, draft_probs, draft_tokens, p, q, ratio, max_p[:, :k], uniforms)
     accepted, pardoned = _decide(rule, inputs, tolerance, top, in_range)  # (B, K) bool each
     num_accepted, kinds = _leading_run(accepted, pardoned)
-
-    if sample_uniforms.dim() == 2:  # (B, K+1): the draw that belongs to position n
-        sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(1)  # (B,)
-    ns = num_accepted.tolist() if emitted_only and top is None else None  # a host read that saves work
-    next_token, next_p, next_q = _next_token(rule, target_probs, draft_probs, num_accepted, top, ns, sample_uniforms)
-    distortion = (_distortion(rule, judged, draft_probs, tolerance, num_accepted, ns, draft_support)
-                  if with_distortion else None)
-    return Verdict(num_accepted=num_accepted, next_token=next_token, kinds=kinds, p=p, q=q, ratio=ratio, u=uniforms,
-                   tolerance=tolerance, max_p=max_p, next_p=next_p, next_q=next_q, distortion=distortion)
+    return Decisions(num_accepted, kinds, p, q, ratio, tolerance, max_p, top)
 
 
 def default_draws(uniforms: Tensor | None, sample_uniforms: Tensor | None, shape: tuple[int, int],
@@ -221,7 +252,7 @@ def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor,
                 top: Tensor | None, ns: list[int] | None, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The one token each row emits after its n drafts: the rule's residual at position n (n < K) or its bonus
     distribution at K; with ``top`` (greedy) the target's argmax at n. -> next_token, next_p, next_q (B,) each."""
-    b, k1, v = target_probs.shape
+    b, k1, _ = target_probs.shape
     k = k1 - 1
     n = num_accepted.unsqueeze(-1)  # (B, 1)
     bonus = num_accepted == k  # (B,)
@@ -241,13 +272,20 @@ def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor,
         else:
             dist = rule.bonus(at_n)
         next_token = sample_with_uniforms(dist, u)  # (B,)
-    tok = next_token.unsqueeze(-1)  # (B, 1)
-    next_p = target_probs.reshape(b, -1).gather(1, n * v + tok).squeeze(-1)  # (B,) P_target(next) at n
-    if k > 0:  # P_draft(next token) at position n: 0 for a bonus
-        next_q = torch.where(bonus, 0.0, draft_probs.reshape(b, -1).gather(1, n.clamp(max=k - 1) * v + tok).squeeze(-1))
-    else:
-        next_q = torch.zeros_like(next_p)
-    return next_token, next_p, next_q
+    return (next_token, *next_probs(target_probs, draft_probs, num_accepted, next_token))
+
+
+def next_probs(target_probs: Tensor, draft_probs: Tensor, num_accepted: Tensor, next_token: Tensor
+               ) -> tuple[Tensor, Tensor]:
+    """(B,) P_target(next token) at position n, and (B,) P_draft(next token) at n (0 for a bonus token)."""
+    b, k1, v = target_probs.shape
+    k = k1 - 1
+    n, tok = num_accepted.unsqueeze(-1), next_token.unsqueeze(-1)  # (B, 1) each
+    next_p = target_probs.reshape(b, -1).gather(1, n * v + tok).squeeze(-1)  # (B,)
+    if k == 0:
+        return next_p, torch.zeros_like(next_p)
+    at_n = draft_probs.reshape(b, -1).gather(1, n.clamp(max=k - 1) * v + tok).squeeze(-1)  # (B,)
+    return next_p, torch.where(num_accepted == k, 0.0, at_n)
 
 
 def _distortion(rule: AcceptanceRule, judged: Tensor, draft_probs: Tensor, tolerance: Tensor, num_accepted: Tensor,

@@ -18,6 +18,9 @@ free_positions      (optional, default False) True when a position after the fir
                     drafter no model step (n-gram lookup): the draft-length policy then does not
                     count a position it looked at and declined as a spent draft step.
 A draft whose head covers part of the vocabulary reports probability 0 elsewhere.
+device confidence   (optional) ``propose(..., confidences=True)`` on a drafter with ``device_confidence =
+                    True``: record each drafted position's confidence as a (k',) tensor in ``confidence_t``
+                    without reading it to the host (the device round reads it with its verdict: decode/device_round.py).
 support             (optional, default None) a (N,) long tensor of the token ids outside which the
                     drafter's distributions are always 0 (an EAGLE head's ``vocab_ids``): verify()
                     then computes the exact distortion over those N tokens instead of all V.
@@ -110,6 +113,7 @@ class ModelDrafter:
     """A Hugging Face causal LM used as the draft, with its own KV cache and rollback."""
 
     needs_target_hidden = False
+    device_confidence = True  # propose(confidences=True) records them on the device (module terms)
 
     def __init__(self, model: PreTrainedModel, vocab_size: int | None = None) -> None:
         self.model = model
@@ -123,6 +127,7 @@ class ModelDrafter:
         self._base = 0  # committed length when the last proposal started
         self._start = 0  # cache length when the last proposal started (pending begins there)
         self.confidence: list[float] = []
+        self.confidence_t: Tensor | None = None  # (k',) the last proposal's confidences, with confidences=True
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
@@ -136,13 +141,14 @@ class ModelDrafter:
         self._proposed = None
 
     @torch.inference_mode()
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
-                ) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None,
+                confidences: bool = False) -> tuple[Tensor, Tensor]:
         assert self._pending is not None, "prefill() first"
         b = self._pending.shape[0]
         self._start = self._cache_len  # where the committed tokens not yet fed (pending) begin
         self._base = self._cache_len + self._pending.shape[1]
-        tokens, probs, self.confidence = [], [], []
+        tokens, probs, self.confidence, confs = [], [], [], []
+        scored = keep is not None or confidences  # the confidence is computed (and read only for keep)
         inp = self._pending  # (B, P)
         steps = self._steps if self._steps is not None and self._steps.usable(probs_fn) else None
         for i in range(k):
@@ -151,9 +157,11 @@ class ModelDrafter:
                 conf_t, pr, tok = steps.step(self._cache, inp[:, 0], uniforms[:, i], probs_fn)
             else:
                 logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
-                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1) if keep is not None else None
+                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1) if scored else None
                 conf_t = raw.max(dim=-1).values.mean() if raw is not None else None  # at T = 1
             self._cache_len += inp.shape[1]
+            if confidences:
+                confs.append(conf_t.reshape(()))
             if keep is not None:
                 conf = float(conf_t)  # one host read, before the draw
                 if not keep(conf):
@@ -165,6 +173,7 @@ class ModelDrafter:
             tokens.append(tok)
             probs.append(pr)
             inp = tok.unsqueeze(-1)
+        self.confidence_t = torch.stack(confs) if confs else None  # (k',): never read here
         if not tokens:
             self._proposed = torch.empty((b, 0), dtype=torch.long, device=self.device)
             return self._proposed, torch.empty((b, 0, self.vocab_size), device=self.device)

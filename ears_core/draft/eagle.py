@@ -157,6 +157,7 @@ class EagleDrafter:
     """The Drafter protocol around a DraftHead and the target's embedding and output head."""
 
     needs_target_hidden = True
+    device_confidence = True  # propose(confidences=True) records them on the device (drafters.py)
     calibration_table: dict | None = None  # confidence -> acceptance counts (assets/.../calibration.json)
 
     def __init__(self, head: DraftHead, target: PreTrainedModel, vocab_size: int | None = None) -> None:
@@ -184,6 +185,7 @@ class EagleDrafter:
         self._steps: StepGraphs | None = None  # its chain draft steps as captured graphs (draft/step_graphs.py)
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
+        self.confidence_t: Tensor | None = None  # (k',) the same as a tensor, with propose(confidences=True)
 
     def fresh(self) -> "EagleDrafter":
         """A drafter sharing these weights with no decode state: one per concurrent generation."""
@@ -260,16 +262,18 @@ class EagleDrafter:
             self._s.cache_len = t - 1
 
     @torch.inference_mode()
-    def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None, confidences: bool = False
+                ) -> tuple[Tensor, Tensor]:
         """Draft up to k tokens; ``keep(confidence) -> bool`` (optional) is asked before each draw, and
-        ``keep(None)`` before the head computes a later position (would an average one pay?)."""
+        ``keep(None)`` before the head computes a later position (would an average one pay?).
+        ``confidences``: keep each position's confidence, unread, in ``confidence_t`` (drafters.py)."""
         s = self._s
         assert s is not None, "prefill() first"
         if k > 0:
             self.sync()
         b = 1 if s.next_feat is None else s.next_feat.shape[0]
         dev = self.w_sub.device
-        self.confidence = []
+        self.confidence, confs, self.confidence_t = [], [], None
         if s.next_feat is None or k == 0:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
@@ -285,7 +289,10 @@ class EagleDrafter:
                 if i > 0:  # the head's predicted feature after the previous draft
                     feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
                 sub = self._sub(feat)  # (B, N)
-                conf_t = torch.softmax(sub, dim=-1).max(dim=-1).values.mean() if keep is not None else None
+                scored = keep is not None or confidences
+                conf_t = torch.softmax(sub, dim=-1).max(dim=-1).values.mean() if scored else None
+            if confidences:
+                confs.append(conf_t.reshape(()))
             if keep is not None:
                 conf = float(conf_t)  # one host read, pre-draw
                 if not keep(conf):
@@ -301,6 +308,7 @@ class EagleDrafter:
             s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
             return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         s.proposed = torch.stack(tokens, dim=1)  # (B, k') with k' <= k
+        self.confidence_t = torch.stack(confs) if confs else None  # (k',): never read here
         q = torch.stack(probs, dim=1)  # (B, k', N) or (B, k', V)
         if self._n_space:  # widen once: zero outside vocab_ids
             q = q.new_zeros(b, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)

@@ -1,0 +1,185 @@
+"""The device round: a chain round whose decisions stay tensors until ONE host read at its end.
+
+Terms (round, shape, draws: rounds.py; decision, verdict: verify.py; RoundHost: chain.py)
+-----
+host read     a transfer the host waits for: ``.item()``, ``.tolist()``, ``.cpu()``, ``bool()`` / ``int()`` /
+              ``float()`` of a tensor, or a data-dependent shape (``nonzero``). On CUDA each one stalls the
+              host until the GPU has caught up. Today's chain round (chain.py) makes one per draft for the
+              draft-length policy (the confidence), one for verify()'s input guard, and on the CPU one for
+              n and one for an empty residual, besides the verdict's. Here the input guard (a drafter's
+              broken token, verify.check_drafts) runs only with EARS_DEBUG=1, as on CUDA.
+fixed shape   the drafter drafts exactly k tokens (fewer only if it has none to offer, as an n-gram
+              lookup may), k chosen before the round: K, capped by the loop so ``max_new_tokens`` is exact,
+              or with a size policy the *planned k*.
+planned k     the policy's choice from earlier rounds only: the longest run of depths d = 1, 2, .. at which
+              ``keep_going`` says verifying d pays, with every estimate the calibration's mean at its depth
+              (``calibration.means``), never this round's confidence. The drafter records the confidences as
+              a tensor (drafters.py: device confidence); they come back with the verdict and teach the
+              calibration, as today's round does. A probe whose plan is 0 still drafts one token (so the
+              calibration keeps learning) and counts as not paid, so the back-off schedule runs as before.
+decisions     verify.decide_drafts: the rule's accept / pardon test and the leading run n as a cumulative
+              product of the flags that stood; no host read.
+next token    drawn on the device with the round's counter-based draws at position n: for a ratio rule the
+              residual max(0, p - q) is searched unnormalised (as ``AcceptanceRule.draw_residual``), with a
+              ``torch.where`` in place of its host test for an empty residual, and the bonus from the
+              rule's ``bonus()``; another rule draws from its own ``residual()``; the argmax path takes the
+              target's argmax. Bit for bit the tokens of today's CPU path.
+packed read   the round's tokens, n, next token, kinds and per-token event fields (p, q, r, U, tolerance,
+              max P, distortion) and the drafter's confidences in one float64 vector (``RoundHost.pack``),
+              read once (``HostReader``): on CUDA copied into pinned memory with ``non_blocking`` behind an
+              event; elsewhere one ``.tolist()``.
+KV            the target's and the drafter's caches are cut once, by the n of that read: a cache keeps a
+              length over its positions, and the rejected slots are overwritten by the next round's writes.
+rules         every registered rule decides with tensor operations (standard, ears, greedy, ears-entropy,
+              typical, fly, ears-budget; the budget's beta comes from the events of earlier rounds). A rule
+              that overrides ``draw_residual`` with host reads of its own keeps them.
+
+Users select it with ``stream(..., device_round=True)`` (and ``generate``); it is off by default. For a fixed k
+its tokens, decisions and events are the chain round's, draw for draw (tests/test_device_round.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ears_core.decode.chain import ChainShape, RoundHost
+from ears_core.decode.rounds import Round, RoundContext
+from ears_core.decode.verify import Verdict, debugging, decide_drafts, next_probs
+from ears_core.metrics import expected_tokens
+from ears_core.rules import RESIDUAL_EPS, AcceptanceRule
+from ears_core.sampling import Stream, search_cdf
+
+__all__ = ["DeviceChainShape", "HostReader", "device_verify", "draw_next"]
+
+
+def draw_next(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, num_accepted: Tensor,
+              top: Tensor | None, u: Tensor) -> Tensor:
+    """The token each row emits after its n drafts, with no host read (module terms: next token).
+    target_probs (B, K+1, V), draft_probs (B, K, V), num_accepted (B,), top (B, K+1) or None, u (B,) -> (B,)."""
+    b, k1, _ = target_probs.shape
+    k = k1 - 1
+    if top is not None:
+        return top.gather(1, num_accepted.unsqueeze(-1)).squeeze(1)  # (B,)
+    rows = torch.arange(b, device=target_probs.device)  # (B,)
+    at_n = target_probs[rows, num_accepted].float()  # (B, V)
+    bonus = (num_accepted == k).unsqueeze(-1)  # (B, 1)
+    cdf_bonus = rule.bonus(at_n).float().cumsum(dim=-1)  # (B, V)
+    if k == 0:
+        return search_cdf(cdf_bonus, u)
+    draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)].float()  # (B, V): unused for a bonus row
+    if type(rule).residual is AcceptanceRule.residual:  # the ratio rule's residual, searched unnormalised
+        cdf_res = (at_n - draft_at_n).clamp_(min=0.0).cumsum(dim=-1)  # (B, V)
+        empty = cdf_res[:, -1:] <= RESIDUAL_EPS  # (B, 1): no residual mass, P_target itself
+        cdf_res = torch.where(empty, at_n.cumsum(dim=-1), cdf_res)
+    else:
+        cdf_res = rule.residual(at_n, draft_at_n).float().cumsum(dim=-1)  # (B, V)
+    return search_cdf(torch.where(bonus, cdf_bonus, cdf_res), u)
+
+
+def device_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, rule: AcceptanceRule,
+                  uniforms: Tensor, sample_uniforms: Tensor, *, with_distortion: bool = False, check: bool = False,
+                  draft_support: Tensor | None = None) -> Verdict:
+    """verify()'s Verdict with no host read (``check`` adds the input guard's). target_probs (B, K+1, V),
+    draft_probs (B, K, V), draft_tokens (B, K), uniforms (B, K), sample_uniforms (B, K+1): the draw at each
+    position the next token may land on. Off the argmax path the distortion is 0 after each row's n, as on
+    verify()'s CPU path."""
+    k = draft_tokens.shape[1]
+    d = decide_drafts(target_probs, draft_probs, draft_tokens, rule, uniforms, check=check)
+    u = sample_uniforms.gather(1, d.num_accepted.unsqueeze(-1)).squeeze(1)  # (B,) the draw at position n
+    next_token = draw_next(rule, target_probs, draft_probs, d.num_accepted, d.top, u)  # (B,)
+    next_p, next_q = next_probs(target_probs, draft_probs, d.num_accepted, next_token)
+    distortion = None
+    if with_distortion:
+        distortion = rule.exact_distortion(target_probs[:, :k], draft_probs, d.tolerance, draft_support)  # (B, K)
+        if d.top is None:  # as verify()'s CPU path (emitted_only), which reads n only off the argmax path
+            pos = torch.arange(k, device=target_probs.device).unsqueeze(0)  # (1, K)
+            distortion = distortion.masked_fill(pos > d.num_accepted.unsqueeze(-1), 0.0)
+    return Verdict(num_accepted=d.num_accepted, next_token=next_token, kinds=d.kinds, p=d.p, q=d.q, ratio=d.ratio,
+                   u=uniforms, tolerance=d.tolerance, max_p=d.max_p, next_p=next_p, next_q=next_q,
+                   distortion=distortion)
+
+
+class HostReader:
+    """The round's one host read of a packed vector (module terms). On CUDA: a pinned buffer per length,
+    filled by a ``non_blocking`` copy, then one event waited on; elsewhere ``.tolist()``."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[int, Tensor] = {}  # length -> pinned (length,) float64
+
+    def read(self, packed: Tensor) -> list[float]:
+        if packed.device.type != "cuda":
+            return packed.tolist()  # the one read
+        n = packed.numel()
+        host = self.buffers.get(n)
+        if host is None:
+            host = self.buffers[n] = torch.empty(n, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        done.synchronize()  # the one wait
+        return host.tolist()  # a host tensor: no further transfer
+
+
+class DeviceChainShape(ChainShape):
+    """The chain round on the device (module terms): fixed k, tensor decisions, one host read."""
+
+    def start(self, ctx: RoundContext) -> None:
+        super().start(ctx)
+        self.check = debugging()  # verify()'s input guard is a host read: only with EARS_DEBUG=1
+        self.reader = HostReader()
+        self.wants_confidence = self.policy is not None and bool(getattr(ctx.drafter, "device_confidence", False))
+        self.planned = 0  # the size policy's planned k for the current round
+
+    def plan(self, limit: int) -> int:
+        """The size policy's k for a round that may draft ``limit`` (module terms: planned k)."""
+        means = self.calibration.means(limit)  # per depth
+        self.policy.prior = means
+        k = 0
+        while k < limit and self.policy.keep_going(means[: k + 1], limit):
+            k += 1
+        return k
+
+    def propose(self, produced: int, limit: int, plain: bool) -> None:
+        ctx = self.ctx
+        k = limit
+        if self.policy is not None and limit > 0:
+            self.planned = self.plan(limit)
+            k = max(self.planned, 1)  # a probe planned at 0 drafts one token to keep learning
+        draft_u = ctx.draws[Stream.DRAFT][None, produced: produced + k]  # (1, k)
+        self.estimates.clear()
+        extra = {"confidences": True} if self.wants_confidence and k > 0 else {}
+        self.tokens, self.draft_probs = ctx.drafter.propose(k, ctx.probs_fn, draft_u, **extra)  # (1, k'), (1, k', V)
+        self.k = self.tokens.shape[1]
+        conf = getattr(ctx.drafter, "confidence_t", None) if extra else None
+        self.conf_t = conf if conf is not None and conf.shape[0] == self.k else None  # (k,) or None
+
+    def verify(self, target_probs: Tensor, produced: int, step: int) -> Round:
+        ctx, k = self.ctx, self.k
+        v = device_verify(target_probs, self.draft_probs, self.tokens, ctx.rule,
+                          ctx.draws[Stream.ACCEPT][None, produced: produced + k],  # (1, k)
+                          ctx.draws[Stream.TARGET][None, produced: produced + k + 1],  # (1, k+1)
+                          with_distortion=ctx.with_distortion, check=self.check, draft_support=self.support)
+        packed = RoundHost.pack(v, self.tokens)  # (9k + 5,)
+        if self.conf_t is not None:
+            packed = torch.cat([packed, self.conf_t.double()])  # (10k + 5,)
+        f = self.reader.read(packed)  # the round's one host read
+        host = RoundHost.unpack(f, k)
+        self.confidences = f[9 * k + 5:] if self.conf_t is not None else []
+        events, drafts = host.records(k, produced, step)
+        pardoned = sum(1 for d in drafts if d.kind == "pardoned")
+        return Round(k, host.num_accepted, v.next_token, events, drafts, pardoned)
+
+    def paid(self, rnd: Round) -> bool:
+        return self.planned > 0 or self.policy.keep_going([self.calibration.means(1)[0]], self.depth)
+
+    def learn(self, rnd: Round) -> None:
+        if self.policy is None:
+            return
+        k, n, confs = self.k, rnd.num_accepted, self.confidences
+        self.estimates[:] = [self.calibration(c, j + 1) for j, c in enumerate(confs)]  # before this round teaches
+        for j in range(min(n + 1, k, len(confs))):  # every verified position teaches the calibration
+            self.calibration.observe(confs[j], j < n, depth=j + 1)
+        rnd.estimates = list(self.estimates[:k])
+        rnd.expected = expected_tokens(self.estimates[:k])[k] if len(self.estimates) >= k else None
+
