@@ -16,6 +16,7 @@ llama.cpp's plain decoding of the same GGUF on the same threads (scripts/llama_c
     python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes lean,float32] [--peer] [--out F.json]
     python scripts/measure_speedup.py --dtypes bfloat16 --drafts auto,/tmp/new-head   # a head before shipping it
     python scripts/measure_speedup.py --dtypes lean --drafts auto:bfloat16,auto:int4  # the head's variants
+    python scripts/measure_speedup.py --dtypes lean --device-round   # chains decided on the device, one read a round
 
 Run it alone on the machine; state its price curve (printed) next to any figure.
 """
@@ -51,10 +52,12 @@ def _drain(run: Any) -> dict[str, Any]:
             **{part: sum(getattr(r, part) for r in steps) for part in ROUND_PARTS}}
 
 
-def _one_prompt(session: Session, ids: torch.Tensor, tokens: int, seed: int) -> dict[str, dict[str, Any]]:
+def _one_prompt(session: Session, ids: torch.Tensor, tokens: int, seed: int, device_round: bool = False
+                ) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, (rule, params, temp) in SETTINGS.items():
-        cfg = RunConfig(rule=rule, params=params, temperature=temp, max_new_tokens=tokens, seed=seed)
+        cfg = RunConfig(rule=rule, params=params, temperature=temp, max_new_tokens=tokens, seed=seed,
+                        **({"device_round": True, "draft_shape": "chain"} if device_round else {}))
         if f"base T={temp}" not in out:
             out[f"base T={temp}"] = _drain(session.baseline(ids, cfg))
         out[name] = _drain(session.speculative(ids, cfg))
@@ -121,6 +124,8 @@ def main() -> None:
                     "in ':general' runs that head through its general forward instead of its layers by hand, one "
                     "ending in ':float32', ':bfloat16' or ':int4' loads the head in that variant (EARS_DRAFT_DTYPE)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device-round", action="store_true",
+                    help="chain rounds decided on the device, one host read a round (decode/device_round.py)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -151,7 +156,7 @@ def main() -> None:
     t0 = time.time()
     for i, p in enumerate(prompts):
         for dt, session in sessions.items():
-            runs[dt].append(_one_prompt(session, session.encode(p["prompt"]), a.tokens, seed=i))
+            runs[dt].append(_one_prompt(session, session.encode(p["prompt"]), a.tokens, seed=i, device_round=a.device_round))
         print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s)", flush=True)
     if a.peer:
         peer.append(_peer(a.threads, a.tokens))

@@ -86,6 +86,7 @@ class RunConfig:
     draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto": see the terms
     tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
     tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
+    device_round: bool = False  # a chain's rounds decided on the device, one host read a round (decode/device_round.py)
     gamma: InitVar[int | None] = None  # the old name of k: deprecated, warns (ears_core/deprecated.py)
 
     def __post_init__(self, gamma: int | None) -> None:
@@ -332,7 +333,7 @@ class Session:
         if cfg.draft_shape == "tree":
             return self._since(self._tree_run(ids, cfg, rule, temperature, deadline_s), since)
         extra = self.policy_for(rule, temperature, cfg.k, cfg.draft_length)
-        gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, k=cfg.k,
+        gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, k=cfg.k, device_round=cfg.device_round,
                      deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common(), **extra)
         run = Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
         return self._since(run, since)
