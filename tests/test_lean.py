@@ -20,7 +20,7 @@ from ears_core.model.gguf_q4 import (dequantize_q4_1, int4_linear, pack_q4_1, q4
                                      rotary_row_order)
 from ears_core.model.hub import ModelLoadError
 from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions, new_cache
-from ears_core.model.lean_cache import LeanCache
+from ears_core.model.decoder import LeanCache
 from ears_core.model.int4_linear import q4_1_blocks
 from ears_core.model.lean_target import from_float_model
 

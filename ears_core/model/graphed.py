@@ -240,27 +240,18 @@ class GraphedHead:
         s = self.runner.static
         self.runner.warm(widths, lambda m: torch.zeros(m, s.hidden, dtype=s.dtype, device=s.device))
 
-    def new_cache(self, batch: int = 1, capacity: int = 256) -> "HeadSlots":
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> SlotCache:
         if batch != 1:
             raise ValueError("a graphed draft head drafts one sequence at a time (batch 1)")
-        return HeadSlots(self.runner.kv)
+        return SlotCache(self.runner.kv)
 
     @torch.inference_mode()
-    def __call__(self, z: Tensor, cache: "HeadSlots", positions: Tensor | None = None,
+    def __call__(self, z: Tensor, cache: SlotCache, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
         """z (1, m, d) -> (1, m, d) predicted features; positions (m,) and mask (m, length + m) bool: a tree's rows."""
         with cache.kv.lock:
             out, _ = self.runner.run(cache, z[0], positions, mask)
             return out[None].clone()
-
-
-class HeadSlots(SlotCache):
-    """A head's SlotCache with ``HeadCache``'s crop: keep the first ``length`` positions."""
-
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a head cache of {self.length} positions to {length}")
-        self.length = length
 
 
 def graphed_or_eager(model: nn.Module) -> nn.Module:

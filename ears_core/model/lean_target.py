@@ -25,7 +25,8 @@ from torch import Tensor
 from ears_core.model import gguf_q4
 from ears_core.model.gguf_q4 import pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
 from ears_core.model.int4_linear import q4_1_blocks
-from ears_core.model.lean_llama import LeanLayer, LeanLlama
+from ears_core.model.decoder import Layer
+from ears_core.model.lean_llama import LeanLlama
 
 __all__ = ["from_float_model", "from_gguf", "q4_1_blocks", "supported"]
 
@@ -44,8 +45,9 @@ def _stack(parts: list[tuple[Tensor, Tensor, Tensor]]) -> Any:
     return pack_q4_1(*(torch.cat([p[i] for p in parts]) for i in range(3)))
 
 
-def _layer(blocks: dict[str, tuple[Tensor, Tensor, Tensor]], attn_norm: Tensor, mlp_norm: Tensor) -> LeanLayer:
-    return LeanLayer(attn_norm.to(torch.bfloat16), _stack([blocks["attn_q"], blocks["attn_k"], blocks["attn_v"]]),
+def _layer(blocks: dict[str, tuple[Tensor, Tensor, Tensor]], attn_norm: Tensor, mlp_norm: Tensor) -> Layer:
+    """One lean layer: norms (d,) bfloat16; q/k/v, o, gate/up and down as int4 weights."""
+    return Layer(attn_norm.to(torch.bfloat16), _stack([blocks["attn_q"], blocks["attn_k"], blocks["attn_v"]]),
                      pack_q4_1(*blocks["attn_output"]), mlp_norm.to(torch.bfloat16),
                      _stack([blocks["ffn_gate"], blocks["ffn_up"]]), pack_q4_1(*blocks["ffn_down"]))
 
