@@ -1,6 +1,6 @@
 """Where a lean target step's time goes on this machine, taken apart by leaving pieces out (not a test).
 
-The embedded lean int4 target (model/lean_llama.py, its layers run by model/decoder.py) decodes a run of
+The embedded lean int4 target (model/passes/lean_llama.py, its layers run by model/passes/decoder.py) decodes a run of
 one-token passes after a 64-token prompt, as target-only decoding does; the mean pass is measured whole, then with the output head, the
 int4 matrix calls, the attention and the RMSNorms left out in turn (each replaced by a ready tensor of the
 right shape, so what follows runs on the same shapes; each stays left out while the next is), each the best
@@ -23,10 +23,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-import ears_core.model.decoder as decoder
-from ears_core.model.embedded import prepare_embedded
-from ears_core.model.gguf_q4 import GROUP
-from ears_core.model.target_path import lean_embedded
+import ears_core.model.passes.decoder as decoder
+from ears_core.model.loading.embedded import prepare_embedded
+from ears_core.model.kernels.gguf_q4 import GROUP
+from ears_core.model.loading.target_path import lean_embedded
 
 
 def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
@@ -45,7 +45,7 @@ def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
 
 
 class _Functional:
-    """``torch.nn.functional`` with some functions replaced (module-level ``F`` of the pass, model/decoder.py)."""
+    """``torch.nn.functional`` with some functions replaced (module-level ``F`` of the pass, model/passes/decoder.py)."""
 
     def __init__(self, **replaced: Any) -> None:
         self.replaced = replaced

@@ -4,8 +4,8 @@ Terms
 -----
 variant       (dtype, packed, int4): the dtype of the head's layers, its cache and its rows of the target's
               output head (eagle.py, "head dtype"), whether its linear layers run oneDNN-packed weights
-              (packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
-              4-bit blocks of its weights on the CPU int4 kernel (model/int4_linear.py; bfloat16
+              (model/kernels/packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
+              4-bit blocks of its weights on the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16
               activations). Draft side only: whatever the variant, q is exactly the distribution each
               draft was drawn from, so every rule stays as exact as before.
 int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
@@ -26,7 +26,7 @@ choice        when a pair loads: a drafting round (one catch-up entry and two dr
               evicts the head from the caches, as in the loop), the candidates taking turns, ``REPEATS``
               times; the lowest median wins, except that the first candidate (the target's dtype, as
               loaded) is left only for one at least ``MIN_GAIN`` cheaper. The choice is cached per
-              (head shape, candidates, machine) under $EARS_CACHE/kernels (model/measured.py): a machine
+              (head shape, candidates, machine) under $EARS_CACHE/kernels (model/measuring/measured.py): a machine
               measures once.
 default       a load measures nothing (``measure=False``): with no cached choice it takes ``default_variant``
               (the int4 variant where offered: it won on every lean-target machine measured; else the
@@ -44,9 +44,9 @@ from typing import Any, Callable
 
 import torch
 
-from ears_core.model.hub import native_bf16
-from ears_core.model.lean_target import supported
-from ears_core.model.measured import Measured, interleaved, keep_first, machine_tag, quietly
+from ears_core.model.loading.hub import native_bf16
+from ears_core.model.loading.lean_target import supported
+from ears_core.model.measuring.measured import Measured, interleaved, keep_first, machine_tag, quietly
 
 __all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant", "default_variant"]
 
@@ -117,7 +117,7 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
     else:
         dtypes = [_dtype_name(target_dtype)]
     if packing is None:
-        from ears_core.model.packed_linear import available
+        from ears_core.model.kernels.packed_linear import available
         packing = available()
     found = [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
     return found + ([INT4_VARIANT] if int4 and not choice and supported(bf16) else [])

@@ -5,12 +5,12 @@ Terms
 -----
 head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body``, a transformers
               ``LlamaModel``). Training runs it as it is; drafting runs the same weights through the project's
-              one layer loop (model/decoder.py).
+              one layer loop (model/passes/decoder.py).
 why by hand   a draft step feeds 1-8 rows through one layer. The layer's arithmetic is a fraction of
               a millisecond; the general forward adds about as much again per call (its mask and
               rotary builders, the cache's concatenation, keyword plumbing), paid on every draft
               pass of every round (docs/benchmarks.md, "The draft step by hand").
-HeadCache     the head's keys and values, the pass's ``KVBuffer`` (model/decoder.py) in the head's dtype:
+HeadCache     the head's keys and values, the pass's ``KVBuffer`` (model/passes/decoder.py) in the head's dtype:
               appending writes in place; dropping the last n positions (the entries made from predicted
               features) only lowers ``length``.
 linears       the body's own modules (the ``modules`` linear kind), so the head's packed and int4 variants
@@ -33,7 +33,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.decoder import Decoder, Exact, HeadCache, Layer, modules, rotation_tables
+from ears_core.model.passes.decoder import Decoder, Exact, HeadCache, Layer, modules, rotation_tables
+from ears_core.model.passes.kv_cache import doubled_capacity
 
 __all__ = ["HeadCache", "HeadLayers", "supports", "head_layers"]
 
@@ -63,10 +64,16 @@ class HeadLayers(Decoder):
         attn = body.layers[0].self_attn
         self.dtype, self.device = body.norm.weight.dtype, body.norm.weight.device
         positions = int(getattr(body.config, "max_position_embeddings", 8192))
-        cos, sin = rotation_tables(body.rotary_emb, int(attn.head_dim), positions, self.device)  # (P, D) each
-        super().__init__([_layer(l) for l in body.layers], body.norm.weight, body.config, cos.to(self.dtype),
-                         sin.to(self.dtype), float(body.norm.variance_epsilon))
-        self.head_dim, self.scaling = int(attn.head_dim), float(attn.scaling)
+        self.rotary, self.head_dim, self.scaling = body.rotary_emb, int(attn.head_dim), float(attn.scaling)
+        cos, sin = self._tables(positions)
+        super().__init__([_layer(l) for l in body.layers], body.norm.weight, body.config, cos, sin,
+                         float(body.norm.variance_epsilon))
+        self.head_dim = int(attn.head_dim)
+
+    def _tables(self, positions: int) -> tuple[Tensor, Tensor]:
+        """(cos, signed sin), each (P, D) in the head's dtype, for P positions of its rotary embedding."""
+        cos, sin = rotation_tables(self.rotary, self.head_dim, positions, self.device)
+        return cos.to(self.dtype), sin.to(self.dtype)
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> HeadCache:
         if batch != 1:
@@ -81,6 +88,9 @@ class HeadLayers(Decoder):
         if mask is None and m > 1:
             mask = torch.ones(m, start + m, dtype=torch.bool, device=z.device).tril(start)  # (m, L + m)
         cache.reserve(m)
+        if start + m > self.max_positions:  # past the config's positions, as the head's own forward goes
+            self.cos, self.sin = self._tables(doubled_capacity(self.max_positions, start + m))
+            self.max_positions = int(self.cos.shape[0])
         cos, sin = self.angles(positions, start, m)  # (m, 1, D) each
         attend = Exact(start, start + m, None if mask is None else mask[None, None], self.dtype, self.scaling)
         out = self.run(z[0], cos, sin, attend, cache.layer_views(), modules)  # (m, d)
@@ -89,11 +99,11 @@ class HeadLayers(Decoder):
 
 
 def head_layers(head: nn.Module, want_graphs: bool) -> object:
-    """The layers a drafter runs an EAGLE head's body with: a ``GraphedHead`` (model/graphed.py; built once per
+    """The layers a drafter runs an EAGLE head's body with: a ``GraphedHead`` (model/cuda/graphed.py; built once per
     head, shared by the drafters of every generation) where passes are captured and ``want_graphs``; else
     ``HeadLayers``."""
-    from ears_core.model.cuda_graphs import graphs_wanted
-    from ears_core.model.graphed import GraphedHead
+    from ears_core.model.cuda.cuda_graphs import graphs_wanted
+    from ears_core.model.cuda.graphed import GraphedHead
 
     if want_graphs and graphs_wanted(head.body.norm.weight.device):
         built = head.__dict__.get("_ears_graphed")

@@ -9,7 +9,7 @@ static pass   ``run(x, pos, slots, mask, kv, hidden)``: the project's one layer 
               on one: the cache length enters as data (``pos`` (m,) the rotary positions, ``slots`` (m,)
               where the new keys and values go, ``mask`` the additive (G m, C) mask over the C slots of the
               KV view, kv (L, 2, Hkv, C, D)), so one captured replay serves every cache length up to C
-              (cuda_graphs.py). Slots past the cache length hold stale entries; the mask hides them.
+              (cuda/cuda_graphs.py). Slots past the cache length hold stale entries; the mask hides them.
 fused         q/k/v run as one matrix product and gate/up as another (q/k/v biases as one vector): each
               transformers module's own Parameter keeps its identity and has its ``.data`` replaced by a
               slice of the fused tensor, so the unfused originals are freed even where something outside
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.decoder import Decoder, Folded, Layer, dense, rotation_tables
+from ears_core.model.passes.decoder import Decoder, Folded, Layer, dense, rotation_tables
 
 __all__ = ["StaticDecoder", "supports", "additive_mask_over", "causal_mask"]
 

@@ -9,10 +9,10 @@ linear kind  what the matrices are and how rows go through them, ``lin(x, w, bia
                ``dense``       (out, in) tensors through ``F.linear`` (the static pass: fused views of a
                                transformers model's own weights, with its q/k/v bias);
                ``int4_kind``   ``Int4Weight`` blocks from the GGUF on the CPU int4 kernel, a pass's rows split
-                               as the row plan says (lean_plan.py), at most ``ROW_CAP`` a call;
+                               as the row plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call;
                ``modules``     the module's own linear layers, a tuple of them run side by side (q, k, v; gate,
                                up): how the draft head's packed and int4 variants run (draft/head_kernels.py).
-             The oneDNN-packed output head is the fourth (packed_linear.py), used by the lean target's head.
+             The oneDNN-packed output head is the fourth (kernels/packed_linear.py), used by the lean target's head.
 rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables (``rotation_tables``). ``all_heads``: the
              tables cover q, k and v heads (v with cos 1, sin 0: the same bits) and the rotation is one
              ``addcmul`` over the fused output (the lean target's); else q and k only, after the q/k norm.
@@ -22,10 +22,10 @@ attention    the policy, a callable ``attend(q, new, views)`` made per pass, q (
                            products, so a row's output does not depend on the pass width) or in the model's dtype;
                ``Folded``  writes at ``slots`` (data) and attends over the whole bucket with an additive
                            (G m, C) mask, the H query heads folded onto the Hkv key/value heads: nothing depends
-                           on a value on the host, so a CUDA graph can capture it (cuda_graphs.py).
+                           on a value on the host, so a CUDA graph can capture it (cuda/cuda_graphs.py).
 KV buffer    ``KVBuffer``: ``length`` positions of one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or
              values, key/value head, position, width), grown by doubling; the lean target's and the head's
-             cache. A captured model's ``SlotCache`` (cuda_graphs.py) keeps its buffer in a ``StaticKV``.
+             cache. A captured model's ``SlotCache`` (cuda/cuda_graphs.py) keeps its buffer in a ``StaticKV``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ears_core.model.gguf_q4 import GROUP
-from ears_core.model.kv_cache import PositionCache, doubled_capacity
+from ears_core.model.kernels.gguf_q4 import GROUP
+from ears_core.model.passes.kv_cache import PositionCache, doubled_capacity
 
 __all__ = ["Decoder", "Exact", "Folded", "KVBuffer", "Layer", "ROW_CAP", "dense", "int4_kind", "int4_rows",
            "modules", "rotation_tables"]
@@ -163,7 +163,7 @@ class Decoder:
             cos, sin = self.cos[start: start + m], self.sin[start: start + m]
         else:
             cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-        return cos.view(cos.shape[0], -1, self.head_dim), sin.view(sin.shape[0], -1, self.head_dim)
+        return (cos, sin) if cos.dim() == 3 else (cos[:, None], sin[:, None])
 
     def _normed_qk(self, layer: Layer, qk: Tensor) -> Tensor:
         """(m, H + Hkv, D) q and k -> the same, each head RMS-normed where the layer has a q/k norm."""

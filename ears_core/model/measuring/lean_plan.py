@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import torch
 
-from ears_core.model.measured import Measured, interleaved, machine_tag, quietly
+from ears_core.model.measuring.measured import Measured, interleaved, machine_tag, quietly
 
 __all__ = ["DEFAULT_COST", "MAX_PLANNED", "MEASURED", "RowPlan", "best_chunks", "install_row_plan", "measure_widths"]
 
@@ -58,7 +58,7 @@ def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: i
                    piece: Callable[[], Any] | None = None) -> list[float]:
     """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost), the widths taking turns
     (measured.py: interleaved); each round in ``piece()`` (a measurement between requests: serve/between.py)."""
-    from ears_core.model.gguf_q4 import int4_linear
+    from ears_core.model.kernels.gguf_q4 import int4_linear
 
     layer = model.layers[0]
     mats = (layer.qkv, layer.o, layer.gate_up, layer.down)

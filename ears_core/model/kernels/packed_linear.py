@@ -15,7 +15,7 @@ kernel choice packed or as loaded, for a whole model: when a CPU pair loads, tar
               m = 1, 3, 5 new tokens on a 64-token cache are timed in both modes, interleaved (the
               fastest of a few each), and packed is kept only if it is at least ``MIN_GAIN`` cheaper
               summed over m. The choice is cached per (model shape, dtype, threads, CPU, torch) under
-              $EARS_CACHE/kernels (measured.py), so a machine measures once; another machine decides for itself.
+              $EARS_CACHE/kernels (measuring/measured.py), so a machine measures once; another machine decides for itself.
 exactness     the same dot products summed in another order: logits agree to float rounding
               (~1e-4 absolute on 49k logits here), as they already differ between r = 1 and r = 5
               with MKL alone. Speculative and target-only decoding run the same kernels, so the
@@ -41,9 +41,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.measured import MEASURED_M, Measured, interleaved, keep_first, machine_tag
-from ears_core.model.output_head import PlannedLinear
-from ears_core.model.pass_times import measure_pass_ms
+from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, keep_first, machine_tag
+from ears_core.model.kernels.output_head import PlannedLinear
+from ears_core.model.measuring.pass_times import measure_pass_ms
 
 __all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
            "pack_linears", "set_packed", "unpack_linears"]
@@ -168,7 +168,7 @@ def _key(model: nn.Module) -> str:
 def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
     """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms.
 
-    Modes take turns round by round (each round measures a full price curve per mode; measured.py:
+    Modes take turns round by round (each round measures a full price curve per mode; measuring/measured.py:
     interleaved), so a slow minute of the machine hits both."""
     def curve(mode: str) -> list[float]:  # V(1) .. V(max m)
         set_packed(model, mode == "packed")

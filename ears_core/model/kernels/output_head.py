@@ -15,7 +15,7 @@ layout             three ways to compute the same product, which CPU BLAS runs a
                    The times per layout and r on the embedded target: docs/measurements.md.
 plan               the layout per r = 1 .. max_rows, the fastest median of a few interleaved timed
                    calls on this machine, cached per (shape, dtype, threads, CPU) under
-                   $EARS_CACHE/kernels (measured.py); more rows than max_rows use ``linear``.
+                   $EARS_CACHE/kernels (measuring/measured.py); more rows than max_rows use ``linear``.
 exactness          every layout computes the same dot products in float arithmetic, summed in another
                    order: logits agree to float rounding (~1e-6 relative), as they already differ
                    between r = 1 and r = 5 with ``linear`` alone. Speculative and target-only decoding
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ears_core.model.measured import Measured, interleaved, machine_tag
+from ears_core.model.measuring.measured import Measured, interleaved, machine_tag
 
 __all__ = ["LAYOUTS", "HeadPlan", "PlannedLinear", "choose_layouts", "install_planned_head", "plan_head"]
 

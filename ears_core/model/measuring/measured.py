@@ -15,7 +15,7 @@ margin       ``keep_first(ms, margin)``: the cheapest candidate, except that the
              loaded) is left only for one at least ``margin`` cheaper.
 quiet        ``quietly(what, fn)``: fn() while the run queue is watched (timing.RunQueue); a measurement the
              busy cores spoil raises ``MachineBusy`` and is never cached, to be made again at a later quiet.
-MEASURED_M   the pass widths a whole-model comparison times (packed_linear.py).
+MEASURED_M   the pass widths a whole-model comparison times (kernels/packed_linear.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Terms
 -----
 lean step     one target pass with none of the general model's per-call machinery, run by the project's one
               layer loop (decoder.py) with the ``int4`` linear kind and the ``Exact`` attention policy:
-              every layer's seven linear layers run from Q4_1 blocks on the CPU int4 kernel (gguf_q4.py),
+              every layer's seven linear layers run from Q4_1 blocks on the CPU int4 kernel (kernels/gguf_q4.py),
               q/k/v fused into one matrix and gate/up into another, bfloat16 activations, ``F.rms_norm``,
               the rotation as one roll, a multiply and an ``addcmul`` over q, k and v, one
               scaled-dot-product call over a preallocated ``KVBuffer``, and the output head in bfloat16
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.attention import one_sequence, visible_positions
-from ears_core.model.decoder import ROW_CAP, Decoder, Exact, Layer, LeanCache, int4_kind, rotation_tables
+from ears_core.model.passes.attention import one_sequence, visible_positions
+from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, LeanCache, int4_kind, rotation_tables
 
 __all__ = ["LeanLlama", "LeanOutput"]
 
@@ -64,7 +64,7 @@ def _chunked(fn: Any, x: Tensor) -> Tensor:
 
 
 class LeanLlama(nn.Module):
-    """A Llama-architecture causal LM from int4 layers (module terms). Build with ``lean_target.py``."""
+    """A Llama-architecture causal LM from int4 layers (module terms). Build with ``loading/lean_target.py``."""
 
     def __init__(self, config: Any, layers: list[Layer], embedding: Tensor, final_norm: Tensor,
                  attn_dtype: torch.dtype = torch.float64) -> None:
@@ -90,7 +90,7 @@ class LeanLlama(nn.Module):
         self.head = _Tied(self.embed.weight)
         self._head_packed = torch.ops.mkldnn._reorder_linear_weight(embedding, None)  # oneDNN layout, same values
         self.attn_dtype = attn_dtype
-        self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (lean_plan.py)
+        self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (measuring/lean_plan.py)
         self.ears_kernels = "lean-int4"
 
     # -------------------------------------------------------------------- transformers' accessors
@@ -132,7 +132,7 @@ class LeanLlama(nn.Module):
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, LeanCache):
             raise TypeError(f"the lean target keeps its keys and values in a LeanCache, not a {type(cache).__name__}: "
-                            "make one with model.new_cache() (ears_core.model.kv_cache.new_cache)")
+                            "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         n, d = cache.length, self.decoder
         cache.reserve(m)
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
