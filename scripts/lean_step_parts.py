@@ -1,7 +1,7 @@
 """Where a lean target step's time goes on this machine, taken apart by leaving pieces out (not a test).
 
-The embedded lean int4 target (model/lean_llama.py) decodes a run of one-token passes after a 64-token
-prompt, as target-only decoding does; the mean pass is measured whole, then with the output head, the
+The embedded lean int4 target (model/passes/lean_llama.py, its layers run by model/passes/decoder.py) decodes a run of
+one-token passes after a 64-token prompt, as target-only decoding does; the mean pass is measured whole, then with the output head, the
 int4 matrix calls, the attention and the RMSNorms left out in turn (each replaced by a ready tensor of the
 right shape, so what follows runs on the same shapes; each stays left out while the next is), each the best
 of ``--repeats`` runs. The
@@ -23,10 +23,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-import ears_core.model.lean_llama as lean_llama
-from ears_core.model.embedded import prepare_embedded
-from ears_core.model.gguf_q4 import GROUP
-from ears_core.model.target_path import lean_embedded
+import ears_core.model.passes.decoder as decoder
+from ears_core.model.loading.embedded import prepare_embedded
+from ears_core.model.kernels.gguf_q4 import GROUP
+from ears_core.model.loading.target_path import lean_embedded
 
 
 def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
@@ -45,7 +45,7 @@ def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
 
 
 class _Functional:
-    """``torch.nn.functional`` with some functions replaced (module-level ``F`` of lean_llama)."""
+    """``torch.nn.functional`` with some functions replaced (module-level ``F`` of the pass, model/passes/decoder.py)."""
 
     def __init__(self, **replaced: Any) -> None:
         self.replaced = replaced
@@ -61,20 +61,20 @@ def left_out(model: Any, piece: str) -> Iterator[None]:
     def zeros(*shape: int) -> torch.Tensor:
         return ready.setdefault(shape, torch.zeros(shape, dtype=torch.bfloat16))
 
-    saved = (lean_llama.int4_rows, lean_llama.F, model._logits)
+    saved = (decoder.int4_rows, decoder.F, model._logits)
     gone = saved[1].replaced if isinstance(saved[1], _Functional) else {}  # functions already left out
     if piece == "the output head":
         model._logits = lambda h: zeros(h.shape[0], model.embed.weight.shape[0])
     elif piece == "the int4 matrix calls":
-        lean_llama.int4_rows = lambda x, w: zeros(x.shape[0], w.out_features)
+        decoder.int4_rows = lambda x, w, bias=None: zeros(x.shape[0], w.out_features)
     elif piece == "attention":
-        lean_llama.F = _Functional(**gone, scaled_dot_product_attention=lambda q, k, v, **kw: q)
+        decoder.F = _Functional(**gone, scaled_dot_product_attention=lambda q, k, v, **kw: q)
     elif piece == "the RMSNorms":
-        lean_llama.F = _Functional(**gone, rms_norm=lambda x, shape, weight, eps: x)
+        decoder.F = _Functional(**gone, rms_norm=lambda x, shape, weight, eps: x)
     try:
         yield
     finally:
-        lean_llama.int4_rows, lean_llama.F, model._logits = saved
+        decoder.int4_rows, decoder.F, model._logits = saved
 
 
 def int4_back_to_back_ms(model: Any, repeats: int) -> float:

@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.build and not args.out:
         return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from ears_core.model.embedded import find_embedded_gguf
+    from ears_core.model.loading.embedded import find_embedded_gguf
 
     result = measure(find_embedded_gguf(), args.threads, args.repeats, args.tokens)
     text = json.dumps(result, indent=2)

@@ -1,4 +1,4 @@
-"""What exact rows cost and what they buy on this CPU (model/exact_rows.py; a measurement, not a test).
+"""What exact rows cost and what they buy on this CPU (model/kernels/exact_rows.py; a measurement, not a test).
 
 Loads the embedded target in bfloat16 (exact attention and the row cap, as ``load_pair`` sets them), then,
 on the same weights and kernels, with PyTorch's own attention (SDPA) and with exact attention in turn:
@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 
 from ears_core import load_pair
-from ears_core.model.exact_rows import CHECKED_WIDTHS, EXACT_ATTENTION, rows_agree
+from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, EXACT_ATTENTION, rows_agree
 
 WIDTHS = range(1, 10)
 

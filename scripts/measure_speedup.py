@@ -108,7 +108,7 @@ def _peer(threads: int, tokens: int) -> dict[str, Any]:
     sys.path.insert(0, str(ROOT / "scripts"))
     from llama_cpp_peer import measure
 
-    from ears_core.model.embedded import find_embedded_gguf
+    from ears_core.model.loading.embedded import find_embedded_gguf
 
     return measure(find_embedded_gguf(), threads=threads, repeats=5, tokens=tokens)
 

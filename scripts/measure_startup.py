@@ -71,7 +71,7 @@ print(json.dumps({"import_s": t_import - t0, "load_s": t_load - t0, "ready_s": t
 
 def _cold_cache() -> Path:
     """A fresh $EARS_CACHE holding only the prepared embedded target (a link to it)."""
-    from ears_core.model.embedded import CACHE_SUBDIR, prepare_embedded
+    from ears_core.model.loading.embedded import CACHE_SUBDIR, prepare_embedded
 
     folder = Path(tempfile.mkdtemp(prefix="ears-startup-"))
     (folder / CACHE_SUBDIR).symlink_to(prepare_embedded())

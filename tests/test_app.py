@@ -48,7 +48,7 @@ def free_port() -> int:
 
 
 def failing_loader():
-    raise RuntimeError("weights not found: run `python -m ears_core.model.embedded --prepare`")
+    raise RuntimeError("weights not found: run `python -m ears_core.model.loading.embedded --prepare`")
 
 
 def serve(demo):

@@ -6,9 +6,7 @@ from __future__ import annotations
 import torch
 
 from ears_core import autoregressive, generate
-from ears_core.model import attention
-
-
+from ears_core.model.passes import attention
 def test_cudnn_attention_is_turned_off_on_cuda_only(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.backends.cuda, "cudnn_sdp_enabled", lambda: True)

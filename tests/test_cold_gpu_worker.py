@@ -97,7 +97,7 @@ def test_draft_step_graphs_keep_a_few_samplings_and_evict_the_least_recently_use
 
 
 def test_an_eager_prompt_pass_keeps_only_the_rows_the_loop_reads():
-    from ears_core.model.graphed import GraphedLM
+    from ears_core.model.cuda.graphed import GraphedLM
 
     ref = tiny_llama(0, vocab=96)
     model = GraphedLM(ref, capture=False)

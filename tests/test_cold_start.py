@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import ears_core.timing
-from ears_core.model import lean_plan
-from ears_core.model.lean_target import from_float_model, supported
+from ears_core.model.measuring import lean_plan
+from ears_core.model.loading.lean_target import from_float_model, supported
 from ears_core.pair import ModelPair, Pending
 from ears_core.policy import profile
 from ears_core.policy.costs import PriceCurve
@@ -108,7 +108,7 @@ def test_a_row_plan_is_default_until_measured_and_the_same_bits_either_way(tmp_p
 def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_path):
     from ears_core import pair as em
     from ears_core.draft import head_kernels
-    from ears_core.model.embedded import CACHE_SUBDIR, prepare_embedded
+    from ears_core.model.loading.embedded import CACHE_SUBDIR, prepare_embedded
 
     (tmp_path / CACHE_SUBDIR).symlink_to(prepare_embedded())  # only the prepared target: no kernels, no costs
     monkeypatch.delenv("EARS_LEAN", raising=False)

@@ -173,7 +173,7 @@ def test_a_measurement_runs_pass_by_pass_and_stops_where_a_piece_refuses():
     from contextlib import contextmanager
 
     from conftest import tiny_llama
-    from ears_core.model.pass_times import measure_pass_ms
+    from ears_core.model.measuring.pass_times import measure_pass_ms
     model, pieces = tiny_llama(0), []
 
     @contextmanager
@@ -558,7 +558,7 @@ def test_a_price_curve_measured_through_a_slow_spell_keeps_its_shape(monkeypatch
     would read the widths never caught in the fast spell 1.5x too dear."""
     import ears_core.timing as timing
     from conftest import tiny_llama
-    from ears_core.model.pass_times import measure_pass_ms
+    from ears_core.model.measuring.pass_times import measure_pass_ms
 
     model, now, calls = tiny_llama(0), [0.0], []
 

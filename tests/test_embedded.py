@@ -5,7 +5,7 @@ import torch
 
 from ears_core import EARSRule, GreedyRule, autoregressive, generate
 from ears_core.draft.drafters import NGramDrafter
-from ears_core.model.hub import encode_prompt
+from ears_core.model.loading.hub import encode_prompt
 from ears_core.pair import load_pair
 
 

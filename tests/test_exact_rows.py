@@ -1,4 +1,4 @@
-"""Exact rows (model/exact_rows.py): float64 attention, the row cap and chunked passes, so that a bfloat16
+"""Exact rows (model/kernels/exact_rows.py): float64 attention, the row cap and chunked passes, so that a bfloat16
 CPU target gives a token the same logits in a verify pass as in a one-token pass, and greedy speculative
 output equals target-only greedy output."""
 
@@ -15,9 +15,10 @@ from transformers import AttentionInterface
 
 from conftest import tiny_llama
 from ears_core import autoregressive, generate, load_pair
-from ears_core.model import exact_rows, hub
-from ears_core.model.exact_rows import CHECKED_WIDTHS, EXACT_ATTENTION, exact_attention, make_rows_exact, rows_agree
-from ears_core.model.packed_linear import PackedLinear
+from ears_core.model.kernels import exact_rows
+from ears_core.model.loading import hub
+from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, EXACT_ATTENTION, exact_attention, make_rows_exact, rows_agree
+from ears_core.model.kernels.packed_linear import PackedLinear
 from test_models import save_noisy_pair
 
 

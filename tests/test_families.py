@@ -1,4 +1,4 @@
-"""Every preset family's structure, checked on the CPU against transformers (model/static_decoder.py).
+"""Every preset family's structure, checked on the CPU against transformers (model/passes/static_decoder.py).
 
 Terms
 -----
@@ -31,8 +31,8 @@ from transformers import (GemmaConfig, GemmaForCausalLM, LlamaConfig, LlamaForCa
 
 from ears_core import GreedyRule, autoregressive, generate
 from ears_core.draft.drafters import ModelDrafter
-from ears_core.model.graphed import GraphedLM
-from ears_core.model.static_decoder import supports
+from ears_core.model.cuda.graphed import GraphedLM
+from ears_core.model.passes.static_decoder import supports
 
 VOCAB, TARGET_ROWS, DRAFT_ROWS = 200, 256, 232
 ROPE_THETA = 500000.0

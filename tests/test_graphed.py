@@ -1,4 +1,4 @@
-"""The static pass and the graphed models (model/static_decoder.py, cuda_graphs.py, graphed.py) on the CPU:
+"""The static pass and the graphed models (model/passes/static_decoder.py, cuda_graphs.py, graphed.py) on the CPU:
 everything but the capture itself, which gpu_check runs on CUDA."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from ears_core.draft.drafters import ModelDrafter
 from ears_core.draft.eagle import EagleDrafter
 from ears_core.draft.head_layers import HeadLayers
 from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
-from ears_core.model.cuda_graphs import GraphBank, SlotCache, bucket, graphs_wanted
+from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, bucket, graphs_wanted
 from ears_core.draft.head_layers import head_layers
-from ears_core.model.graphed import GraphedHead, GraphedLM, graphed_or_eager
-from ears_core.model.kv_cache import keep_tail_positions
-from ears_core.model.static_decoder import supports
+from ears_core.model.cuda.graphed import GraphedHead, GraphedLM, graphed_or_eager
+from ears_core.model.passes.kv_cache import keep_tail_positions
+from ears_core.model.passes.static_decoder import supports
 from ears_core.serve.session import Session
 from test_head_layers import random_head
 
@@ -96,7 +96,7 @@ def test_two_caches_share_the_static_buffer_and_each_keeps_its_own_slots() -> No
 
 @torch.inference_mode()
 def test_the_static_buffer_grows_past_its_capacity_and_drops_its_graphs(monkeypatch) -> None:
-    import ears_core.model.graphed as graphed
+    import ears_core.model.cuda.graphed as graphed
 
     monkeypatch.setattr(graphed, "CAPACITY", 8)
     ref = tiny_llama(5, vocab=96, layers=2, hidden=32)
@@ -196,7 +196,7 @@ def test_a_graphed_head_equals_the_head_layers_in_a_chain_and_in_a_tree() -> Non
 
 
 def test_an_eagle_drafter_on_a_graphed_target_and_head_drafts_as_by_hand(monkeypatch) -> None:
-    import ears_core.model.cuda_graphs as cuda_graphs
+    import ears_core.model.cuda.cuda_graphs as cuda_graphs
     from ears_core.draft.eagle import DraftHead, head_config_from_target
 
     head = random_head()
@@ -264,7 +264,7 @@ def test_a_graphed_model_runs_under_no_grad_after_inference_mode_made_its_buffer
 @torch.inference_mode()
 def test_a_capture_that_fails_runs_the_pass_eagerly_and_says_why() -> None:
     ref, lm = graphed_pair(9)
-    assert lm._runner is None  # nothing is built until the first pass (model/graphed.py: lazy)
+    assert lm._runner is None  # nothing is built until the first pass (model/cuda/graphed.py: lazy)
     lm.runner.bank.capture = True  # as on CUDA; here the capture itself fails (no CUDA)
     ids = torch.tensor([[5, 6, 7, 8]])
     cache = lm.new_cache()
@@ -272,7 +272,7 @@ def test_a_capture_that_fails_runs_the_pass_eagerly_and_says_why() -> None:
     assert torch.allclose(out, ref(ids).logits, atol=1e-4)
     assert lm.capture_failed.startswith("capture failed: ") and not lm.runner.bank.capture
     lm.ears_kernels = "cuda-graphs"
-    from ears_core.model.hub import describe_device
+    from ears_core.model.loading.hub import describe_device
     assert "eager: capture failed" in describe_device(lm)
 
 

@@ -1,4 +1,4 @@
-"""Float linear layers on the int4 kernel (model/int4_linear.py) and the draft head's int4 variant."""
+"""Float linear layers on the int4 kernel (model/kernels/int4_linear.py) and the draft head's int4 variant."""
 
 import pytest
 import torch
@@ -7,9 +7,9 @@ from torch import nn
 from conftest import tiny_llama
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.draft.head_kernels import INT4_MIN_GAIN, MIN_GAIN, Variant, _pick, candidates
-from ears_core.model import gguf_q4
-from ears_core.model.gguf_q4 import dequantize_q4_1
-from ears_core.model.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, takes
+from ears_core.model.kernels import gguf_q4
+from ears_core.model.kernels.gguf_q4 import dequantize_q4_1
+from ears_core.model.kernels.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, takes
 
 CPU = torch.device("cpu")
 F32, F32P, BF, BFP = Variant("float32", False), Variant("float32", True), Variant("bfloat16", False), Variant("bfloat16", True)

@@ -1,4 +1,4 @@
-"""The lean target (model/gguf_q4.py, lean_llama.py, lean_cache.py, lean_target.py, target_path.py): 4-bit
+"""The lean target (model/kernels/gguf_q4.py, lean_llama.py, lean_cache.py, lean_target.py, target_path.py): 4-bit
 layers equal their float reference, rows do not depend on the pass width, the decode loop's greedy output is
 the target's, the float path stays where the kernel is missing, and the embedded pair runs lean."""
 
@@ -14,15 +14,16 @@ from transformers import DynamicCache
 from conftest import tiny_llama
 from ears_core import GreedyRule, autoregressive, generate, load_pair, tree_generate
 from ears_core.draft.drafters import ModelDrafter
-from ears_core.model import gguf_q4, lean_target, target_path
-from ears_core.model.exact_rows import rows_agree
-from ears_core.model.gguf_q4 import (dequantize_q4_1, int4_linear, pack_q4_1, q4_1_parts, q8_0_to_tensor,
+from ears_core.model.kernels import gguf_q4
+from ears_core.model.loading import lean_target, target_path
+from ears_core.model.kernels.exact_rows import rows_agree
+from ears_core.model.kernels.gguf_q4 import (dequantize_q4_1, int4_linear, pack_q4_1, q4_1_parts, q8_0_to_tensor,
                                      rotary_row_order)
-from ears_core.model.hub import ModelLoadError
-from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions, new_cache
-from ears_core.model.lean_cache import LeanCache
-from ears_core.model.int4_linear import q4_1_blocks
-from ears_core.model.lean_target import from_float_model
+from ears_core.model.loading.hub import ModelLoadError
+from ears_core.model.passes.kv_cache import drop_last_positions, keep_tail_positions, new_cache
+from ears_core.model.passes.decoder import LeanCache
+from ears_core.model.kernels.int4_linear import q4_1_blocks
+from ears_core.model.loading.lean_target import from_float_model
 
 pytestmark = pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
 
@@ -235,7 +236,7 @@ def test_a_cpu_without_the_kernel_keeps_the_float_target(monkeypatch) -> None:
 
 
 def test_the_cheapest_chunks_follow_the_measured_width_costs() -> None:
-    from ears_core.model.lean_plan import best_chunks
+    from ears_core.model.measuring.lean_plan import best_chunks
 
     cost = [3.3, 4.1, 4.8, 5.7, 10.4, 10.4, 10.3, 10.5]  # an int4 kernel taking rows in blocks of four
     chunks = best_chunks(cost, 17)

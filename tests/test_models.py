@@ -17,8 +17,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from ears_core import pair as em
 from ears_core.draft import head_files
 from ears_core.draft.head_kernels import candidates
-from ears_core.model import embedded, hub
-from ears_core.model.hub import ModelLoadError, encode_prompt
+from ears_core.model.loading import embedded, hub
+from ears_core.model.loading.hub import ModelLoadError, encode_prompt
 from ears_core.pair import load_pair
 
 WORDS = [f"w{i}" for i in range(3, 100)]  # ids 3..99; 0-2 are <unk> <s> </s>

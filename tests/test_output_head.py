@@ -1,4 +1,4 @@
-"""The planned output projection (ears_core/model/output_head.py): same logits, the measured layout, cached."""
+"""The planned output projection (ears_core/model/kernels/output_head.py): same logits, the measured layout, cached."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ears_core.model import output_head
-from ears_core.model.output_head import LAYOUTS, HeadPlan, PlannedLinear, choose_layouts, install_planned_head, plan_head
+from ears_core.model.kernels import output_head
+from ears_core.model.kernels.output_head import LAYOUTS, HeadPlan, PlannedLinear, choose_layouts, install_planned_head, plan_head
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

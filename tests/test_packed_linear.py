@@ -1,4 +1,4 @@
-"""oneDNN-packed linear layers (ears_core/model/packed_linear.py): same outputs, the measured choice, cached."""
+"""oneDNN-packed linear layers (ears_core/model/kernels/packed_linear.py): same outputs, the measured choice, cached."""
 
 import copy
 
@@ -7,11 +7,11 @@ import torch
 
 from conftest import PROMPTS, tiny_llama
 from ears_core import GreedyRule, autoregressive, generate
-from ears_core.model import packed_linear as pl
+from ears_core.model.kernels import packed_linear as pl
 from ears_core.policy.profile import profile_key
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.model.output_head import HeadPlan, PlannedLinear
-from ears_core.model.packed_linear import PackedLinear, choose_kernels, pack_like, pack_linears, set_packed
+from ears_core.model.kernels.output_head import HeadPlan, PlannedLinear
+from ears_core.model.kernels.packed_linear import PackedLinear, choose_kernels, pack_like, pack_linears, set_packed
 
 pytestmark = pytest.mark.skipif(not pl.available(), reason="this torch has no oneDNN (mkldnn) build")
 

@@ -14,7 +14,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ears_core import EARSRule, GreedyRule, autoregressive, generate, load_pair
-from ears_core.model.hub import ModelLoadError
+from ears_core.model.loading.hub import ModelLoadError
 
 from test_models import WORDS, _tokenizer
 
@@ -25,7 +25,7 @@ TARGET_ROWS, DRAFT_ROWS = 53248, 50000  # padded past it, as Qwen2.5's 152,064 a
 def embedded_tokenizer():
     from transformers import AutoTokenizer
 
-    from ears_core.model.embedded import prepare_embedded
+    from ears_core.model.loading.embedded import prepare_embedded
 
     return AutoTokenizer.from_pretrained(prepare_embedded())
 

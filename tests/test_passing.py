@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ears_core.pair as models
-import ears_core.model.passing as passing
-from ears_core.model.passing import in_passing_thread, join_at_exit
+import ears_core.model.kernels.passing as passing
+from ears_core.model.kernels.passing import in_passing_thread, join_at_exit
 
 
 def test_it_runs_elsewhere_returns_and_raises_as_the_call_would():
@@ -74,7 +74,7 @@ def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_t
 
 _EXIT_SCRIPT = """
 import threading, time, torch
-from ears_core.model.passing import join_at_exit
+from ears_core.model.kernels.passing import join_at_exit
 from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
 a = torch.randn(1200, 1200)

@@ -15,7 +15,7 @@ import torch
 
 from conftest import tiny_llama
 from ears_core import pair as em
-from ears_core.model.hub import describe_device, resolve_dtype
+from ears_core.model.loading.hub import describe_device, resolve_dtype
 from ears_core.pair import AUTO, ModelPair
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.session import RunConfig

@@ -106,7 +106,7 @@ def layer_of(module: str) -> int:
 
 
 def test_the_checker_finds_an_upward_arrow():
-    assert layer_of("ears_core.model.kv_cache") < layer_of("ears_core.decode.rounds")
+    assert layer_of("ears_core.model.passes.kv_cache") < layer_of("ears_core.decode.rounds")
     assert layer_of("ears_core") == len(LAYERS) - 1
 
 

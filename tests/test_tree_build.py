@@ -13,7 +13,7 @@ from conftest import PROMPTS, perturbed_copy, tiny_llama
 from ears_core.draft.drafters import ModelDrafter
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
-from ears_core.model.kv_cache import drop_last_positions, keep_tail_positions
+from ears_core.model.passes.kv_cache import drop_last_positions, keep_tail_positions
 from ears_core.decode.tree import keep_path, score_tree
 from ears_core.draft.trees import (
     DraftTree, TreeDraws, TreeSpec, accept_keys, accept_uniforms, ancestor_matrix, build_tree,

@@ -26,7 +26,7 @@ import torch
 
 from conftest import tiny_llama
 from test_app import tiny_backend
-from ears_core.model.hub import ModelLoadError
+from ears_core.model.loading.hub import ModelLoadError
 from ears_core.pair import PRESETS
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings
@@ -455,7 +455,7 @@ def test_the_build_folder_holds_the_space(tmp_path):
     assert (out / "docs" / "results").is_dir()  # the quality tab's shipped results, when there are some
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
     assert "*.gguf filter=lfs" in (out / ".gitattributes").read_text()
-    code = ("import ears_core; from ears_core.model.embedded import find_embedded_gguf; "
+    code = ("import ears_core; from ears_core.model.loading.embedded import find_embedded_gguf; "
             "from ears_core.pair import EMBEDDED_DRAFT_DIR; "
             "print(ears_core.__file__, find_embedded_gguf(), EMBEDDED_DRAFT_DIR.is_dir())")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

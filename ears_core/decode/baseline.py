@@ -17,8 +17,8 @@ from transformers import PreTrainedModel
 from ears_core.decode.rounds import DecodeConfig
 from ears_core.decode.text import Detokenizer
 from ears_core.events import StepRecord, TokenEvent
-from ears_core.model.attention import avoid_replanning_attention
-from ears_core.model.kv_cache import new_cache
+from ears_core.model.passes.attention import avoid_replanning_attention
+from ears_core.model.passes.kv_cache import new_cache
 from ears_core.sampling import Stream, counter_uniforms, first_argmax, logits_to_probs, sample_with_uniforms
 from ears_core.timing import StepClock
 

@@ -30,7 +30,7 @@ from ears_core.decode.verify import KIND_NAMES, DraftKind, argmax_path, check_en
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, TokenEvent
 from ears_core.metrics import expected_tokens
-from ears_core.model.kv_cache import drop_last_positions
+from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule
 from ears_core.sampling import Stream, first_argmax, sample_with_uniforms
 

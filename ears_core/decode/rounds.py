@@ -39,8 +39,8 @@ from transformers import DynamicCache, PreTrainedModel
 from ears_core.decode.text import Detokenizer
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, StepRecord, TokenEvent
-from ears_core.model.attention import avoid_replanning_attention
-from ears_core.model.kv_cache import new_cache
+from ears_core.model.passes.attention import avoid_replanning_attention
+from ears_core.model.passes.kv_cache import new_cache
 from ears_core.rules import AcceptanceRule, verifying_rule
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from ears_core.timing import StepClock

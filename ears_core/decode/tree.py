@@ -52,7 +52,7 @@ from ears_core.draft.trees import (
     DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, tree_attention_mask, tree_position_ids,
 )
 from ears_core.events import DraftRecord, TokenEvent
-from ears_core.model.kv_cache import cache_device, drop_last_positions, keep_tail_positions
+from ears_core.model.passes.kv_cache import cache_device, drop_last_positions, keep_tail_positions
 from ears_core.sampling import Stream
 
 __all__ = ["TreeRecord", "TreeShape", "score_tree", "keep_path"]

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from ears_core.model.kv_cache import new_cache
+from ears_core.model.passes.kv_cache import new_cache
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "scored_vocab",
@@ -98,7 +98,7 @@ def scored_vocab(model: PreTrainedModel) -> int:
 
 def _step_graphs(model: Any, vocab_size: int) -> Any:
     """A graphed draft model's captured draft step (draft/step_graphs.py), made once per model; else None."""
-    from ears_core.model.graphed import GraphedLM
+    from ears_core.model.cuda.graphed import GraphedLM
 
     if not isinstance(model, GraphedLM):
         return None
@@ -232,7 +232,7 @@ class ModelDrafter:
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
         entries in order (the draft ran every path node except perhaps the last), drop the rest."""
-        from ears_core.model.kv_cache import keep_tail_positions
+        from ears_core.model.passes.kv_cache import keep_tail_positions
 
         nxt = next_token.reshape(1, 1)
         if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round

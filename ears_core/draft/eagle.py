@@ -66,7 +66,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 from ears_core.draft.head_layers import HeadCache, supports
 from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import additive_mask
-from ears_core.model.kv_cache import drop_last_positions
+from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
@@ -181,7 +181,7 @@ class EagleDrafter:
         self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
         self.by_hand = supports(head.body)  # the head's layers run by hand (head_layers.py); False: its general forward
         self._layers: Any = None  # HeadLayers (or a GraphedHead on CUDA), built at prefill once dtype and kernels are set
-        self.cuda_graphs = True  # on CUDA, run the head's passes as captured graphs (model/graphed.py)
+        self.cuda_graphs = True  # on CUDA, run the head's passes as captured graphs (model/cuda/graphed.py)
         self._steps: StepGraphs | None = None  # its chain draft steps as captured graphs (draft/step_graphs.py)
         self._s: _State | None = None
         self.confidence: list[float] = []  # the last proposal's confidence per drafted position
@@ -194,8 +194,8 @@ class EagleDrafter:
         return other
 
     def pack_kernels(self) -> int:
-        """Run the head's layers and its output rows with oneDNN-packed weights (packed_linear.py)."""
-        from ears_core.model.packed_linear import pack_layer, pack_linears
+        """Run the head's layers and its output rows with oneDNN-packed weights (model/kernels/packed_linear.py)."""
+        from ears_core.model.kernels.packed_linear import pack_layer, pack_linears
 
         rows = self.sub_head
         self.sub_head = pack_layer(rows)
@@ -203,8 +203,8 @@ class EagleDrafter:
 
     def quantize_kernels(self) -> int:
         """Run the head's layers and its output rows from 4-bit blocks on the CPU int4 kernel
-        (model/int4_linear.py; head_kernels.py's int4 variant); the head must be bfloat16."""
-        from ears_core.model.int4_linear import Int4Linear, quantize_linears, takes
+        (model/kernels/int4_linear.py; head_kernels.py's int4 variant); the head must be bfloat16."""
+        from ears_core.model.kernels.int4_linear import Int4Linear, quantize_linears, takes
 
         if self.dtype != torch.bfloat16:
             raise ValueError(f"the int4 kernel takes bfloat16 activations: load the head in bfloat16, not {self.dtype}")
@@ -245,7 +245,7 @@ class EagleDrafter:
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         if self.by_hand:
             from ears_core.draft.head_layers import head_layers
-            from ears_core.model.graphed import GraphedHead
+            from ears_core.model.cuda.graphed import GraphedHead
             self._layers = head_layers(self.head, self.cuda_graphs and input_ids.shape[0] == 1)
             if isinstance(self._layers, GraphedHead) and self._n_space:  # one captured graph per draft step
                 self._steps = self._layers.__dict__.get("step_graphs")

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ears_core.draft.head_kernels import Variant, candidates, choose_head_variant
-from ears_core.model.hub import ModelLoadError
+from ears_core.model.loading.hub import ModelLoadError
 
 __all__ = ["EMBEDDED_DRAFT_DIR", "embedded_draft_available", "embedded_draft_dir", "head_drafter", "is_head_dir",
            "load_head_draft"]

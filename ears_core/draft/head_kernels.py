@@ -4,8 +4,8 @@ Terms
 -----
 variant       (dtype, packed, int4): the dtype of the head's layers, its cache and its rows of the target's
               output head (eagle.py, "head dtype"), whether its linear layers run oneDNN-packed weights
-              (packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
-              4-bit blocks of its weights on the CPU int4 kernel (model/int4_linear.py; bfloat16
+              (model/kernels/packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
+              4-bit blocks of its weights on the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16
               activations). Draft side only: whatever the variant, q is exactly the distribution each
               draft was drawn from, so every rule stays as exact as before.
 int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
@@ -26,7 +26,8 @@ choice        when a pair loads: a drafting round (one catch-up entry and two dr
               evicts the head from the caches, as in the loop), the candidates taking turns, ``REPEATS``
               times; the lowest median wins, except that the first candidate (the target's dtype, as
               loaded) is left only for one at least ``MIN_GAIN`` cheaper. The choice is cached per
-              (head shape, candidates, machine) under $EARS_CACHE/kernels: a machine measures once.
+              (head shape, candidates, machine) under $EARS_CACHE/kernels (model/measuring/measured.py): a machine
+              measures once.
 default       a load measures nothing (``measure=False``): with no cached choice it takes ``default_variant``
               (the int4 variant where offered: it won on every lean-target machine measured; else the
               target's dtype as loaded), and a session measures the choice between requests
@@ -38,16 +39,14 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from ears_core.model.hub import native_bf16
-from ears_core.model.lean_target import supported
-from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
-from ears_core.timing import MachineBusy, RunQueue
+from ears_core.model.loading.hub import native_bf16
+from ears_core.model.loading.lean_target import supported
+from ears_core.model.measuring.measured import Measured, interleaved, keep_first, machine_tag, quietly
 
 __all__ = ["DRAFT_DTYPES", "HeadChoice", "Variant", "candidates", "choose_head_variant", "default_variant"]
 
@@ -77,15 +76,14 @@ INT4_VARIANT = Variant("bfloat16", False, True)  # the int4 kernel takes bfloat1
 
 
 @dataclass
-class HeadChoice:
-    """dtype and packed: the decision; ms[label] = the median drafting round of each candidate."""
+class HeadChoice(Measured):
+    """dtype, packed and int4: the decision; ms[label] = the median drafting round of each candidate."""
 
     dtype: str
     packed: bool
     ms: dict[str, float] = field(default_factory=dict)
-    key: str = ""
-    measured_at: str = ""
     int4: bool = False
+    KIND = "draft"
 
     @property
     def variant(self) -> Variant:
@@ -119,7 +117,7 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
     else:
         dtypes = [_dtype_name(target_dtype)]
     if packing is None:
-        from ears_core.model.packed_linear import available
+        from ears_core.model.kernels.packed_linear import available
         packing = available()
     found = [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
     return found + ([INT4_VARIANT] if int4 and not choice and supported(bf16) else [])
@@ -159,10 +157,7 @@ def time_round(target: torch.nn.Module, drafter: Any, vocab_size: int, *, cache_
 
 def _pick(variants: list[Variant], ms: dict[Variant, float]) -> tuple[str, bool, bool]:
     """(dtype, packed, int4) of the variant kept (module terms: choice, int4)."""
-    floats = [v for v in variants if not v.int4]
-    best = min(floats, key=lambda v: ms[v])
-    if ms[best] > (1 - MIN_GAIN) * ms[floats[0]]:
-        best = floats[0]
+    best = keep_first({v: ms[v] for v in variants if not v.int4}, MIN_GAIN)
     quick = [v for v in variants if v.int4 and ms[v] <= (1 - INT4_MIN_GAIN) * ms[best]]
     best = quick[0] if quick else best
     return best.dtype, best.packed, best.int4
@@ -185,27 +180,17 @@ def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any],
         return make(variants[0]), None
     first = make(variants[0])
     key = _key(first.head, variants)
-    path = kernel_file("draft", key, cache_dir)
-    choice = read_cached(path, HeadChoice)
-    if (choice is None or choice.variant not in variants) and not measure:
+    choice = HeadChoice.cached(key, cache_dir, usable=lambda c: c.variant in variants)
+    if choice is None and not measure:
         fallback = default_variant(variants)
         return (first if fallback == variants[0] else make(fallback)), None
-    if choice is None or choice.variant not in variants:
+    if choice is None:
         drafters = {variants[0]: first} | {v: make(v) for v in variants[1:]}
         run = timer or (lambda d: time_round(target, d, vocab_size))
-        samples: dict[Variant, list[float]] = {v: [] for v in variants}
-        with RunQueue() as queue:
-            for r in range(REPEATS):  # the candidates take turns, so a slow moment hits them all
-                with (piece or nullcontext)():
-                    for v in (variants if r % 2 == 0 else variants[::-1]):
-                        samples[v].append(run(drafters[v]))
-        if queue.busy and timer is None:
-            raise MachineBusy("the cores were busy while the draft head's kernels were timed: tried again later")
+        samples = quietly("the draft head's kernels", lambda: interleaved(variants, lambda v: run(drafters[v]),
+                                                                          REPEATS, piece), check=timer is None)
         ms = {v: statistics.median(s) for v, s in samples.items()}
         dtype, packed, int4 = _pick(variants, ms)
-        choice = HeadChoice(dtype, packed, {v.label: round(ms[v], 4) for v in variants}, key,
-                            time.strftime("%Y-%m-%d %H:%M:%S"), int4)
-        best = choice.variant
-        write_cached(path, asdict(choice))
-        return drafters[best], choice
+        choice = HeadChoice(dtype, packed, {v.label: round(ms[v], 4) for v in variants}, int4, key=key).save(cache_dir)
+        return drafters[choice.variant], choice
     return (first if choice.variant == variants[0] else make(choice.variant)), choice

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ears_core.model.cuda_graphs import GraphBank, SlotCache, bucket
-from ears_core.model.static_decoder import causal_mask
+from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, bucket
+from ears_core.model.passes.static_decoder import causal_mask
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["StepGraphs", "LMStepGraphs", "MAX_SAMPLINGS"]
@@ -80,7 +80,7 @@ class StepGraphs(_Steps):
         """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)).
         feat (1, d): the head's last output (``prev`` None: the first position) or the predicted feature
         the previous draft ``prev`` (1,) was drawn from."""
-        with cache.kv.lock:  # model/cuda_graphs.py: threads
+        with cache.kv.lock:  # model/cuda/cuda_graphs.py: threads
             return self._step(cache, feat, prev, u, probs_fn)
 
     def _step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
@@ -123,7 +123,7 @@ class LMStepGraphs(_Steps):
     @torch.inference_mode()
     def step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Feed ``tok`` (1,) -> (confidence (1,), probabilities (1, V), the drawn token (1,))."""
-        with cache.kv.lock:  # model/cuda_graphs.py: threads
+        with cache.kv.lock:  # model/cuda/cuda_graphs.py: threads
             return self._step(cache, tok, u, probs_fn)
 
     def _step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:

@@ -6,7 +6,7 @@ Terms
 twin         the eager form of a captured pair: the same weights, run by transformers' forward (a
              GraphedLM's ``model``) and, for an EAGLE head, by ``HeadLayers`` (the drafter's
              ``cuda_graphs`` off).
-capture      seconds spent capturing graphs (model/cuda_graphs.py): the target's and the draft's widths
+capture      seconds spent capturing graphs (model/cuda/cuda_graphs.py): the target's and the draft's widths
              1..16 on the first KV bucket, captured before anything is timed (``prepare``), as a first
              load would; later captures (another bucket) are added when they happen.
 same tokens  target-only greedy tokens, captured against eager, prompt by prompt: equal, or parting only
@@ -25,7 +25,7 @@ import torch
 from ears_core.decode.api import autoregressive
 from ears_core.gpu_check.correctness import parting
 from ears_core.gpu_check.outcome import Check
-from ears_core.model.graphed import MAX_WIDTH, GraphedHead, GraphedLM
+from ears_core.model.cuda.graphed import MAX_WIDTH, GraphedHead, GraphedLM
 from ears_core.pair import ModelPair
 
 __all__ = ["eager_twin", "prepare", "capture_seconds", "same_tokens", "graphed_parts"]

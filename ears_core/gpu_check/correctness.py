@@ -31,7 +31,7 @@ from ears_core.decode.verify import DraftKind, check_enabled, verify
 from ears_core.decode.verify_tree import depths, verify_tree
 from ears_core.gpu_check.outcome import Check
 from ears_core.gpu_check.synthetic import small_pair
-from ears_core.model.kv_cache import drop_last_positions
+from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule, EARSRule, GreedyRule, StandardRule
 
 __all__ = ["parting", "greedy_equality", "lossless", "emitted_distribution", "same_decisions", "bad_draft_ids", "rollback",
@@ -60,10 +60,10 @@ def parting(target: torch.nn.Module, ids: torch.Tensor, ref: list[int], got: lis
 
 def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 48, captured: bool = False) -> Check:
     """Chain (K = 4) and tree rounds at T = 0 against the target's own greedy decoding, 5 prompts.
-    ``captured``: both models run the static pass, as captured CUDA graphs on CUDA (model/graphed.py)."""
+    ``captured``: both models run the static pass, as captured CUDA graphs on CUDA (model/cuda/graphed.py)."""
     target, draft = small_pair(device, dtype)
     if captured:
-        from ears_core.model.graphed import GraphedLM
+        from ears_core.model.cuda.graphed import GraphedLM
         target, draft = GraphedLM(target, capture=device.type == "cuda"), GraphedLM(draft, capture=device.type == "cuda")
     ties, accepted, drafted = [], 0, 0
     for prompt in PROMPTS:

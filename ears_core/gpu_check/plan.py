@@ -16,8 +16,8 @@ import torch
 from ears_core.gpu_check import captured, correctness, real_pairs, speed
 from ears_core.gpu_check.outcome import Check, Report
 from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
-from ears_core.model.graphed import graphed_or_eager
-from ears_core.model.hub import resolve_dtype
+from ears_core.model.cuda.graphed import graphed_or_eager
+from ears_core.model.loading.hub import resolve_dtype
 from ears_core.pair import ModelPair, load_pair
 from ears_core.rules import EARSRule
 from ears_core.serve.session import Session
@@ -61,7 +61,7 @@ def _real(report: Report, device: torch.device) -> list[tuple[str, str, int]]:
     present = real_pairs.present_pairs()
     if not present:
         report.run("real pairs", lambda: Check("", "skip", "none present: prepare the embedded pair (python -m "
-                                               "ears_core.model.embedded --prepare) or put a preset's target and "
+                                               "ears_core.model.loading.embedded --prepare) or put a preset's target and "
                                                "draft in the Hugging Face cache", {}))
     for target, draft, _ in present:
         tokens = 48 if device.type == "cuda" else 24  # a 2-core CPU decodes a 135M target at about 30 tokens/s
@@ -94,7 +94,7 @@ def _capture(pair: ModelPair, prompt: torch.Tensor) -> Check:
     graphs = sum(len(p.runner.bank.graphs) for p in parts)
     if not parts:
         return Check("", "skip", "nothing in this pair runs as captured graphs (EARS_CUDA_GRAPHS=0, or a model the "
-                     "static pass cannot run: model/static_decoder.py)", {})
+                     "static pass cannot run: model/passes/static_decoder.py)", {})
     return Check("", "pass", f"{graphs} graphs of {len(parts)} models captured in {seconds:.2f} s",
                  {"capture_s": round(seconds, 3), "graphs": graphs, "models": len(parts)})
 

@@ -3,7 +3,7 @@
 Terms
 -----
 present    the embedded pair is present when its prepared safetensors folder is in ``$EARS_CACHE``
-           (``python -m ears_core.model.embedded --prepare`` made it); a preset is present when the local
+           (``python -m ears_core.model.loading.embedded --prepare`` made it); a preset is present when the local
            Hugging Face cache holds the config of both its target and its draft. Nothing is downloaded:
            HF_HUB_OFFLINE is set before any load, and a pair that is not present is *skipped*, never passed.
 largest    the present pair with the most bytes of target weights on disk: the speed part's subject.
@@ -28,7 +28,7 @@ import torch
 from ears_core.decode.api import autoregressive, generate, stream, tree_generate
 from ears_core.gpu_check.correctness import parting
 from ears_core.gpu_check.outcome import Check
-from ears_core.model.embedded import CACHE_SUBDIR, MARKER, cache_root
+from ears_core.model.loading.embedded import CACHE_SUBDIR, MARKER, cache_root
 from ears_core.pair import EMBEDDED, PRESETS, ModelPair, load_pair
 from ears_core.rules import EARSRule, GreedyRule
 

@@ -3,7 +3,7 @@
 Terms
 -----
 price curve     V(m) / V(1) for m = 1..16: a target pass over m new tokens in target steps
-                (model/pass_times.py: the fastest of several interleaved passes on a 256-token cache).
+                (model/measuring/pass_times.py: the fastest of several interleaved passes on a 256-token cache).
 draft step      one draft forward over one token, in ms and in target steps.
 tokens/s        target-only against speculative decoding through the Session with the draft-length
                 policy (draft length "policy", K = 8), chain and tree shapes, T = 0, on the same prompts
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from ears_core.gpu_check.outcome import Check
-from ears_core.model.pass_times import measure_pass_ms
+from ears_core.model.measuring.pass_times import measure_pass_ms
 from ears_core.pair import ModelPair
 from ears_core.policy.costs import PriceCurve
 from ears_core.policy.profile import measure_prices

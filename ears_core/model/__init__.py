@@ -1,1 +1,1 @@
-"""Models below the decoder: the embedded target's preparation, hub and folder loading, CPU kernels (packed linear layers, the output head), KV-cache edits, pass timing and thread hand-off."""
+"""Models below the decoder, in five parts: passes/ (the one layer loop and the models that run it, KV caches), kernels/ (CPU kernels), cuda/ (capture), loading/ (hub, the embedded target, presets) and measuring/ (measured kernel choices, pass timing)."""

@@ -3,7 +3,7 @@
 Terms
 -----
 profile      a ``PriceCurve`` (policy/costs.py) of the target's passes over m = 1 .. max_m new tokens
-             (model/pass_times.py), measured once per (model, device, dtype, threads, kernels) and cached
+             (model/measuring/pass_times.py), measured once per (model, device, dtype, threads, kernels) and cached
              as JSON under ``$EARS_CACHE/costs/``.
 busy         a measurement during which this process's threads waited for a core more than
              ``timing.BUSY_SHARE`` of the time (timing.py: another job held the cores). It is measured
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from ears_core.model.pass_times import measure_pass_ms
+from ears_core.model.measuring.pass_times import measure_pass_ms
 from ears_core.policy.costs import PriceCurve
 from ears_core.timing import MachineBusy, RunQueue
 
@@ -48,7 +48,7 @@ def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, 
                    repeats: int = 5, vocab: int | None = None, key: str = "", piece: Callable[[], Any] | None = None
                    ) -> PriceCurve:
     """A price curve whose V(1) .. V(max_m) are ``target``'s fastest passes over m new tokens
-    (model/pass_times.py; ``piece``: each pass runs in ``piece()``, for a measurement made in the
+    (model/measuring/pass_times.py; ``piece``: each pass runs in ``piece()``, for a measurement made in the
     background). ``drafter_ms``: a measured draft step (else 5 % of a step until the rounds measure it)."""
     verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab, piece=piece)
     return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,

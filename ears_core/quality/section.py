@@ -14,7 +14,7 @@ lossless    the ordinary rule's accuracy must lie inside target-only's interval:
 first beta  the smallest EARS beta whose accuracy leaves the ordinary rule's interval
             (``summary.first_outside``), or None.
 reference   a second session on the same target in another form (the float32 reference beside the
-            lean int4 target: model/target_path.py): its greedy and sampled target-only accuracy on the
+            lean int4 target: model/loading/target_path.py): its greedy and sampled target-only accuracy on the
             same questions and seeds, beside the section's target (``reference`` in the summary).
 
 ``run_section`` returns the section's summary (a dict, written as JSON by ``report.quality_report``).

@@ -14,7 +14,7 @@ workers     every handler that decodes goes through ONE decorated function (``gp
             its measured prices and cached baselines) serves the next call of any handler, never the
             app's own process.
 graphs      the worker is a plain CUDA process once ZeroGPU has moved the weights in, so the pair's passes are
-            captured there as CUDA graphs (model/graphed.py builds its static passes at the first pass, in
+            captured there as CUDA graphs (model/cuda/graphed.py builds its static passes at the first pass, in
             the worker) and replayed while the worker lives; a fresh worker captures again.
 on ZeroGPU  ``spaces.config.Config.zero_gpu`` (the Space sets SPACES_ZERO_GPU). ``import spaces`` then
             patches torch: in the thread that imported it, moving weights to "cuda" is recorded (they
@@ -64,7 +64,7 @@ from typing import Any, Callable, Mapping
 import gradio as gr
 import torch
 
-from ears_core.model.hub import ModelLoadError
+from ears_core.model.loading.hub import ModelLoadError
 from ears_core.pair import EMBEDDED, ModelPair, load_pair
 from ears_core.serve.pair_slot import PairSlot
 from ears_core.serve.settings import Settings

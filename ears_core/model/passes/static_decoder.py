@@ -3,27 +3,20 @@ can capture.
 
 Terms
 -----
-static pass   ``run(x, pos, slots, mask, kv, hidden)``: every shape is fixed by its arguments' shapes, and
-              nothing in it reads a tensor's value on the host, allocates by a value, or branches on one.
-              Where the cache length enters, it enters as data: ``pos`` (m,) the rotary positions,
-              ``slots`` (m,) the cache slots the m new keys and values are written to, ``mask`` the
-              additive (G m, C) mask over the C slots of the KV view. So one captured replay serves every
-              cache length up to C (cuda_graphs.py).
-kv            (L, 2, Hkv, C, D): per layer keys (0) and values (1), Hkv key/value heads, C slots, width D.
-              Slots past the cache length hold stale entries; the mask hides them.
-GQA fold      H query heads share Hkv key/value heads in groups of G = H / Hkv. The queries are laid out
-              as (1, Hkv, G m, D), so attention is plain multi-head attention over the Hkv heads (any SDPA
-              kernel takes it, a mask included) and the mask is built once per pass as (G m, C), not per
-              layer.
+static pass   ``run(x, pos, slots, mask, kv, hidden)``: the project's one layer loop (decoder.py) with the
+              ``dense`` linear kind and the ``Folded`` attention policy. Every shape is fixed by its arguments'
+              shapes, and nothing in it reads a tensor's value on the host, allocates by a value, or branches
+              on one: the cache length enters as data (``pos`` (m,) the rotary positions, ``slots`` (m,)
+              where the new keys and values go, ``mask`` the additive (G m, C) mask over the C slots of the
+              KV view, kv (L, 2, Hkv, C, D)), so one captured replay serves every cache length up to C
+              (cuda/cuda_graphs.py). Slots past the cache length hold stale entries; the mask hides them.
 fused         q/k/v run as one matrix product and gate/up as another (q/k/v biases as one vector): each
               transformers module's own Parameter keeps its identity and has its ``.data`` replaced by a
               slice of the fused tensor, so the unfused originals are freed even where something outside
               the model holds the Parameter objects (ZeroGPU's ``spaces`` packing does), nothing is held
               twice, and the model's own (eager) forward computes with the same numbers.
-q/k norm      Qwen3's RMSNorm over each head's D values of q and of k, before the rotation: a layer's
-              ``q_norm``/``k_norm`` weights (D,), None where the family has none (then no step is added).
-numerics      the decoder's own arithmetic in the model's dtype: ``F.rms_norm``, the rotation as
-              transformers' ``x cos + rotate_half(x) sin``, SDPA with the model's scale. It is not bit
+numerics      the loop's arithmetic in the model's dtype: ``F.rms_norm``, Qwen3's q/k norm where a layer has
+              one, the rotation as transformers' ``x cos + rotate_half(x) sin``, SDPA with the model's scale. It is not bit
               for bit transformers' forward (another kernel order); on a captured target, target-only and
               speculative decoding both run it, so they compare like with like.
 fixed rope    a rotary embedding whose frequencies and ``attention_scaling`` do not depend on the context
@@ -40,32 +33,17 @@ supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["StaticDecoder", "StaticLayer", "supports", "additive_mask_over", "causal_mask", "rotation_tables"]
+from ears_core.model.passes.decoder import Decoder, Folded, Layer, dense, rotation_tables
+
+__all__ = ["StaticDecoder", "supports", "additive_mask_over", "causal_mask"]
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 FIXED_ROPES = ("default", "linear", "llama3", "yarn")  # module terms: fixed rope
-
-
-@dataclass
-class StaticLayer:
-    """One decoder layer's weights, (out, in) as ``F.linear`` takes them."""
-
-    attn_norm: Tensor  # (d,)
-    qkv: Tensor  # (H D + 2 Hkv D, d): q, k, v stacked
-    qkv_bias: Tensor | None  # (H D + 2 Hkv D,) or None
-    o: Tensor  # (d, H D)
-    mlp_norm: Tensor  # (d,)
-    gate_up: Tensor  # (2 I, d): gate, then up
-    down: Tensor  # (d, I)
-    q_norm: Tensor | None = None  # (D,) or None (module terms: q/k norm)
-    k_norm: Tensor | None = None  # (D,) or None
 
 
 def supports(model: Any) -> str | None:
@@ -156,27 +134,15 @@ def _fuse_bias(parts: list[nn.Linear]) -> Tensor | None:
     return fused
 
 
-def _static_layer(layer: nn.Module) -> StaticLayer:
-    """A transformers decoder layer's weights as a StaticLayer, fusing q/k/v and gate/up (module terms)."""
+def _static_layer(layer: nn.Module) -> Layer:
+    """A transformers decoder layer's weights as a dense Layer, fusing q/k/v and gate/up (module terms)."""
     attn, mlp = layer.self_attn, layer.mlp
     q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
-    return StaticLayer(
-        layer.input_layernorm.weight, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]),
-        _fuse_bias([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj.weight,
+    return Layer(
+        layer.input_layernorm.weight, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj.weight,
         layer.post_attention_layernorm.weight, _fuse([mlp.gate_proj, mlp.up_proj]), mlp.down_proj.weight,
+        _fuse_bias([attn.q_proj, attn.k_proj, attn.v_proj]),
         q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None)
-
-
-def rotation_tables(rotary: nn.Module, head_dim: int, positions: int, device: torch.device | str = "cpu"
-                    ) -> tuple[Tensor, Tensor]:
-    """(cos, signed sin), each (P, D) float32, for P positions of a transformers rotary embedding, such that
-    ``x cos + x.roll(D / 2, -1) sin`` is its ``x cos + rotate_half(x) sin``."""
-    with torch.no_grad():
-        probe = torch.zeros(1, 1, head_dim, device=device)  # float32: the tables as the embedding computes them
-        cos, sin = rotary(probe, torch.arange(positions, device=device)[None])  # (1, P, D) each
-    half = head_dim // 2
-    sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device)  # rotate_half(x) = roll(x, half) * sign
-    return cos[0], sin[0] * sign
 
 
 def causal_mask(pos: Tensor, slots: int, groups: int, dtype: torch.dtype) -> Tensor:
@@ -191,28 +157,24 @@ def additive_mask_over(seen: Tensor, groups: int, dtype: torch.dtype) -> Tensor:
     return add.repeat(groups, 1)
 
 
-class StaticDecoder:
+class StaticDecoder(Decoder):
     """A Llama-family model's layers (and, for a causal LM, its embedding and head) as a static pass."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, rotary: nn.Module, config: Any,
                  embed: nn.Embedding | None = None, head: nn.Module | None = None) -> None:
         attn = layers[0].self_attn
+        q_norm = getattr(attn, "q_norm", None)
+        dtype, device = final_norm.weight.dtype, final_norm.weight.device
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
-        self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
+        positions = int(getattr(text, "max_position_embeddings", 8192))
+        cos, sin = rotation_tables(rotary, int(attn.head_dim), positions, device)  # (P, D) each, float32
+        eps = float(final_norm.variance_epsilon)
+        super().__init__([_static_layer(l) for l in layers], final_norm.weight, text, cos.to(dtype), sin.to(dtype),
+                         eps, float(q_norm.variance_epsilon) if q_norm is not None else eps)  # the rounding transformers applies
         self.groups = self.heads // self.kv_heads
         self.head_dim, self.scaling = int(attn.head_dim), float(attn.scaling)
-        self.hidden = int(text.hidden_size)
-        self.eps = float(final_norm.variance_epsilon)
-        self.final_norm = final_norm.weight
         self.embed, self.head = embed, head
-        self.layers = [_static_layer(l) for l in layers]
-        q_norm = getattr(attn, "q_norm", None)
-        self.qk_eps = float(q_norm.variance_epsilon) if q_norm is not None else self.eps  # (module terms: q/k norm)
-        self.device, self.dtype = self.final_norm.device, self.final_norm.dtype
-        positions = int(getattr(text, "max_position_embeddings", 8192))
-        cos, sin = rotation_tables(rotary, self.head_dim, positions, self.device)
-        self.cos, self.sin = cos.to(self.dtype), sin.to(self.dtype)  # (P, D) each: the rounding transformers applies
-        self.max_positions = positions
+        self.device, self.dtype = device, dtype
 
     @classmethod
     def of_causal_lm(cls, model: Any) -> "StaticDecoder":
@@ -226,46 +188,15 @@ class StaticDecoder:
         return torch.zeros(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=self.dtype,
                            device=self.device)
 
-    def _rotate(self, t: Tensor, cos: Tensor, sin: Tensor) -> Tensor:  # (m, heads, D), (m, 1, D) each
-        return t * cos + t.roll(self.head_dim // 2, -1) * sin
-
-    def _normed_qk(self, layer: StaticLayer, qk: Tensor) -> Tensor:
-        """(m, H + Hkv, D) q and k -> the same, each head RMS-normed where the layer has a q/k norm."""
-        if layer.q_norm is None:
-            return qk  # llama, qwen2, mistral: no step added
-        dims, h_q = (self.head_dim,), self.heads
-        return torch.cat([F.rms_norm(qk[:, :h_q], dims, layer.q_norm, self.qk_eps),
-                          F.rms_norm(qk[:, h_q:], dims, layer.k_norm, self.qk_eps)], dim=1)  # (m, H + Hkv, D)
-
-    def run(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
+    def run(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,  # type: ignore[override]
             hidden: Tensor | None = None) -> Tensor:
         """The layers over x (m, d) -> the final-normed states (m, d) (module terms: static pass).
 
         pos, slots (m,) long; mask (G m, C) additive; kv (L, 2, Hkv, C, D), written at ``slots``;
         hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
-        m, h_q, h_kv, dim, g = x.shape[0], self.heads, self.kv_heads, self.head_dim, self.groups
-        cos, sin = self.cos.index_select(0, pos)[:, None], self.sin.index_select(0, pos)[:, None]  # (m, 1, D)
-        attn_mask = mask[None, None]  # (1, 1, G m, C)
-        if hidden is not None:
-            hidden[0].copy_(x)
-        for i, (layer, layer_kv) in enumerate(zip(self.layers, kv.unbind(0))):
-            h = F.rms_norm(x, (self.hidden,), layer.attn_norm, self.eps)  # (m, d)
-            qkv = F.linear(h, layer.qkv, layer.qkv_bias).view(m, h_q + 2 * h_kv, dim)  # (m, H + 2 Hkv, D)
-            qk = self._rotate(self._normed_qk(layer, qkv[:, : h_q + h_kv]), cos, sin)  # (m, H + Hkv, D): q and k
-            q, k = qk[:, :h_q], qk[:, h_q:]  # (m, H, D), (m, Hkv, D)
-            new = torch.stack([k, qkv[:, h_q + h_kv:]]).transpose(1, 2)  # (2, Hkv, m, D)
-            layer_kv.index_copy_(2, slots, new)
-            q = q.view(m, h_kv, g, dim).permute(1, 2, 0, 3).reshape(1, h_kv, g * m, dim)  # (1, Hkv, G m, D)
-            a = F.scaled_dot_product_attention(q, layer_kv[0][None], layer_kv[1][None], attn_mask=attn_mask,
-                                               scale=self.scaling)  # (1, Hkv, G m, D)
-            a = a.view(h_kv, g, m, dim).permute(2, 0, 1, 3).reshape(m, h_q * dim)  # (m, H D): heads in q's order
-            x = x + F.linear(a, layer.o)
-            h = F.rms_norm(x, (self.hidden,), layer.mlp_norm, self.eps)
-            gu = F.linear(h, layer.gate_up)  # (m, 2 I)
-            inner = gu.shape[1] // 2
-            mlp = F.linear(F.silu(gu[:, :inner]) * gu[:, inner:], layer.down)
-            x = torch.add(x, mlp, out=hidden[i + 1]) if hidden is not None else x + mlp
-        return F.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
+        cos, sin = self.angles(pos)  # (m, 1, D) each
+        attend = Folded(slots, mask[None, None], self.groups, self.scaling)
+        return super().run(x, cos, sin, attend, kv.unbind(0), dense, hidden)
 
     def logits(self, states: Tensor) -> Tensor:
         """(m, d) final states -> (m, V) logits through the model's output head."""

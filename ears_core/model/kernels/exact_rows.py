@@ -93,7 +93,7 @@ def use_exact_attention(model: nn.Module) -> bool:
 def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int = 24, seed: int = 0) -> bool:
     """Whether, after a ``prompt_len``-token prompt of random ids, a pass over w new tokens gives bit for
     bit the logits of w one-token passes, for every w in ``widths`` (see the module's terms)."""
-    from ears_core.model.kv_cache import new_cache
+    from ears_core.model.passes.kv_cache import new_cache
 
     gen = torch.Generator().manual_seed(seed)
     emb = model.get_input_embeddings().weight  # (V, d)
@@ -113,7 +113,7 @@ def make_rows_exact(model: nn.Module) -> int | None:
     """Switch ``model`` to exact attention and give its packed layers the widest row cap of ``CAPS``
     under which passes of ``CHECKED_WIDTHS`` rows agree with one-token passes; that cap, or None with
     the model left as it was when it cannot switch or no cap agrees."""
-    from ears_core.model.packed_linear import PackedLinear
+    from ears_core.model.kernels.packed_linear import PackedLinear
 
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     before = getattr(model.config, "_attn_implementation", None)

@@ -34,7 +34,7 @@ def describe_device(model: torch.nn.Module) -> str:
     """Where a loaded model runs, for people: 'cpu (float32)', 'cuda:0 NVIDIA H100 (bfloat16)',
     or 'cuda:0, cuda:1 via accelerate's device map (bfloat16)'."""
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    if getattr(model, "ears_kernels", "") == "lean-int4":  # model/lean_llama.py
+    if getattr(model, "ears_kernels", "") == "lean-int4":  # model/passes/lean_llama.py
         return f"{next(model.parameters()).device} (lean: int4 weights from the GGUF, bfloat16 activations)"
     placed = getattr(model, "hf_device_map", None) or {}
     devices = sorted({str(d) for d in placed.values()}) or [str(next(model.parameters()).device)]
@@ -42,7 +42,7 @@ def describe_device(model: torch.nn.Module) -> str:
     if len(devices) > 1:
         return f"{', '.join(devices)} via accelerate's device map ({dtype})"
     dev = torch.device(devices[0])
-    if getattr(model, "ears_kernels", "") == "cuda-graphs":  # model/graphed.py
+    if getattr(model, "ears_kernels", "") == "cuda-graphs":  # model/cuda/graphed.py
         failed = model.capture_failed
         dtype += f", eager: {failed}" if failed else ", captured CUDA graphs"
     elif getattr(model, "ears_eager_reason", None):
@@ -150,7 +150,7 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
 
     On such a CPU a bfloat16 target takes a decode step in less time than float32 and a verify pass over
     up to 9 tokens in about 1.1 steps (float32: 1.6-1.8). ``load_pair`` runs a bfloat16 CPU target with
-    exact attention and a row cap on its packed layers (model/exact_rows.py), so a pass over m tokens
+    exact attention and a row cap on its packed layers (model/kernels/exact_rows.py), so a pass over m tokens
     gives bit for bit the logits of m one-token passes and greedy speculative output equals target-only
     greedy output; where a CPU fails that check the default falls back to float32 (docs/benchmarks.md
     has both dtypes' figures)."""

@@ -1,5 +1,5 @@
 """The model pairs the Studio offers by name (the app's picker, the CLI, the ZeroGPU Space): each a target and
-a draft sharing one tokenizer. ``EMBEDDED`` names the offline default (pair.py, model/embedded.py).
+a draft sharing one tokenizer. ``EMBEDDED`` names the offline default (pair.py, model/loading/embedded.py).
 """
 
 from __future__ import annotations

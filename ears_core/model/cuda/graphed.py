@@ -6,7 +6,7 @@ captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens (a one-toke
                pass, a draft step): its inputs are copied into the width's static buffers, the graph for
                (m, bucket) replays (cuda_graphs.py), and the outputs are copied out of the graph's buffers
                (a few small copies: the decode loop may keep features across passes).
-eager pass     everything else runs the same static pass (static_decoder.py) without a graph: a prompt, a
+eager pass     everything else runs the same static pass (passes/static_decoder.py) without a graph: a prompt, a
                tree pass (its mask and positions are not a chain's), a width past ``MAX_WIDTH``. The
                kernels are the same, so the numbers are too.
 GraphedLM      wraps a transformers causal LM with its calling convention (``past_key_values``,
@@ -32,9 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.attention import one_sequence, visible_positions
-from ears_core.model.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
-from ears_core.model.static_decoder import StaticDecoder, additive_mask_over, causal_mask
+from ears_core.model.passes.attention import one_sequence, visible_positions
+from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
+from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask
 
 __all__ = ["GraphedLM", "GraphedHead", "GraphedOutput", "MAX_WIDTH", "CAPACITY"]
 
@@ -55,7 +55,7 @@ class _Runner:
     """A static decoder, its KV state, its graphs and the per-width buffers they read (module terms)."""
 
     def __init__(self, static: StaticDecoder, capture: bool, with_hidden: bool) -> None:
-        from ears_core.model.attention import avoid_replanning_attention
+        from ears_core.model.passes.attention import avoid_replanning_attention
 
         avoid_replanning_attention(static.device)  # before any capture: no cuDNN attention plans inside a graph
         self.static = static
@@ -186,7 +186,7 @@ class GraphedLM(nn.Module):
         return self._runner.bank.capture_s if self._runner is not None else 0.0
 
     def warm(self, widths: Any) -> None:
-        """Capture the passes over ``widths`` tokens now (model/cuda_graphs.py)."""
+        """Capture the passes over ``widths`` tokens now (model/cuda/cuda_graphs.py)."""
         self.runner.warm(widths, lambda m: torch.zeros(m, dtype=torch.long, device=self.device))
 
     def get_input_embeddings(self) -> nn.Module:
@@ -206,7 +206,7 @@ class GraphedLM(nn.Module):
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, SlotCache) or cache.kv is not self.runner.kv:
             raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "
-                            "model.new_cache() (ears_core.model.kv_cache.new_cache)")
+                            "model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         seen = visible_positions(attention_mask, "a graphed model")
         with cache.kv.lock:  # the pass and the copies of its outputs (cuda_graphs.py: threads)
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
@@ -236,17 +236,17 @@ class GraphedHead:
         return self.runner.bank.capture_s
 
     def warm(self, widths: Any) -> None:
-        """Capture the passes over ``widths`` rows now (model/cuda_graphs.py)."""
+        """Capture the passes over ``widths`` rows now (model/cuda/cuda_graphs.py)."""
         s = self.runner.static
         self.runner.warm(widths, lambda m: torch.zeros(m, s.hidden, dtype=s.dtype, device=s.device))
 
-    def new_cache(self, batch: int = 1, capacity: int = 256) -> "HeadSlots":
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> SlotCache:
         if batch != 1:
             raise ValueError("a graphed draft head drafts one sequence at a time (batch 1)")
-        return HeadSlots(self.runner.kv)
+        return SlotCache(self.runner.kv)
 
     @torch.inference_mode()
-    def __call__(self, z: Tensor, cache: "HeadSlots", positions: Tensor | None = None,
+    def __call__(self, z: Tensor, cache: SlotCache, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
         """z (1, m, d) -> (1, m, d) predicted features; positions (m,) and mask (m, length + m) bool: a tree's rows."""
         with cache.kv.lock:
@@ -254,19 +254,10 @@ class GraphedHead:
             return out[None].clone()
 
 
-class HeadSlots(SlotCache):
-    """A head's SlotCache with ``HeadCache``'s crop: keep the first ``length`` positions."""
-
-    def crop(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot crop a head cache of {self.length} positions to {length}")
-        self.length = length
-
-
 def graphed_or_eager(model: nn.Module) -> nn.Module:
     """``model`` as a GraphedLM where passes on its device are captured (``EARS_CUDA_GRAPHS``) and the static
     pass can run it; else ``model`` itself, with ``ears_eager_reason`` saying why where capture was wanted."""
-    from ears_core.model.static_decoder import supports
+    from ears_core.model.passes.static_decoder import supports
 
     dev = next(model.parameters()).device
     if not graphs_wanted(dev):

@@ -7,9 +7,9 @@ width cost   c(w): one call of every int4 matrix of a layer (qkv, o, gate/up, do
              can cost as much as one over 8 and less as 3 + 2 (the costs: docs/measurements.md).
 plan         for each width m = 1 .. ``MAX_PLANNED``, the chunk sizes (summing to m) with the least summed
              cost, by dynamic programming over c(1) .. c(``MEASURED``); wider passes (a prompt) run in
-             chunks of ``lean_llama.ROW_CAP``. The kernel's rows do not depend on how many come with them,
+             chunks of ``decoder.ROW_CAP``. The kernel's rows do not depend on how many come with them,
              so any split gives the same bits: the plan changes the price curve, never the output.
-cache        measured once per (CPU, threads, torch) and kept under ``$EARS_CACHE/kernels``.
+cache        measured once per (CPU, threads, torch) and kept under ``$EARS_CACHE/kernels`` (measured.py).
 default      until then (a cold start measures nothing: ``measure=False``) the plan from ``DEFAULT_COST``, the
              width costs of an Intel Xeon (docs/measurements.md); a session measures this machine's
              between requests (``pair.ModelPair.settle``). Any plan gives the same bits.
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from ears_core.model.measuring.measured import Measured, interleaved, machine_tag, quietly
 
 __all__ = ["DEFAULT_COST", "MAX_PLANNED", "MEASURED", "RowPlan", "best_chunks", "install_row_plan", "measure_widths"]
 
@@ -33,13 +34,12 @@ DEFAULT_COST = (3.33, 4.08, 4.82, 5.65, 10.36, 10.37, 10.32, 10.45)  # c(1..8) m
 
 
 @dataclass
-class RowPlan:
+class RowPlan(Measured):
     """chunks[m - 1] = the chunk sizes for a pass over m rows; cost_ms[w - 1] = c(w) as measured (module terms)."""
 
     chunks: list[list[int]]
     cost_ms: list[float] = field(default_factory=list)
-    key: str = ""
-    measured_at: str = ""
+    KIND = "lean_rows"
 
 
 def best_chunks(cost: list[float], widths: int = MAX_PLANNED) -> list[list[int]]:
@@ -56,26 +56,26 @@ def best_chunks(cost: list[float], widths: int = MAX_PLANNED) -> list[list[int]]
 @torch.inference_mode()
 def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: int = 20,
                    piece: Callable[[], Any] | None = None) -> list[float]:
-    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost); each round in ``piece()``
-    (a measurement between requests: serve/between.py)."""
-    from ears_core.model.gguf_q4 import int4_linear
+    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost), the widths taking turns
+    (measured.py: interleaved); each round in ``piece()`` (a measurement between requests: serve/between.py)."""
+    from ears_core.model.kernels.gguf_q4 import int4_linear
 
     layer = model.layers[0]
     mats = (layer.qkv, layer.o, layer.gate_up, layer.down)
     g = torch.Generator().manual_seed(0)
     xs = {w: [torch.randn(w, m.in_features, generator=g).to(torch.bfloat16) for m in mats] for w in range(1, widths + 1)}
-    best = [float("inf")] * widths
-    for _ in range(rounds):
-        with (piece or nullcontext)():
-            for w in range(1, widths + 1):
-                for x, m in zip(xs[w], mats):
-                    int4_linear(x, m)
-                t0 = time.perf_counter()
-                for _ in range(calls):
-                    for x, m in zip(xs[w], mats):
-                        int4_linear(x, m)
-                best[w - 1] = min(best[w - 1], (time.perf_counter() - t0) / calls * 1e3 * len(model.layers))
-    return [round(b, 4) for b in best]
+
+    def time_width(w: int) -> float:
+        for x, m in zip(xs[w], mats):
+            int4_linear(x, m)
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            for x, m in zip(xs[w], mats):
+                int4_linear(x, m)
+        return (time.perf_counter() - t0) / calls * 1e3 * len(model.layers)
+
+    samples = interleaved(list(range(1, widths + 1)), time_width, rounds, piece)
+    return [round(min(samples[w]), 4) for w in range(1, widths + 1)]
 
 
 def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False,
@@ -84,22 +84,14 @@ def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, ref
     ``piece()``), cached and returned; with ``measure=False`` and nothing cached, the default plan, and
     None (module terms). A measurement made while the cores were busy (timing.py) is not cached: it
     raises ``MachineBusy``, to be tried at a later quiet."""
-    from ears_core.model.output_head import kernel_file, machine_tag, read_cached, write_cached
-    from ears_core.timing import MachineBusy, RunQueue
-
     layer = model.layers[0]
     key = f"{layer.qkv.out_features}x{layer.gate_up.out_features}x{layer.down.in_features}|{machine_tag(torch.bfloat16)}"
-    path = kernel_file("lean_rows", key, cache_dir)
-    plan = None if refresh else read_cached(path, RowPlan)
-    if plan is None or len(plan.chunks) < MAX_PLANNED:
-        if not measure:
-            model.row_plan = {m: tuple(c) for m, c in enumerate(best_chunks(list(DEFAULT_COST)), 1)}
-            return None
-        with RunQueue() as queue:
-            cost = measure_widths(model, piece=piece)
-        if queue.busy:
-            raise MachineBusy("the cores were busy while the int4 row plan was measured: tried again later")
-        plan = RowPlan(best_chunks(cost), cost, key, time.strftime("%Y-%m-%d %H:%M:%S"))
-        write_cached(path, asdict(plan))
+    plan = RowPlan.cached(key, cache_dir, refresh, lambda p: len(p.chunks) >= MAX_PLANNED)
+    if plan is None and not measure:
+        model.row_plan = {m: tuple(c) for m, c in enumerate(best_chunks(list(DEFAULT_COST)), 1)}
+        return None
+    if plan is None:
+        cost = quietly("the int4 row plan", lambda: measure_widths(model, piece=piece))
+        plan = RowPlan(best_chunks(cost), cost, key=key).save(cache_dir)
     model.row_plan = {m: tuple(c) for m, c in enumerate(plan.chunks, 1)}
     return plan

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.gguf_q4 import GROUP, Int4Weight, int4_linear, pack_q4_1
+from ears_core.model.kernels.gguf_q4 import GROUP, Int4Weight, int4_linear, pack_q4_1
 
 __all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "takes"]
 

@@ -15,7 +15,7 @@ kernel choice packed or as loaded, for a whole model: when a CPU pair loads, tar
               m = 1, 3, 5 new tokens on a 64-token cache are timed in both modes, interleaved (the
               fastest of a few each), and packed is kept only if it is at least ``MIN_GAIN`` cheaper
               summed over m. The choice is cached per (model shape, dtype, threads, CPU, torch) under
-              $EARS_CACHE/kernels, so a machine measures once; another machine decides for itself.
+              $EARS_CACHE/kernels (measuring/measured.py), so a machine measures once; another machine decides for itself.
 exactness     the same dot products summed in another order: logits agree to float rounding
               (~1e-4 absolute on 49k logits here), as they already differ between r = 1 and r = 5
               with MKL alone. Speculative and target-only decoding run the same kernels, so the
@@ -35,23 +35,21 @@ memory        the packed copy sits beside the original weights (which stay for t
 from __future__ import annotations
 
 import os
-import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.output_head import PlannedLinear, kernel_file, machine_tag, read_cached, write_cached
-from ears_core.model.pass_times import measure_pass_ms
+from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, keep_first, machine_tag
+from ears_core.model.kernels.output_head import PlannedLinear
+from ears_core.model.measuring.pass_times import measure_pass_ms
 
 __all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
            "pack_linears", "set_packed", "unpack_linears"]
 
 MIN_ELEMENTS = 1 << 24  # linear weights below this (16M, 64 MB in float32) are not worth a measurement
 MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be kept
-MEASURED_M = (1, 3, 5)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -151,13 +149,12 @@ def is_packed(model: nn.Module) -> bool:
 
 
 @dataclass
-class KernelChoice:
+class KernelChoice(Measured):
     """packed: the decision; ms[mode][str(m)] = the fastest pass over m new tokens in that mode."""
 
     packed: bool
     ms: dict[str, dict[str, float]] = field(default_factory=dict)
-    key: str = ""
-    measured_at: str = ""
+    KIND = "linears"
 
 
 def _key(model: nn.Module) -> str:
@@ -167,29 +164,21 @@ def _key(model: nn.Module) -> str:
     return f"{shape}|{machine_tag(next(model.parameters()).dtype)}"
 
 
-def _file(key: str, cache_dir: str | os.PathLike | None) -> Path:
-    return kernel_file("linears", key, cache_dir)
-
-
 @torch.inference_mode()
 def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
     """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms.
 
-    Modes alternate round by round (each round measures a full price curve per mode), so a slow
-    minute of the machine hits both."""
-    best: dict[str, dict[str, float]] = {"packed": {}, "loaded": {}}
-    top = max(MEASURED_M)
+    Modes take turns round by round (each round measures a full price curve per mode; measuring/measured.py:
+    interleaved), so a slow minute of the machine hits both."""
+    def curve(mode: str) -> list[float]:  # V(1) .. V(max m)
+        set_packed(model, mode == "packed")
+        return measure_pass_ms(model, max_m=max(MEASURED_M), cache_len=cache_len, repeats=2)
+
     try:
-        for r in range(rounds):
-            for mode in (("packed", "loaded") if r % 2 == 0 else ("loaded", "packed")):
-                set_packed(model, mode == "packed")
-                verify = measure_pass_ms(model, max_m=top, cache_len=cache_len, repeats=2)  # V(1) .. V(top)
-                for m in MEASURED_M:
-                    old = best[mode].get(str(m), float("inf"))
-                    best[mode][str(m)] = min(old, verify[m - 1])
+        samples = interleaved(["packed", "loaded"], curve, rounds)
     finally:
         set_packed(model, True)
-    return best
+    return {mode: {str(m): min(v[m - 1] for v in curves) for m in MEASURED_M} for mode, curves in samples.items()}
 
 
 def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = None,
@@ -206,17 +195,15 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
             or sum(layer.weight.numel() for _, _, layer in layers) < MIN_ELEMENTS):
         return None
     key = _key(model)
-    path = _file(key, cache_dir)
-    choice = None if refresh else read_cached(path, KernelChoice)
+    choice = KernelChoice.cached(key, cache_dir, refresh)
     if choice is not None and not choice.packed:
         return choice  # this machine measured packing slower: the model keeps its own layers
     if not pack_linears(model):
         return None
     if choice is None:
         ms = measure_modes(model)
-        packed, loaded = (sum(ms[mode].values()) for mode in ("packed", "loaded"))
-        choice = KernelChoice(packed < (1 - MIN_GAIN) * loaded, ms, key, time.strftime("%Y-%m-%d %H:%M:%S"))
-        write_cached(path, asdict(choice))
+        total = {mode: sum(ms[mode].values()) for mode in ("loaded", "packed")}  # as loaded first: the default
+        choice = KernelChoice(keep_first(total, MIN_GAIN) == "packed", ms, key=key).save(cache_dir)
     if not choice.packed:
         unpack_linears(model)  # give the memory of the packed copies back
     return choice

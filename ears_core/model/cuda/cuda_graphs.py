@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ears_core.model.kv_cache import PositionCache, doubled_capacity
+from ears_core.model.passes.kv_cache import PositionCache, doubled_capacity
 
 __all__ = ["GraphBank", "StaticKV", "SlotCache", "bucket", "graphs_wanted", "MIN_BUCKET"]
 

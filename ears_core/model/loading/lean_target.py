@@ -1,4 +1,4 @@
-"""Build a ``LeanLlama`` (lean_llama.py): from the embedded GGUF's own blocks, or from a float Llama.
+"""Build a ``LeanLlama`` (passes/lean_llama.py): from the embedded GGUF's own blocks, or from a float Llama.
 
 Terms
 -----
@@ -7,7 +7,7 @@ from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and min
                bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
                Building reads the 92 MiB file and repacks 210 matrices, quickly enough that the packed form
                is not cached (docs/measurements.md).
-from floats    ``q4_1_blocks`` (int4_linear.py) quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
+from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
                so any Llama can run lean; the tests build a tiny random one and compare it with
                transformers' forward over the same blocks dequantised.
 supported      this torch has the int4 kernel and the CPU multiplies bfloat16 natively (AVX512-BF16 or
@@ -22,10 +22,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ears_core.model import gguf_q4
-from ears_core.model.gguf_q4 import pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
-from ears_core.model.int4_linear import q4_1_blocks
-from ears_core.model.lean_llama import LeanLayer, LeanLlama
+from ears_core.model.kernels import gguf_q4
+from ears_core.model.kernels.gguf_q4 import pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
+from ears_core.model.kernels.int4_linear import q4_1_blocks
+from ears_core.model.passes.decoder import Layer
+from ears_core.model.passes.lean_llama import LeanLlama
 
 __all__ = ["from_float_model", "from_gguf", "q4_1_blocks", "supported"]
 
@@ -34,7 +35,7 @@ _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "
 
 def supported(bf16: bool | None = None) -> bool:
     """Module terms: the int4 kernel is here and the CPU has native bfloat16 (``bf16``: that answer given)."""
-    from ears_core.model.hub import native_bf16
+    from ears_core.model.loading.hub import native_bf16
 
     return gguf_q4.available() and (native_bf16() if bf16 is None else bf16)
 
@@ -44,8 +45,9 @@ def _stack(parts: list[tuple[Tensor, Tensor, Tensor]]) -> Any:
     return pack_q4_1(*(torch.cat([p[i] for p in parts]) for i in range(3)))
 
 
-def _layer(blocks: dict[str, tuple[Tensor, Tensor, Tensor]], attn_norm: Tensor, mlp_norm: Tensor) -> LeanLayer:
-    return LeanLayer(attn_norm.to(torch.bfloat16), _stack([blocks["attn_q"], blocks["attn_k"], blocks["attn_v"]]),
+def _layer(blocks: dict[str, tuple[Tensor, Tensor, Tensor]], attn_norm: Tensor, mlp_norm: Tensor) -> Layer:
+    """One lean layer: norms (d,) bfloat16; q/k/v, o, gate/up and down as int4 weights."""
+    return Layer(attn_norm.to(torch.bfloat16), _stack([blocks["attn_q"], blocks["attn_k"], blocks["attn_v"]]),
                      pack_q4_1(*blocks["attn_output"]), mlp_norm.to(torch.bfloat16),
                      _stack([blocks["ffn_gate"], blocks["ffn_up"]]), pack_q4_1(*blocks["ffn_down"]))
 
@@ -88,7 +90,7 @@ def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.flo
 def from_float_model(model: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
     """A transformers Llama (tied embeddings) as a LeanLlama on Q4_1-style blocks of its weights; the
     model's own linears are set to those blocks dequantised, so both compute the same weights."""
-    from ears_core.model.gguf_q4 import dequantize_q4_1
+    from ears_core.model.kernels.gguf_q4 import dequantize_q4_1
 
     layers = []
     with torch.no_grad():

@@ -9,7 +9,7 @@ crop       drop the last n positions of every layer (a chain round whose drafts 
 keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
 Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
 is cropped by its own ``crop``, and cannot be rearranged. A model with a cache of its own (the lean
-target's ``LeanCache``: model/lean_cache.py; a graphed model's ``SlotCache``: model/cuda_graphs.py) makes it
+target's and the head's ``KVBuffer``: model/passes/decoder.py; a graphed model's ``SlotCache``: model/cuda/cuda_graphs.py) makes it
 with ``new_cache()``, and the cache does its own edits: both are ``PositionCache``s, a length over a
 preallocated buffer.
 """
@@ -34,7 +34,7 @@ def doubled_capacity(capacity: int, need: int) -> int:
 
 
 class PositionCache:
-    """What the project's own caches share (model/lean_cache.py, model/cuda_graphs.py): ``length`` filled
+    """What the project's own caches share (model/passes/decoder.py, model/cuda/cuda_graphs.py): ``length`` filled
     positions of a preallocated (L, 2, Hkv, C, D) buffer, edited under transformers' names."""
 
     length: int
@@ -54,8 +54,11 @@ class PositionCache:
         self.length -= n
 
     def crop(self, max_length: int) -> None:
-        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
-        self.length = self.length + max_length if max_length < 0 else min(self.length, max_length)
+        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first
+        max_length (at most the cached positions: more raises ValueError)."""
+        if max_length > self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} positions to {max_length}")
+        self.length = self.length + max_length if max_length < 0 else max_length
 
     def keep_tail(self, start: int, keep: Tensor) -> None:
         """Keep [0, start), then positions ``keep`` (ascending, each >= start) in that order, for all layers at once."""

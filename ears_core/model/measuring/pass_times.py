@@ -1,5 +1,5 @@
 """How long a target's forward pass over m new tokens takes on this machine: what the price curve
-(policy/costs.py) and the kernel choice (packed_linear.py) are measured from.
+(policy/costs.py) and the kernel choice (kernels/packed_linear.py) are measured from.
 
 Terms
 -----
@@ -32,8 +32,8 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
                     vocab: int | None = None, piece: Callable[[], Any] | None = None) -> list[float]:
     """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes over m = 2..max_m new tokens priced
     by paired ratios, each pass inside ``piece()`` when given (module terms)."""
-    from ears_core.model.attention import avoid_replanning_attention
-    from ears_core.model.kv_cache import new_cache
+    from ears_core.model.passes.attention import avoid_replanning_attention
+    from ears_core.model.passes.kv_cache import new_cache
     from ears_core.timing import StepClock
 
     piece = piece or nullcontext

@@ -15,7 +15,7 @@ layout             three ways to compute the same product, which CPU BLAS runs a
                    The times per layout and r on the embedded target: docs/measurements.md.
 plan               the layout per r = 1 .. max_rows, the fastest median of a few interleaved timed
                    calls on this machine, cached per (shape, dtype, threads, CPU) under
-                   $EARS_CACHE/kernels; more rows than max_rows use ``linear``.
+                   $EARS_CACHE/kernels (measuring/measured.py); more rows than max_rows use ``linear``.
 exactness          every layout computes the same dot products in float arithmetic, summed in another
                    order: logits agree to float rounding (~1e-6 relative), as they already differ
                    between r = 1 and r = 5 with ``linear`` alone. Speculative and target-only decoding
@@ -27,18 +27,17 @@ scope              CPU, floating dtypes, and W large enough to matter (V x d >= 
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ears_core.model.measuring.measured import Measured, interleaved, machine_tag
 
 __all__ = ["LAYOUTS", "HeadPlan", "PlannedLinear", "choose_layouts", "install_planned_head", "plan_head"]
 
@@ -47,12 +46,12 @@ MIN_ELEMENTS = 1 << 22  # V x d below this (4M weights, 16 MB in float32): not w
 
 
 @dataclass
-class HeadPlan:
+class HeadPlan(Measured):
     """layouts[r - 1] = the layout for r rows; ms[r - 1] = {layout: median ms} as measured."""
 
     layouts: list[str]
     ms: list[dict[str, float]]
-    key: str = ""
+    KIND = "head"
 
     def layout(self, rows: int) -> str:
         return self.layouts[rows - 1] if 1 <= rows <= len(self.layouts) else "linear"
@@ -101,61 +100,21 @@ def _run(layout: str, h: Tensor, w: Tensor, w_t: Tensor) -> Tensor:
 @torch.inference_mode()
 def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
               clock: Callable[[], float] = time.perf_counter) -> HeadPlan:
-    """Time every layout for r = 1 .. max_rows rows (interleaved, after a warm-up) and keep the fastest."""
+    """Time every layout for r = 1 .. max_rows rows (interleaved, after a warm-up round) and keep the fastest."""
     w = weight.detach()
     w_t = w.t().contiguous()
     g = torch.Generator().manual_seed(0)
     h = torch.randn(max_rows, w.shape[1], generator=g).to(w.device, w.dtype)  # (max_rows, d)
-    times: dict[tuple[int, str], list[float]] = {(r, name): [] for r in range(1, max_rows + 1) for name in LAYOUTS}
-    for rep in range(repeats + 1):
-        for r in range(1, max_rows + 1):
-            order = LAYOUTS if (rep + r) % 2 else LAYOUTS[::-1]  # alternate, so drift hits every layout
-            for name in order:
-                t0 = clock()
-                _run(name, h[:r], w, w_t)
-                if rep:  # the first sweep is the warm-up
-                    times[r, name].append((clock() - t0) * 1000)
-    ms = [{name: statistics.median(times[r, name]) for name in LAYOUTS} for r in range(1, max_rows + 1)]
+
+    def time_one(case: tuple[int, str]) -> float:
+        t0 = clock()
+        _run(case[1], h[: case[0]], w, w_t)
+        return (clock() - t0) * 1000
+
+    cases = [(r, name) for r in range(1, max_rows + 1) for name in LAYOUTS]
+    times = interleaved(cases, time_one, repeats + 1)  # the first round is the warm-up
+    ms = [{name: statistics.median(times[r, name][1:]) for name in LAYOUTS} for r in range(1, max_rows + 1)]
     return HeadPlan(choose_layouts(ms), ms)
-
-
-def machine_tag(dtype: torch.dtype) -> str:
-    """What a kernel measurement depends on besides the shapes: dtype, threads, CPU, torch."""
-    cpu = platform.processor() or platform.machine()
-    return f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|torch={torch.__version__}"
-
-
-def kernel_file(kind: str, key: str, cache_dir: str | os.PathLike | None) -> Path:
-    """$EARS_CACHE/kernels/<kind>-<key>.json: where a kernel measurement is cached."""
-    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "kernels" / f"{kind}-{safe}.json"
-
-
-def read_cached(path: Path, make: Callable[..., Any]) -> Any:
-    """``make(**fields)`` from a cached JSON file, or None if it is missing or damaged."""
-    if not path.is_file():
-        return None
-    try:
-        return make(**json.loads(path.read_text()))
-    except (ValueError, TypeError):
-        return None
-
-
-def write_cached(path: Path, fields: dict[str, Any]) -> None:
-    """Write a measurement's JSON atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(fields, indent=1))
-    tmp.replace(path)
-
-
-def _plan_key(weight: Tensor) -> str:
-    return f"{weight.shape[0]}x{weight.shape[1]}|{machine_tag(weight.dtype)}"
-
-
-def _plan_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
-    return kernel_file("head", key, cache_dir)
 
 
 def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
@@ -171,14 +130,12 @@ def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_di
     w = head.weight
     if w.device.type != "cpu" or not w.dtype.is_floating_point or w.numel() < MIN_ELEMENTS:
         return None
-    key = _plan_key(w)
-    path = _plan_file(key, cache_dir)
-    plan = None if refresh else read_cached(path, HeadPlan)
-    if plan is not None and (len(plan.layouts) < max_rows or any(x not in LAYOUTS for x in plan.layouts)):
-        plan = None  # an old file: measure again
+    key = f"{w.shape[0]}x{w.shape[1]}|{machine_tag(w.dtype)}"
+    plan = HeadPlan.cached(key, cache_dir, refresh,  # an old file: measured again
+                           lambda p: len(p.layouts) >= max_rows and all(x in LAYOUTS for x in p.layouts))
     if plan is None:
         plan = plan_head(w, max_rows)
         plan.key = key
-        write_cached(path, asdict(plan))
+        plan.save(cache_dir)
     model.set_output_embeddings(PlannedLinear(head, plan))
     return plan

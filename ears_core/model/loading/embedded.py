@@ -4,7 +4,7 @@ runtime this project does not use). It is dequantised to float32 once and cached
 ``$EARS_CACHE/smollm2-135m-instruct`` (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``); later
 loads read the cache.
 
-    python -m ears_core.model.embedded --prepare     # once (the Makefile and the Dockerfile run it)
+    python -m ears_core.model.loading.embedded --prepare     # once (the Makefile and the Dockerfile run it)
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ears_core.model.hub import ModelLoadError, encode_prompt
+from ears_core.model.loading.hub import ModelLoadError, encode_prompt
 
 __all__ = ["EMBEDDED_NAME", "EMBEDDED_PIP", "CACHE_SUBDIR", "MARKER", "cache_root", "find_embedded_gguf",
            "prepare_embedded", "main"]
@@ -133,7 +133,7 @@ def _check_same_outputs(model: torch.nn.Module, tokenizer: Any, folder: Path) ->
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ears_core.model.embedded", description="Prepare model caches.")
+    parser = argparse.ArgumentParser(prog="python -m ears_core.model.loading.embedded", description="Prepare model caches.")
     parser.add_argument("--prepare", action="store_true",
                         help=f"convert the embedded {EMBEDDED_NAME} GGUF to a safetensors cache (once)")
     parser.add_argument("--force", action="store_true", help="rebuild the cache even if it is valid")

@@ -2,19 +2,19 @@
 
 Terms
 -----
-lean path     ``LeanLlama`` from the GGUF's own 4-bit blocks (lean_llama.py, lean_target.py): the default on a
+lean path     ``LeanLlama`` from the GGUF's own 4-bit blocks (passes/lean_llama.py, lean_target.py): the default on a
               CPU that supports it (lean_target.supported: the int4 kernel and native bfloat16). It beat the
               float target on every CPU measured (docs/benchmarks.md), so a load takes it without timing
               the float target first.
 float path    transformers' model from the prepared safetensors cache in float32 or bfloat16, with the
-              project's CPU kernels (packed_linear.py, output_head.py, exact_rows.py): the reference, and
+              project's CPU kernels (kernels/packed_linear.py, kernels/output_head.py, kernels/exact_rows.py): the reference, and
               the target wherever the lean path is not supported.
 EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error where it cannot run; ``0``:
               the float path. A dtype asked for (``dtype=`` or ``EARS_DTYPE``) means the float path in that
               dtype: the float32 reference stays one setting away.
 exact rows    at every load the lean target must pass ``rows_agree`` (a wide pass equals one-token passes
               bit for bit), as a bfloat16 float target must; otherwise the float path runs.
-row plan      read from the cache, else the default plan (lean_plan.py) with ``ears_rows_provisional`` set:
+row plan      read from the cache, else the default plan (measuring/lean_plan.py) with ``ears_rows_provisional`` set:
               the load measures nothing, and a session measures the plan between requests.
 """
 
@@ -45,11 +45,11 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     Its row plan is the cached one or the default (module terms: row plan)."""
     from transformers import AutoConfig, GenerationConfig
 
-    from ears_core.model.embedded import find_embedded_gguf
-    from ears_core.model.exact_rows import CHECKED_WIDTHS, rows_agree
-    from ears_core.model.hub import ModelLoadError
-    from ears_core.model.lean_plan import install_row_plan
-    from ears_core.model.lean_target import from_gguf, supported
+    from ears_core.model.loading.embedded import find_embedded_gguf
+    from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, rows_agree
+    from ears_core.model.loading.hub import ModelLoadError
+    from ears_core.model.measuring.lean_plan import install_row_plan
+    from ears_core.model.loading.lean_target import from_gguf, supported
 
     if not supported():
         return None

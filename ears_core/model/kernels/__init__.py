@@ -1,0 +1,1 @@
+"""CPU kernels: GGUF Q4_1 blocks and the int4 kernel, int4 linear layers, oneDNN-packed linear layers, the planned output head, exact rows (float64 attention for bfloat16 targets), and the thread hand-off that leaves no OpenMP pool behind."""

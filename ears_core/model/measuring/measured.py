@@ -1,0 +1,114 @@
+"""A measured choice: a kernel decision timed on this machine, cached, and read back by the next load.
+
+Terms
+-----
+record       a dataclass under ``Measured`` that states only its candidates and its decision (the int4 row
+             plan, the output head's layouts, packed or loaded linears, the draft head's variant); the base
+             holds what every record shares: ``key`` (the shapes and the machine tag) and ``measured_at``.
+machine tag  what a measurement depends on besides the shapes: dtype, threads, CPU, torch (``machine_tag``).
+cache        one JSON file per record kind and key, ``$EARS_CACHE/kernels/<KIND>-<key>.json``, written
+             atomically (a reader never sees half a file); a missing, damaged or stale one reads as None.
+interleaved  ``interleaved(candidates, time_one, rounds)``: every round times every candidate, in reversed
+             order every other round, so a slow moment of the machine hits them all; each record keeps the
+             fastest sample of a candidate (another job on the cores only ever adds time) or the median.
+margin       ``keep_first(ms, margin)``: the cheapest candidate, except that the first (the default, as
+             loaded) is left only for one at least ``margin`` cheaper.
+quiet        ``quietly(what, fn)``: fn() while the run queue is watched (timing.RunQueue); a measurement the
+             busy cores spoil raises ``MachineBusy`` and is never cached, to be made again at a later quiet.
+MEASURED_M   the pass widths a whole-model comparison times (kernels/packed_linear.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence, TypeVar
+
+import torch
+
+from ears_core.timing import MachineBusy, RunQueue
+
+__all__ = ["MEASURED_M", "Measured", "interleaved", "keep_first", "machine_tag", "quietly"]
+
+MEASURED_M = (1, 3, 5)
+T = TypeVar("T")
+R = TypeVar("R", bound="Measured")
+
+
+def machine_tag(dtype: torch.dtype) -> str:
+    """What a kernel measurement depends on besides the shapes: dtype, threads, CPU, torch."""
+    cpu = platform.processor() or platform.machine()
+    return f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|torch={torch.__version__}"
+
+
+@dataclass(kw_only=True)
+class Measured:
+    """What every measured record holds (module terms: record); ``KIND`` names its cache files."""
+
+    key: str = ""
+    measured_at: str = ""
+    KIND: ClassVar[str] = ""
+
+    @classmethod
+    def file(cls, key: str, cache_dir: str | os.PathLike | None) -> Path:
+        """$EARS_CACHE/kernels/<KIND>-<key>.json (module terms: cache)."""
+        root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
+        return root / "kernels" / f"{cls.KIND}-{safe}.json"
+
+    @classmethod
+    def cached(cls: type[R], key: str, cache_dir: str | os.PathLike | None, refresh: bool = False,
+               usable: Callable[[R], bool] = lambda record: True) -> R | None:
+        """The record cached under ``key``; None when ``refresh``, missing, damaged or not ``usable`` (stale)."""
+        path = cls.file(key, cache_dir)
+        if refresh or not path.is_file():
+            return None
+        try:
+            record = cls(**json.loads(path.read_text()))
+        except (ValueError, TypeError):
+            return None
+        return record if usable(record) else None
+
+    def save(self: R, cache_dir: str | os.PathLike | None) -> R:
+        """Stamp ``measured_at`` and write the record under its key, atomically; the record."""
+        self.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
+        path = self.file(self.key, cache_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+        return self
+
+
+def interleaved(candidates: Sequence[T], time_one: Callable[[T], Any], rounds: int,
+                piece: Callable[[], Any] | None = None) -> dict[T, list[Any]]:
+    """candidate -> its ``rounds`` samples ``time_one(candidate)``, the candidates taking turns (module
+    terms); each round inside ``piece()`` when given (a measurement between requests: serve/between.py)."""
+    samples: dict[T, list[Any]] = {c: [] for c in candidates}
+    for r in range(rounds):
+        with (piece or nullcontext)():
+            for c in (candidates if r % 2 == 0 else candidates[::-1]):
+                samples[c].append(time_one(c))
+    return samples
+
+
+def keep_first(ms: dict[T, float], margin: float) -> T:
+    """The cheapest key of ``ms``, but its first key unless beaten by at least ``margin`` (module terms)."""
+    first = next(iter(ms))
+    best = min(ms, key=lambda c: ms[c])
+    return first if ms[best] > (1 - margin) * ms[first] else best
+
+
+def quietly(what: str, measure: Callable[[], T], check: bool = True) -> T:
+    """measure() while the run queue is watched; ``MachineBusy`` naming ``what`` if the cores were busy
+    (module terms: quiet; ``check`` False: a scripted timer, nothing to watch)."""
+    with RunQueue() as queue:
+        out = measure()
+    if check and queue.busy:
+        raise MachineBusy(f"the cores were busy while measuring {what}: tried again later")
+    return out

@@ -1,0 +1,1 @@
+"""The pass: the Llama-family layer loop written once (decoder.py: its linear kinds, attention policies and KV buffer), the models that run it (the lean int4 target, the static pass), KV-cache edits and the calling conventions of hand-run passes."""

@@ -1,0 +1,248 @@
+"""The Llama-family layer loop, written once: the lean CPU target, the static (capturable) pass and the
+draft head's layers all run ``Decoder.run``; what differs between them is data.
+
+Terms
+-----
+layer        ``Layer``: one decoder layer's weights: the norms (d,), q/k/v stacked into one matrix (and one
+             bias, or None), o, gate/up stacked, down, and Qwen3's per-head q/k norms (D,) or None.
+linear kind  what the matrices are and how rows go through them, ``lin(x, w, bias)``:
+               ``dense``       (out, in) tensors through ``F.linear`` (the static pass: fused views of a
+                               transformers model's own weights, with its q/k/v bias);
+               ``int4_kind``   ``Int4Weight`` blocks from the GGUF on the CPU int4 kernel, a pass's rows split
+                               as the row plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call;
+               ``modules``     the module's own linear layers, a tuple of them run side by side (q, k, v; gate,
+                               up): how the draft head's packed and int4 variants run (draft/head_kernels.py).
+             The oneDNN-packed output head is the fourth (kernels/packed_linear.py), used by the lean target's head.
+rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables (``rotation_tables``). ``all_heads``: the
+             tables cover q, k and v heads (v with cos 1, sin 0: the same bits) and the rotation is one
+             ``addcmul`` over the fused output (the lean target's); else q and k only, after the q/k norm.
+attention    the policy, a callable ``attend(q, new, views)`` made per pass, q (m, H, D), new (2, Hkv, m, D):
+               ``Exact``   writes the new keys and values at [start, end) of a buffer in ``dtype`` and attends
+                           over the visible slice [0, end) with a bool mask: in float64 (the lean bits: exact
+                           products, so a row's output does not depend on the pass width) or in the model's dtype;
+               ``Folded``  writes at ``slots`` (data) and attends over the whole bucket with an additive
+                           (G m, C) mask, the H query heads folded onto the Hkv key/value heads: nothing depends
+                           on a value on the host, so a CUDA graph can capture it (cuda/cuda_graphs.py).
+KV buffer    ``KVBuffer``: ``length`` positions of one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or
+             values, key/value head, position, width), grown by doubling; the lean target's and the head's
+             cache. A captured model's ``SlotCache`` (cuda/cuda_graphs.py) keeps its buffer in a ``StaticKV``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ears_core.model.kernels.gguf_q4 import GROUP
+from ears_core.model.passes.kv_cache import PositionCache, doubled_capacity
+
+__all__ = ["Decoder", "Exact", "Folded", "KVBuffer", "Layer", "ROW_CAP", "dense", "int4_kind", "int4_rows",
+           "modules", "rotation_tables"]
+
+ROW_CAP = 16  # rows per int4 kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
+
+
+@dataclass
+class Layer:
+    """One decoder layer's weights, in the form its linear kind takes (module terms)."""
+
+    attn_norm: Tensor  # (d,)
+    qkv: Any  # (H D + 2 Hkv D) x d: q, k, v stacked
+    o: Any  # d x H D
+    mlp_norm: Tensor  # (d,)
+    gate_up: Any  # 2 I x d: gate, then up
+    down: Any  # d x I
+    qkv_bias: Tensor | None = None  # (H D + 2 Hkv D,) or None
+    q_norm: Tensor | None = None  # (D,) or None
+    k_norm: Tensor | None = None  # (D,) or None
+
+
+# ------------------------------------------------------------------------ linear kinds
+def dense(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """(r, in) @ (out, in)^T (+ bias) -> (r, out)."""
+    return F.linear(x, w, bias)
+
+
+def modules(x: Tensor, w: Any, bias: None = None) -> Tensor:
+    """(r, in) through a linear module, or through a tuple of them side by side -> (r, sum out)."""
+    return torch.cat([part(x) for part in w], -1) if isinstance(w, tuple) else w(x)
+
+
+def int4_rows(x: Tensor, w: Any, bias: None = None) -> Tensor:
+    """(r, K) contiguous bfloat16 rows -> (r, N) through the int4 kernel, in one call."""
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, GROUP, w.scales_zeros)
+
+
+def int4_kind(m: int, plan: dict[int, tuple[int, ...]]) -> Callable[..., Tensor]:
+    """The int4 linear kind for passes over m rows: one kernel call, or the planned chunks (module terms)."""
+    sizes = plan.get(m) if plan else None
+    if sizes is None and m > ROW_CAP:
+        sizes = ROW_CAP
+    if sizes is None or (not isinstance(sizes, int) and len(sizes) == 1):
+        return int4_rows
+    return lambda x, w, bias=None: torch.cat([int4_rows(c, w) for c in x.split(sizes)])
+
+
+# ------------------------------------------------------------------------ attention policies
+@dataclass
+class Exact:
+    """Keys and values written at [start, end); attention over the visible slice in ``dtype`` (module terms)."""
+
+    start: int
+    end: int
+    mask: Tensor | None  # (1, 1, m, >= end) bool, True where a row may attend; None: one row, no mask
+    dtype: torch.dtype
+    scale: float | None = None  # None: SDPA's 1 / sqrt(D)
+
+    def __call__(self, q: Tensor, new: Tensor, views: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        kv, keys, values = views  # (2, Hkv, C, D), (1, Hkv, C, D), (1, Hkv, C, D)
+        m, h_q, dim = q.shape
+        kv[:, :, self.start: self.end].copy_(new)
+        a = F.scaled_dot_product_attention(q.transpose(0, 1)[None].to(self.dtype), keys[:, :, : self.end],
+                                           values[:, :, : self.end], attn_mask=self.mask, scale=self.scale,
+                                           enable_gqa=h_q != kv.shape[1])  # (1, H, m, D)
+        return a[0].to(q.dtype).transpose(0, 1).reshape(m, h_q * dim)  # (m, H D)
+
+
+@dataclass
+class Folded:
+    """Keys and values written at ``slots``; attention over the bucket with an additive mask (module terms)."""
+
+    slots: Tensor  # (m,) long
+    mask: Tensor  # (1, 1, G m, C) additive
+    groups: int  # G = H / Hkv
+    scale: float
+
+    def __call__(self, q: Tensor, new: Tensor, layer_kv: Tensor) -> Tensor:  # layer_kv (2, Hkv, C, D)
+        m, h_q, dim = q.shape
+        h_kv, g = layer_kv.shape[1], self.groups
+        layer_kv.index_copy_(2, self.slots, new)
+        q = q.view(m, h_kv, g, dim).permute(1, 2, 0, 3).reshape(1, h_kv, g * m, dim)  # (1, Hkv, G m, D)
+        a = F.scaled_dot_product_attention(q, layer_kv[0][None], layer_kv[1][None], attn_mask=self.mask,
+                                           scale=self.scale)  # (1, Hkv, G m, D)
+        return a.view(h_kv, g, m, dim).permute(2, 0, 1, 3).reshape(m, h_q * dim)  # (m, H D): heads in q's order
+
+
+def rotation_tables(rotary: nn.Module, head_dim: int, positions: int, device: torch.device | str = "cpu"
+                    ) -> tuple[Tensor, Tensor]:
+    """(cos, signed sin), each (P, D) float32, for P positions of a transformers rotary embedding, such that
+    ``x cos + x.roll(D / 2, -1) sin`` is its ``x cos + rotate_half(x) sin``."""
+    with torch.no_grad():
+        probe = torch.zeros(1, 1, head_dim, device=device)  # float32: the tables as the embedding computes them
+        cos, sin = rotary(probe, torch.arange(positions, device=device)[None])  # (1, P, D) each
+    half = head_dim // 2
+    sign = torch.cat([-torch.ones(half), torch.ones(half)]).to(device)  # rotate_half(x) = roll(x, half) * sign
+    return cos[0], sin[0] * sign
+
+
+# ------------------------------------------------------------------------ the pass
+class Decoder:
+    """Layers, final norm and rotation tables; ``run`` is the layer loop (module terms)."""
+
+    def __init__(self, layers: list[Layer], final_norm: Tensor, config: Any, cos: Tensor, sin: Tensor,
+                 eps: float, qk_eps: float | None = None, all_heads: bool = False) -> None:
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
+        self.hidden = int(text.hidden_size)
+        self.head_dim = int(getattr(text, "head_dim", None) or self.hidden // self.heads)
+        self.layers, self.final_norm, self.eps = layers, final_norm, eps
+        self.qk_eps = eps if qk_eps is None else qk_eps
+        self.all_heads = all_heads  # module terms: rotation
+        self.cos, self.sin = cos, sin  # (P, D), or (P, H + 2 Hkv, D) for all heads
+        self.max_positions = int(cos.shape[0])
+
+    def angles(self, pos: Tensor | None, start: int = 0, m: int = 0) -> tuple[Tensor, Tensor]:
+        """The rotation tables (m, 1 or H + 2 Hkv, D) at positions ``pos`` (m,), or at start .. start + m - 1
+        (views) when None."""
+        if pos is None:
+            cos, sin = self.cos[start: start + m], self.sin[start: start + m]
+        else:
+            cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        return (cos, sin) if cos.dim() == 3 else (cos[:, None], sin[:, None])
+
+    def _normed_qk(self, layer: Layer, qk: Tensor) -> Tensor:
+        """(m, H + Hkv, D) q and k -> the same, each head RMS-normed where the layer has a q/k norm."""
+        if layer.q_norm is None:
+            return qk  # llama, qwen2, mistral: no step added
+        dims, h_q = (self.head_dim,), self.heads
+        return torch.cat([F.rms_norm(qk[:, :h_q], dims, layer.q_norm, self.qk_eps),
+                          F.rms_norm(qk[:, h_q:], dims, layer.k_norm, self.qk_eps)], dim=1)  # (m, H + Hkv, D)
+
+    def _rotated(self, layer: Layer, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """qkv (m, H + 2 Hkv, D) -> q (m, H, D) rotated, new keys and values (2, Hkv, m, D) (module terms)."""
+        m, h_q, h_kv, dim = qkv.shape[0], self.heads, self.kv_heads, self.head_dim
+        if self.all_heads:  # q and k rotated, v as it was
+            qkv = torch.addcmul(qkv * cos, qkv.roll(dim // 2, -1), sin)
+            return qkv[:, :h_q], qkv[:, h_q:].view(m, 2, h_kv, dim).permute(1, 2, 0, 3)
+        qk = self._normed_qk(layer, qkv[:, : h_q + h_kv])
+        qk = qk * cos + qk.roll(dim // 2, -1) * sin  # (m, H + Hkv, D): q and k
+        return qk[:, :h_q], torch.stack([qk[:, h_q:], qkv[:, h_q + h_kv:]]).transpose(1, 2)
+
+    def run(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Callable[..., Tensor], views: Any,
+            lin: Callable[..., Tensor], hidden: Tensor | None = None) -> Tensor:
+        """The layers over x (m, d) -> the final-normed states (m, d). cos, sin from ``angles``; ``attend``
+        the pass's attention policy, given each layer's entry of ``views``; ``lin`` the linear kind;
+        hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
+        m, shape, eps = x.shape[0], (self.hidden,), self.eps
+        if hidden is not None:
+            hidden[0].copy_(x)
+        for i, (layer, layer_kv) in enumerate(zip(self.layers, views)):
+            h = F.rms_norm(x, shape, layer.attn_norm, eps)  # (m, d)
+            qkv = lin(h, layer.qkv, layer.qkv_bias).view(m, self.heads + 2 * self.kv_heads, self.head_dim)
+            q, new = self._rotated(layer, qkv, cos, sin)
+            x = x + lin(attend(q, new, layer_kv), layer.o)
+            h = F.rms_norm(x, shape, layer.mlp_norm, eps)
+            gu = lin(h, layer.gate_up)  # (m, 2 I)
+            inner = gu.shape[1] // 2
+            mlp = lin(F.silu(gu[:, :inner]) * gu[:, inner:], layer.down)
+            x = torch.add(x, mlp, out=hidden[i + 1]) if hidden is not None else x + mlp
+        return F.rms_norm(x, shape, self.final_norm, eps)
+
+
+# ------------------------------------------------------------------------ the KV buffer
+class KVBuffer(PositionCache):
+    """``length`` positions of a preallocated (L, 2, Hkv, C, D) buffer, grown by doubling (module terms)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256,
+                 device: torch.device | str = "cpu") -> None:
+        self.buf = torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # (L, 2, Hkv, C, D)
+        self.length = 0
+        self._views: list[tuple[Tensor, Tensor, Tensor]] | None = None
+
+    def layer_views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer: keys and values (2, Hkv, C, D), keys (1, Hkv, C, D), values (1, Hkv, C, D): views of the
+        buffer, made once per allocation (a pass slices them instead of indexing the buffer anew)."""
+        if self._views is None:
+            self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
+        return self._views
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buf.shape[3])
+
+    def _held(self) -> Tensor:
+        return self.buf
+
+    def reserve(self, m: int) -> None:
+        """Make room for m more positions (doubling the capacity when it runs out)."""
+        need = self.length + m
+        if need <= self.capacity:
+            return
+        grown = self.buf.new_zeros(*self.buf.shape[:3], doubled_capacity(self.capacity, need), self.buf.shape[4])
+        grown[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
+        self.buf = grown
+        self._views = None
+
+    def __deepcopy__(self, memo: dict) -> "KVBuffer":
+        fresh = copy.copy(self)
+        fresh.buf = self.buf.clone()
+        fresh._views = None
+        return fresh
+
+
+LeanCache = HeadCache = KVBuffer  # the names the lean target's and the draft head's callers know
