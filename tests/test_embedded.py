@@ -67,13 +67,12 @@ def test_the_shipped_draft_head_keeps_greedy_output(monkeypatch, lean, draft_dty
         assert (pair.target.__class__.__name__ == "LeanLlama") == (lean == "1")
         int4 = any(type(m).__name__ == "Int4Linear" for m in pair.draft.head.modules())
         assert int4 == (draft_dtype == "int4")
-        for prompt in ("Why is the sky blue?", "Write a haiku about autumn leaves."):
-            ids = encode_prompt(pair.tokenizer, prompt)
-            ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
-            out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), k=3, temperature=0,
-                           max_new_tokens=32, vocab_size=pair.vocab_size)
-            assert out.token_ids == ref.token_ids
-            assert out.stats.accepted > 0  # the trained head gets some drafts through
-            assert all(d.token_id in set(pair.draft.vocab_ids.tolist()) for s in out.steps for d in s.drafts)
+        ids = encode_prompt(pair.tokenizer, "Why is the sky blue?")
+        ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
+        out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), k=3, temperature=0,
+                       max_new_tokens=32, vocab_size=pair.vocab_size)
+        assert out.token_ids == ref.token_ids
+        assert out.stats.accepted > 0  # the trained head gets some drafts through
+        assert all(d.token_id in set(pair.draft.vocab_ids.tolist()) for s in out.steps for d in s.drafts)
     finally:
         torch.set_num_threads(1)
