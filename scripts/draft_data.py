@@ -17,7 +17,10 @@ Stages (subcommands):
   features   the teacher-forced pass: one forward over prompt + answer with the target's hidden
              states, written per answer shard to $EARS_CACHE/draft_features/<layers>/ (outside the
              repo; float16 .npy readable with mmap). Resumable the same way. scripts/train_draft.py
-             --features reads it.
+             --features reads it. ``--target lean`` runs the lean int4 target (LeanLlama, the default
+             target on a CPU with native bfloat16) instead of the float one, one answer at a time
+             (it takes batch 1, no padding), into <layers>-lean/; ``--shards START:STOP[:STEP]``
+             takes a slice of the answer shards.
   status     what the store holds.
 
 Sharing the machine (2 cores, others time benchmarks on it): every stage lowers its own priority
@@ -29,6 +32,7 @@ stop at once; the unfinished batch is dropped, every finished one is kept.
     python scripts/draft_data.py sample --minutes 600 [--batch 64] [--max-new-tokens 192] [--answers 6]
     python scripts/draft_data.py questions --count 1500 --minutes 15
     python scripts/draft_data.py features [--layers last] [--minutes 60]
+    python scripts/draft_data.py features --target lean --layers 3,15,last --shards 0:95:4
     python scripts/draft_data.py status
 """
 
@@ -508,8 +512,19 @@ def parse_layers(spec: str, n_layers: int) -> list[int]:
     return out
 
 
-def features_dir(cache: Path, layers_spec: str) -> Path:
-    return cache / "draft_features" / ("L" + layers_spec.replace(",", "-"))
+def features_dir(cache: Path, layers_spec: str, target: str = "float") -> Path:
+    """Where a feature cache lives: L<layers> for the float target, L<layers>-lean for the lean one."""
+    return cache / "draft_features" / ("L" + layers_spec.replace(",", "-") + ("-lean" if target == "lean" else ""))
+
+
+def shard_slice(spec: str | None) -> slice:
+    """'START:STOP[:STEP]' (any part may be empty) -> a slice of the sorted answer shards; None: all."""
+    if not spec:
+        return slice(None)
+    parts = [int(x) if x.strip() else None for x in spec.split(":")]
+    if not 1 <= len(parts) <= 3:
+        raise ValueError(f"--shards {spec!r}: use START:STOP[:STEP]")
+    return slice(*parts) if len(parts) > 1 else slice(parts[0], parts[0] + 1)
 
 
 def _sha1(path: Path) -> str:
@@ -568,6 +583,27 @@ def teacher_forced(base_model: Any, seqs: list[list[int]], layers: list[int], pa
     return res  # type: ignore[return-value]
 
 
+@torch.inference_mode()
+def teacher_forced_one_by_one(model: Any, seqs: list[list[int]], layers: list[int],
+                              pacer: Pacer | None = None) -> list[np.ndarray] | None:
+    """``teacher_forced`` for a target that runs one sequence at a time (the lean target: batch 1, no
+    padding): one pass per sequence over a fresh cache, hidden states (n - 1, len(layers), d) float16."""
+    res = []
+    for seq in seqs:
+        if pacer is not None:
+            pacer.wait_if_quiet()
+            if pacer.stop:
+                return None
+        ids = torch.tensor([seq])
+        hs = model(ids, past_key_values=model.new_cache(len(seq)), logits_to_keep=1,
+                   output_hidden_states=True).hidden_states
+        f = torch.stack([hs[l][0, :-1] for l in layers], dim=1).float()  # (n - 1, L, d)
+        if not torch.isfinite(f).all() or f.abs().max() > 60000:
+            raise ValueError("a hidden state does not fit float16; pick other layers")
+        res.append(f.to(torch.float16).numpy())
+    return res
+
+
 def write_features(out: Path, shard_path: Path, src_sha: str, seqs: list[tuple[list[int], int]], shard: Shard,
                    feats: list[np.ndarray], layers: list[int]) -> None:
     """<shard>.f16.npy (positions, L, d) then <shard>.idx.npz; the index, written last, marks it whole."""
@@ -602,7 +638,10 @@ def features_current(out: Path, shard_path: Path, src_sha: str) -> bool:
 
 
 def run_features(model: Any, tokenizer: Any, store: Path, out: Path, layers: list[int], *, batch_tokens: int,
-                 pacer: Pacer, log: Callable[[str], None] = print) -> dict[str, float]:
+                 pacer: Pacer, log: Callable[[str], None] = print, shards: slice = slice(None),
+                 one_by_one: bool = False) -> dict[str, float]:
+    """Features of every answer shard in ``shards`` not yet current in ``out``; ``one_by_one``: the target
+    takes one sequence a pass (``teacher_forced_one_by_one``), else right-padded batches of its base model."""
     manifest = load_manifest(store)
     folder = answers_dir(store)
     out.mkdir(parents=True, exist_ok=True)
@@ -610,7 +649,7 @@ def run_features(model: Any, tokenizer: Any, store: Path, out: Path, layers: lis
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     enc: dict[int, list[int]] = {}
     made, positions, active, last_s = 0, 0, 0.0, None
-    for path in shard_paths(folder):
+    for path in shard_paths(folder)[shards]:
         sha = _sha1(path)
         if features_current(out, path, sha):
             continue
@@ -619,7 +658,10 @@ def run_features(model: Any, tokenizer: Any, store: Path, out: Path, layers: lis
         t = time.monotonic()
         shard = read_shard(path)
         seqs = shard_sequences(shard, manifest, tokenizer, enc)
-        feats = teacher_forced(model.model, [s for s, _ in seqs], layers, pad, batch_tokens, pacer)
+        if one_by_one:
+            feats = teacher_forced_one_by_one(model, [s for s, _ in seqs], layers, pacer)
+        else:
+            feats = teacher_forced(model.model, [s for s, _ in seqs], layers, pad, batch_tokens, pacer)
         if feats is None:
             break
         write_features(out, path, sha, seqs, shard, feats, layers)
@@ -699,6 +741,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="last", help="features: 'last' or e.g. '4,15,last'")
     ap.add_argument("--batch-tokens", type=int, default=4096, help="features: padded tokens per forward")
     ap.add_argument("--features-out", default=None, help="default: $EARS_CACHE/draft_features/L<layers>")
+    ap.add_argument("--target", choices=["float", "lean"], default="float", help="features: the float target "
+                    "(EARS_LEAN=0) or the lean int4 one (EARS_LEAN=1, one answer at a time); sample and questions "
+                    "always run the float target (batched generate)")
+    ap.add_argument("--shards", default=None, help="features: START:STOP[:STEP], a slice of the answer shards")
     ap.add_argument("--device", default="cpu", help="where the target runs (e.g. cuda: a GPU makes "
                     "features in seconds; scripts/draft_on_gpu.sh)")
     args = ap.parse_args(argv)
@@ -721,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
     from ears_core.model.loading.embedded import cache_root
     from ears_core.pair import load_pair
 
+    os.environ["EARS_LEAN"] = "1" if args.command == "features" and args.target == "lean" else "0"
     with _SingleInstance(store, args.command):
         manifest = sync_manifest(store) if args.command == "sample" else load_manifest(store)
         if not manifest:
@@ -742,8 +789,9 @@ def main(argv: list[str] | None = None) -> int:
             log(f"added {n} target-written questions; {len(load_manifest(store))} prompts in the manifest")
         elif args.command == "features":
             layers = parse_layers(args.layers, model.config.num_hidden_layers)
-            out = Path(args.features_out) if args.features_out else features_dir(cache_root(), args.layers)
-            r = run_features(model, tok, store, out, layers, batch_tokens=args.batch_tokens, pacer=pacer, log=log)
+            out = Path(args.features_out) if args.features_out else features_dir(cache_root(), args.layers, args.target)
+            r = run_features(model, tok, store, out, layers, batch_tokens=args.batch_tokens, pacer=pacer, log=log,
+                             shards=shard_slice(args.shards), one_by_one=args.target == "lean")
             log(f"done: {r['shards']} shards, {r['positions']} positions this run into {out}")
     return 0
 

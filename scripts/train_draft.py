@@ -9,6 +9,12 @@ Both are applied ``--unroll`` times (default 2): once from true (noised) input f
 the head's own predictions fed back, one step further each time (a training-time test: what the
 second, third, ... drafts of a round see at inference).
 
+``--qat`` trains the head for its int4 variant (``EagleDrafter.quantize_kernels``): every linear layer
+the int4 kernel takes runs through its Q4_1 round trip in the forward (the bfloat16 weight's blocks,
+as the kernel computes them: ``int4_linear.round_trip``), with a straight-through gradient to the float
+weight, and the head's rows of the output head are read through their round trip too. The saved weights
+are the float ones; the int4 variant quantises them at load as before.
+
     python scripts/train_draft.py --features ~/.cache/ears_studio/draft_features/Llast [--minutes 12] \
         [--vocab 6144] [--out assets/embedded_draft]
     python scripts/train_draft.py --features ~/.cache/ears_studio/draft_features/Llast \
@@ -147,10 +153,12 @@ def to_device(rows: list[dict], device: torch.device) -> None:
         r["ids"] = r["ids"].to(device)
 
 
-def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float, unroll: int = 2):
+def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float, unroll: int = 2, w_head=None):
     """[(cls, reg, top1)] for unroll steps 1 .. ``unroll``. Step u > 1 reads, at output j, the
     head's step u - 1 prediction at j - 1 (so its input chain reaches back u - 1 own predictions to a
-    true feature), as the u-th draft of a round does; position 0 always reads the true feature."""
+    true feature), as the u-th draft of a round does; position 0 always reads the true feature.
+    ``w_head``: the rows the head's own logits read (default ``w_sub``; --qat: their int4 round trip)."""
+    w_head = w_sub if w_head is None else w_head
     if unroll < 1:
         raise ValueError(f"unroll must be >= 1, got {unroll}")
     d = w_sub.shape[1]
@@ -168,7 +176,7 @@ def step_losses(head, embed, w_sub, feats, tokens, mask, noise: float, unroll: i
             fed = F.pad(preds[:, :-1], (f_in.shape[-1] - d, 0))  # (B, L-1, n*d)
             x = torch.cat([f_in[:, :1], fed], dim=1)
         preds = head(x, emb)  # (B, L, d)
-        logq = torch.log_softmax(preds @ w_sub.T, dim=-1)
+        logq = torch.log_softmax(preds @ w_head.T, dim=-1)
         cls = -(p_t * logq).sum(-1)[mask].mean()
         reg = F.smooth_l1_loss(preds[mask], f_tgt[mask])
         top1 = (logq.argmax(-1) == logp_t.argmax(-1))[mask].float().mean()
@@ -233,6 +241,32 @@ def add_identity_layer(layer: torch.nn.Module, target) -> None:
         layer.mlp.down_proj.weight.zero_()
 
 
+class _FakeInt4(torch.nn.Module):
+    """A weight parametrization: forward, the int4 round trip of the weight as shipped (bfloat16);
+    backward, the identity (a straight-through estimator)."""
+
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        from ears_core.model.kernels.int4_linear import round_trip
+
+        return w + (round_trip(w.detach().to(torch.bfloat16)).to(w.dtype) - w).detach()
+
+
+def fake_int4(head: DraftHead, on: bool) -> int:
+    """--qat on: every linear layer of the head the int4 kernel takes computes through its round trip
+    (``_FakeInt4``); off: the parametrizations removed, the float weights kept. Returns how many layers."""
+    from torch.nn.utils import parametrize
+
+    from ears_core.model.kernels.int4_linear import takes
+
+    layers = [m for m in head.modules() if takes(m)]
+    for m in layers:
+        if on:
+            parametrize.register_parametrization(m, "weight", _FakeInt4())
+        elif parametrize.is_parametrized(m, "weight"):
+            parametrize.remove_parametrizations(m, "weight", leave_parametrized=False)
+    return len(layers)
+
+
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "assets" / "embedded_draft"))
@@ -261,20 +295,22 @@ def parse_args() -> argparse.Namespace:
                     "from a head with fewer appends identity layers: add_identity_layer)")
     ap.add_argument("--device", default="cpu", help="where the head trains (cuda: the feature cache is read "
                     "into GPU memory once; scripts/draft_on_gpu.sh)")
+    ap.add_argument("--qat", action="store_true", help="quantisation-aware: train through the int4 variant's "
+                    "4-bit round trip (fake_int4), straight-through gradients")
     ap.add_argument("--fused", action="store_true", help="read every layer of the cache (EAGLE-3 "
                     "fusion; e.g. a cache made with --layers 3,15,last), not only the last")
     return ap.parse_args()
 
 
-def evaluate(head: DraftHead, embed, w_sub: torch.Tensor, val: list[dict], batch_tokens: int, unroll: int
-             ) -> list[float]:
+def evaluate(head: DraftHead, embed, w_sub: torch.Tensor, val: list[dict], batch_tokens: int, unroll: int,
+             w_head: torch.Tensor | None = None) -> list[float]:
     """Validation top-1 agreement per unroll step (at least two), the head left in training mode."""
     head.eval()
     accs = [[] for _ in range(max(2, unroll))]
     with torch.no_grad():
         for b in batches(val, batch_tokens, random.Random(1)):
             for i, (_, _, top1) in enumerate(step_losses(head, embed, w_sub, *collate(b, w_sub.device), noise=0.0,
-                                                         unroll=max(2, unroll))):
+                                                         unroll=max(2, unroll), w_head=w_head)):
                 accs[i].append(float(top1))
     head.train()
     return [sum(a) / len(a) for a in accs]  # val top-1 per unroll step
@@ -289,7 +325,8 @@ def schedule_progress(step: int, total_steps: int | None, elapsed_s: float, budg
 
 
 def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows: list[dict], val: list[dict],
-          args: argparse.Namespace, rng: random.Random) -> tuple[int, int, list[dict]]:
+          args: argparse.Namespace, rng: random.Random, w_head: torch.Tensor | None = None
+          ) -> tuple[int, int, list[dict]]:
     """AdamW with warm-up then cosine until the time or epoch budget runs out ->
     (steps, batches per epoch, the learning curve [(step, positions seen, val top-1)] if asked)."""
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -308,7 +345,8 @@ def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows:
             frac = schedule_progress(step, total_steps, el, budget)
             for g in opt.param_groups:  # warm-up then cosine
                 g["lr"] = args.lr * min(1.0, (step + 1) / 30) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-            losses = step_losses(head, embed, w_sub, *collate(b, w_sub.device), noise=args.noise, unroll=args.unroll)
+            losses = step_losses(head, embed, w_sub, *collate(b, w_sub.device), noise=args.noise, unroll=args.unroll,
+                                 w_head=w_head)
             loss = sum(c + 0.5 * r for c, r, _ in losses)
             (c1, r1, a1), (c2, r2, a2) = losses[0], losses[min(1, len(losses) - 1)]
             opt.zero_grad()
@@ -317,7 +355,7 @@ def train(head: DraftHead, embed, w_sub: torch.Tensor, params: list, train_rows:
             opt.step()
             seen += sum(len(r["ids"]) - r["prompt_len"] for r in b)
             if args.curve_every and (step + 1) % args.curve_every == 0:
-                top1 = evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll)[0]
+                top1 = evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll, w_head)[0]
                 curve.append({"step": step + 1, "positions_seen": seen, "epoch": round((step + 1) / per_epoch, 3),
                               "val_top1_step1": round(top1, 4)})
                 print(f"curve: {curve[-1]}", flush=True)
@@ -364,20 +402,27 @@ def main() -> None:
     embed = target.get_input_embeddings()
     w_out = target.get_output_embeddings().weight.detach()
     w_sub = w_out[vocab_ids.to(w_out.device)]  # (N, d)
+    w_head = None
+    if args.qat:
+        from ears_core.model.kernels.int4_linear import round_trip
+
+        w_head = round_trip(w_sub.to(torch.bfloat16)).to(w_sub.device)  # (N, d): the int4 variant's output rows
+        print(f"--qat: {fake_int4(head, True)} linear layers through their int4 round trip", flush=True)
     params = [p for n, p in head.named_parameters() if not n.startswith("body.embed_tokens")]
 
     print(f"before training: val top-1 agreement step1 "
-          f"{evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll)[0]:.3f}", flush=True)
+          f"{evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll, w_head)[0]:.3f}", flush=True)
     t0 = time.perf_counter()
-    step, per_epoch, curve = train(head, embed, w_sub, params, train_rows, val, args, rng)
-    vals = evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll)
+    step, per_epoch, curve = train(head, embed, w_sub, params, train_rows, val, args, rng, w_head)
+    vals = evaluate(head, embed, w_sub, val, args.batch_tokens, args.unroll, w_head)
+    fake_int4(head, False)
     v1, v2 = vals[0], vals[1]
     minutes = (time.perf_counter() - t0) / 60
     print(f"done: {step} steps, {step / per_epoch:.2f} epochs, {minutes:.1f} min; val top-1 agreement step1 {v1:.3f} step2 {v2:.3f}")
     meta = {"train_answers": len(train_rows), "val_answers": len(val), "answer_positions": positions,
             "vocab": len(vocab_ids), "vocab_coverage": round(coverage, 4), "steps": step, "epochs": round(step / per_epoch, 2),
             "train_minutes": round(minutes, 1), "val_top1_step1": round(v1, 4), "val_top1_step2": round(v2, 4),
-            **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll, "head_layers": args.head_layers, "device": args.device,
+            **({"val_top1_step3": round(vals[2], 4)} if len(vals) > 2 else {}), "unroll": args.unroll, "qat": args.qat, "head_layers": args.head_layers, "device": args.device,
             "lr": args.lr, "noise": args.noise, "batch_tokens": args.batch_tokens,
             "data": "draft_data features",
             "positions_asked": args.positions, "feature_layers": list(head.feature_layers),

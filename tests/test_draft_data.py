@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
+from ears_core.model.kernels import gguf_q4
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import draft_data as dd  # noqa: E402
@@ -200,6 +201,38 @@ def test_features_are_the_targets_hidden_states_and_resume(tmp_path, model):
     redo = dd.run_features(model, FakeTokenizer(), store, out, layers, batch_tokens=40,
                            pacer=dd.Pacer(log=lambda m: None), log=lambda m: None)
     assert redo["shards"] == 1
+
+
+@pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
+def test_lean_features_are_the_lean_targets_hidden_states_one_answer_at_a_time(tmp_path, model):
+    from ears_core.model.loading.lean_target import from_float_model
+
+    store, manifest = _store(tmp_path, n=6)
+    _run(model, store, manifest, dd.Pacer(log=lambda m: None), rounds=1, batch=2)
+    tied = tiny_llama(0, vocab=96, eos=EOS)
+    with torch.no_grad():
+        tied.lm_head.weight.copy_(tied.model.embed_tokens.weight)  # the lean target ties its head
+    lean = from_float_model(tied)
+    out = tmp_path / "lean"
+    layers = dd.parse_layers("1,last", lean.config.num_hidden_layers)
+    shards = dd.shard_paths(dd.answers_dir(store))
+    assert len(shards) >= 2
+    answers = sum(len(dd.read_shard(p).answers) for p in shards[1:])
+    kw = dict(batch_tokens=40, log=lambda m: None, shards=dd.shard_slice("1:"), one_by_one=True)
+    r = dd.run_features(lean, FakeTokenizer(), store, out, layers, pacer=dd.Pacer(log=lambda m: None), **kw)
+    assert r["shards"] == len(shards) - 1 and not (out / f"{shards[0].stem}.idx.npz").exists()  # the slice only
+    rows = dd.load_feature_rows(out, layer_slot=slice(None))
+    assert len(rows) == answers
+    for row in rows:
+        ids = row["ids"].tolist()
+        with torch.inference_mode():
+            hs = lean(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        want = torch.stack([hs[1][0, :-1], hs[-1][0, :-1]], dim=1).float()  # (n - 1, 2, d)
+        assert torch.equal(torch.from_numpy(np.asarray(row["feats"], dtype=np.float32)), want.half().float())
+    again = dd.run_features(lean, FakeTokenizer(), store, out, layers, pacer=dd.Pacer(log=lambda m: None), **kw)
+    assert again["shards"] == 0  # resumed: nothing redone
+    assert dd.features_dir(tmp_path, "3,15,last", "lean").name == "L3-15-last-lean"
+    assert dd.shard_slice("0:95:4") == slice(0, 95, 4) and dd.shard_slice(None) == slice(None)
 
 
 def test_a_prompt_that_changed_encoding_is_refused(tmp_path, model):

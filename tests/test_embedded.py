@@ -45,14 +45,28 @@ def test_ears_on_the_embedded_target_reports_pardons_and_distortion(embedded):
             assert e.ratio == pytest.approx(e.p, rel=1e-5) and e.q == 1.0
 
 
-@pytest.mark.slow
-def test_the_shipped_draft_head_keeps_greedy_output():
-    from ears_core.draft.eagle import EagleDrafter
+SHIPPED_HEAD_SETTINGS = [("0", ""), ("1", "bfloat16"), ("1", "int4")]  # EARS_LEAN, EARS_DRAFT_DTYPE
 
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lean,draft_dtype", SHIPPED_HEAD_SETTINGS, ids=["float", "lean-bfloat16", "lean-int4"])
+def test_the_shipped_draft_head_keeps_greedy_output(monkeypatch, lean, draft_dtype):
+    """The shipped head loads on each target path and in each variant (the int4 one included), and its greedy
+    speculative output is the target's own greedy output."""
+    from ears_core.draft.eagle import EagleDrafter
+    from ears_core.model.loading import lean_target
+
+    if lean == "1" and not lean_target.supported():
+        pytest.skip("this CPU has no native bfloat16 or int4 kernel: the lean target does not run here")
+    monkeypatch.setenv("EARS_LEAN", lean)
+    monkeypatch.setenv("EARS_DRAFT_DTYPE", draft_dtype)
     torch.set_num_threads(2)
     try:
         pair = load_pair("embedded", "embedded", device="cpu")
         assert isinstance(pair.draft, EagleDrafter)
+        assert (pair.target.__class__.__name__ == "LeanLlama") == (lean == "1")
+        int4 = any(type(m).__name__ == "Int4Linear" for m in pair.draft.head.modules())
+        assert int4 == (draft_dtype == "int4")
         ids = encode_prompt(pair.tokenizer, "Why is the sky blue?")
         ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
         out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), k=3, temperature=0,

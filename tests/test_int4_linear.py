@@ -9,7 +9,7 @@ from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_targ
 from ears_core.draft.head_kernels import INT4_MIN_GAIN, MIN_GAIN, Variant, _pick, candidates
 from ears_core.model.kernels import gguf_q4
 from ears_core.model.kernels.gguf_q4 import dequantize_q4_1
-from ears_core.model.kernels.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, takes
+from ears_core.model.kernels.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, round_trip, takes
 
 CPU = torch.device("cpu")
 F32, F32P, BF, BFP = Variant("float32", False), Variant("float32", True), Variant("bfloat16", False), Variant("bfloat16", True)
@@ -33,6 +33,20 @@ def test_an_int4_linear_computes_its_blocks_within_bfloat16_rounding():
     assert (got.float() - x.float() @ layer.weight.T - layer.bias).abs().max() > 1e-3  # 4-bit: not the float layer
     rows = torch.cat([four(x[i:i + 1]) for i in range(5)])
     assert torch.equal(rows, got)  # a row's result does not depend on the rows beside it
+
+
+@needs_kernel
+def test_the_round_trip_is_the_weight_the_kernel_computes_with():
+    gen = torch.Generator().manual_seed(5)
+    layer = nn.Linear(128, 32, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(32, 128, generator=gen))
+    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
+    w4 = round_trip(layer.weight)
+    got, ref = Int4Linear(layer)(x).float(), x.float() @ w4.T
+    assert torch.allclose(got, ref, rtol=1e-2, atol=1e-2 * ref.abs().mean().item())  # the kernel's own weights
+    far = (x.float() @ layer.weight.detach().T - ref).abs().mean()
+    assert (got - ref).abs().mean() < far / 10  # much closer than the float weight is
 
 
 def test_only_shapes_the_kernel_takes_are_swapped():

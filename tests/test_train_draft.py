@@ -164,3 +164,26 @@ def test_the_schedule_ends_with_whichever_budget_ends_first():
     assert td.schedule_progress(50, 100, 90.0, 120.0) == 0.75  # both: the minutes run out first
     assert td.schedule_progress(80, 100, 30.0, 120.0) == 0.8  # both: the epochs run out first
     assert td.schedule_progress(300, 100, 500.0, 120.0) == 1.0
+
+
+@pytest.mark.skipif(not __import__("ears_core.model.kernels.gguf_q4", fromlist=["available"]).available(),
+                    reason="this torch has no CPU int4 kernel")
+def test_qat_runs_the_heads_linears_through_their_int4_round_trip_and_saves_the_float_weights():
+    from ears_core.model.kernels.int4_linear import round_trip
+
+    target = tiny_llama(0, vocab=96, hidden=64)
+    torch.manual_seed(0)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(96), feature_layers=(1, -1))
+    fc = head.fc.weight.detach().clone()
+    assert td.fake_int4(head, True) == 1 + 7  # fc and the layer's seven projections
+    assert torch.allclose(head.fc.weight, round_trip(fc.to(torch.bfloat16)), rtol=0, atol=1e-7)
+    rows = [_row(7, 2, 64, 2, s) for s in range(2)]
+    w_sub = target.get_output_embeddings().weight.detach()
+    (c1, r1, _), _ = td.step_losses(head, target.get_input_embeddings(), w_sub, *td.collate(rows), 0.0,
+                                    w_head=round_trip(w_sub.to(torch.bfloat16)))
+    (c1 + r1).backward()
+    grad = head.parametrizations.weight.original.grad if hasattr(head, "parametrizations") else \
+        head.fc.parametrizations.weight.original.grad
+    assert grad is not None and grad.abs().sum() > 0  # straight through to the float weight
+    td.fake_int4(head, False)
+    assert torch.equal(head.fc.weight.detach(), fc) and "fc.weight" in head.state_dict()

@@ -9,6 +9,10 @@ blocks        ``q4_1_blocks(w)``: per block of 32 consecutive inputs of a row, t
 Int4Linear    an ``nn.Module`` with ``nn.Linear``'s calling convention over such blocks: bfloat16 in, bfloat16
               out, the bias (if any) added in bfloat16. A quarter of the bytes of a bfloat16 weight (plus a
               scale and zero per 32), which is what a one-row pass on a CPU pays for.
+round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks, ``(c - 8) s + z`` with
+              ``s = d`` and ``z = m + 8 d`` rounded to bfloat16 (gguf_q4.py, "scales"). Training a head through it
+              (a straight-through estimator: the forward sees the round trip, the gradient passes to ``w``
+              as if it were the identity) fits the head to its int4 variant (scripts/train_draft.py --qat).
 quantize      ``quantize_linears(module)`` swaps every ``nn.Linear`` under ``module`` (whose shape the kernel
               takes: inputs a multiple of 32, outputs of 16) for an ``Int4Linear`` of its weight. Used for the
               EAGLE head's int4 variant (draft/head_kernels.py): draft side only, so the drafts' distribution q
@@ -22,7 +26,7 @@ from torch import Tensor, nn
 
 from ears_core.model.kernels.gguf_q4 import GROUP, Int4Weight, int4_linear, pack_q4_1
 
-__all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "takes"]
+__all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "round_trip", "takes"]
 
 
 def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -37,6 +41,15 @@ def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     m = lo.half().float()
     codes = ((g - m[..., None]) / d.clamp_min(1e-12)[..., None]).round().clamp(0, 15).to(torch.uint8)
     return codes.view(n, k), d, m
+
+
+def round_trip(w: Tensor) -> Tensor:
+    """(N, K) float weight -> (N, K) float32: what the int4 kernel multiplies by for its blocks (module terms)."""
+    codes, d, m = q4_1_blocks(w)
+    n, k = codes.shape
+    s, z = d.to(torch.bfloat16).float(), (m + 8 * d).to(torch.bfloat16).float()  # (N, K / 32) each
+    out = (codes.view(n, k // GROUP, GROUP).float() - 8) * s[..., None] + z[..., None]  # (N, nb, 32)
+    return out.view(n, k)
 
 
 def takes(layer: nn.Module) -> bool:
