@@ -95,3 +95,25 @@ def test_a_quantized_head_drafts_and_greedy_output_stays_the_targets():
     assert spec.token_ids == base.token_ids and spec.stats.drafted > 0
     with pytest.raises(ValueError, match="bfloat16"):
         EagleDrafter(DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)), target).quantize_kernels()
+
+
+def test_the_int4_layers_variant_keeps_the_output_rows_in_bfloat16(monkeypatch):
+    from ears_core import GreedyRule, autoregressive, generate
+    from ears_core.draft.head_kernels import INT4_LAYERS_VARIANT, candidates
+
+    env = {"EARS_DRAFT_DTYPE": "int4-layers"}
+    assert candidates(torch.device("cpu"), torch.bfloat16, env=env, bf16=True) == [INT4_LAYERS_VARIANT]
+    assert INT4_LAYERS_VARIANT.label == "int4-layers" and INT4_LAYERS_VARIANT.int4
+    torch.manual_seed(3)
+    target = tiny_llama(0)
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).to(torch.bfloat16).eval()
+    drafter = EagleDrafter(head, target)
+    rows = drafter.sub_head.weight.detach().clone()  # (N, d)
+    assert drafter.quantize_kernels(rows=False) == 8  # the layers only
+    assert not isinstance(drafter.sub_head, Int4Linear) and isinstance(head.fc, Int4Linear)
+    feats = torch.randn(3, rows.shape[1]).to(torch.bfloat16)
+    torch.testing.assert_close(drafter._sub(feats), (feats.float() @ rows.float().T), atol=0.05, rtol=0.02)
+    prompt = [1, 5, 9, 14, 3]
+    base = autoregressive(target, prompt, temperature=0.0, max_new_tokens=16)
+    spec = generate(target, drafter, prompt, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=16)
+    assert spec.token_ids == base.token_ids and spec.stats.drafted > 0

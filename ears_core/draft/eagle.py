@@ -201,17 +201,18 @@ class EagleDrafter:
         self.sub_head = pack_layer(rows)
         return pack_linears(self.head) + int(self.sub_head is not rows)
 
-    def quantize_kernels(self) -> int:
-        """Run the head's layers and its output rows from 4-bit blocks on the CPU int4 kernel
-        (model/kernels/int4_linear.py; head_kernels.py's int4 variant); the head must be bfloat16."""
+    def quantize_kernels(self, rows: bool = True) -> int:
+        """Run the head's layers, and its output rows unless ``rows`` is False (they are then oneDNN-packed
+        bfloat16), from 4-bit blocks on the CPU int4 kernel (model/kernels/int4_linear.py; head_kernels.py's
+        int4 variants); the head must be bfloat16."""
         from ears_core.model.kernels.int4_linear import Int4Linear, quantize_linears, takes
+        from ears_core.model.kernels.packed_linear import pack_layer
 
         if self.dtype != torch.bfloat16:
             raise ValueError(f"the int4 kernel takes bfloat16 activations: load the head in bfloat16, not {self.dtype}")
-        rows = takes(self.sub_head)
-        if rows:
-            self.sub_head = Int4Linear(self.sub_head)
-        return quantize_linears(self.head) + int(rows)
+        quantized = rows and takes(self.sub_head)
+        self.sub_head = Int4Linear(self.sub_head) if quantized else pack_layer(self.sub_head) if not rows else self.sub_head
+        return quantize_linears(self.head) + int(quantized)
 
     def _sub(self, feats: Tensor) -> Tensor:  # (..., d) -> (..., N) float32 logits over the head's vocabulary
         return self.sub_head(feats).float()

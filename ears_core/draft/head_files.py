@@ -81,7 +81,7 @@ def head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: in
     if variant.packed:
         drafter.pack_kernels()
     if variant.int4:
-        drafter.quantize_kernels()
+        drafter.quantize_kernels(rows=variant.int4_rows)
     calibration = folder / "calibration.json"  # scripts/calibrate_draft.py
     if calibration.is_file():
         drafter.calibration_table = json.loads(calibration.read_text())

@@ -12,6 +12,8 @@ int4          a quarter of the bytes a draft step reads, for a few points of acc
               of the embedded head stands 5 points less often at T = 0, 1 at T = 0.9: docs/benchmarks.md). Offered where
               the target is the lean int4 one (its step is short, so the head's share of a round is large)
               and kept only if its round is at least ``INT4_MIN_GAIN`` cheaper than the best float variant's.
+              Most of those points are the output rows' (3.0 of 4.8 in validation top-1: assets/embedded_draft,
+              version 11): ``EARS_DRAFT_DTYPE=int4-layers`` keeps the rows in bfloat16 (packed), the layers int4.
 candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype only (``int4``: the int4 variant). A float32 target on
               a CPU with native bfloat16 dot products (AVX512-BF16 or AMX): float32 and bfloat16.
               Otherwise the target's dtype. Each dtype packed and as loaded where oneDNN is here; then int4
@@ -55,6 +57,7 @@ REPEATS = 7
 MIN_GAIN = 0.03  # another variant must be >= 3 % cheaper than the target's dtype as loaded
 INT4_MIN_GAIN = 0.2  # the int4 variant must be >= 20 % cheaper than the best float one (it drafts a little worse)
 INT4 = "int4"  # EARS_DRAFT_DTYPE's name for the int4 variant
+INT4_LAYERS = "int4-layers"  # ... and for its twin whose output rows stay bfloat16 (module terms: int4)
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,7 @@ class Variant:
     dtype: str  # a DRAFT_DTYPES key
     packed: bool
     int4: bool = False  # the layers and output rows on the int4 kernel (module terms); dtype is then bfloat16
+    int4_rows: bool = True  # with int4: the output rows too (False: they stay bfloat16, packed)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -69,10 +73,13 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return INT4 if self.int4 else f"{self.dtype}{' packed' if self.packed else ''}"
+        if self.int4:
+            return INT4 if self.int4_rows else INT4_LAYERS
+        return f"{self.dtype}{' packed' if self.packed else ''}"
 
 
 INT4_VARIANT = Variant("bfloat16", False, True)  # the int4 kernel takes bfloat16 activations
+INT4_LAYERS_VARIANT = Variant("bfloat16", False, True, False)
 
 
 @dataclass
@@ -100,14 +107,14 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
     has native bfloat16 and oneDNN packing (None: ask torch); ``int4``: offer the int4 variant (the
     target is the lean one). A ValueError names a bad override."""
     choice = (os.environ if env is None else env).get("EARS_DRAFT_DTYPE", "").strip().lower()
-    if choice and choice not in (*DRAFT_DTYPES, INT4):
+    if choice and choice not in (*DRAFT_DTYPES, INT4, INT4_LAYERS):
         raise ValueError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
-                         f"{', '.join((*DRAFT_DTYPES, INT4))} (or leave it unset to measure on this machine)")
-    if choice == INT4:
+                         f"{', '.join((*DRAFT_DTYPES, INT4, INT4_LAYERS))} (or leave it unset to measure on this machine)")
+    if choice in (INT4, INT4_LAYERS):
         if device.type != "cpu" or not supported(bf16):
-            raise ValueError("EARS_DRAFT_DTYPE=int4 needs a CPU with native bfloat16 and PyTorch's int4 kernel: "
+            raise ValueError(f"EARS_DRAFT_DTYPE={choice} needs a CPU with native bfloat16 and PyTorch's int4 kernel: "
                              "leave it unset to measure the float variants here")
-        return [INT4_VARIANT]
+        return [INT4_VARIANT if choice == INT4 else INT4_LAYERS_VARIANT]
     if device.type != "cpu":
         return [Variant(choice or _dtype_name(target_dtype), False)]
     if choice:
