@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from ears_core.model.measuring.measured import cache_file
 from ears_core.model.measuring.pass_times import measure_pass_ms
 from ears_core.policy.costs import PriceCurve
 from ears_core.timing import MachineBusy, RunQueue
@@ -70,9 +71,8 @@ REFRESH_SLOWER = 1.15  # a refreshed step up to 15 % slower than the cached one 
 
 
 def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
-    root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-    return root / "costs" / f"{safe}.v4.json"  # v2: raw curves (v1: forced non-decreasing); v3: planned head; v4: kernels in the key
+    # v2: raw curves (v1: forced non-decreasing); v3: planned head; v4: kernels in the key
+    return cache_file("costs", f"{key}.v4.json", cache_dir)
 
 
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,

@@ -33,7 +33,7 @@ import torch
 
 from ears_core.timing import MachineBusy, RunQueue
 
-__all__ = ["MEASURED_M", "Measured", "interleaved", "keep_first", "machine_tag", "quietly"]
+__all__ = ["MEASURED_M", "Measured", "cache_file", "interleaved", "keep_first", "machine_tag", "quietly"]
 
 MEASURED_M = (1, 3, 5)
 T = TypeVar("T")
@@ -57,9 +57,7 @@ class Measured:
     @classmethod
     def file(cls, key: str, cache_dir: str | os.PathLike | None) -> Path:
         """$EARS_CACHE/kernels/<KIND>-<key>.json (module terms: cache)."""
-        root = Path(cache_dir or os.environ.get("EARS_CACHE") or Path.home() / ".cache" / "ears_studio")
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in key)
-        return root / "kernels" / f"{cls.KIND}-{safe}.json"
+        return cache_file("kernels", f"{cls.KIND}-{key}.json", cache_dir)
 
     @classmethod
     def cached(cls: type[R], key: str, cache_dir: str | os.PathLike | None, refresh: bool = False,
@@ -83,6 +81,14 @@ class Measured:
         tmp.write_text(json.dumps(asdict(self), indent=1))
         tmp.replace(path)
         return self
+
+
+def cache_file(folder: str, name: str, cache_dir: str | os.PathLike | None) -> Path:
+    """Where a measurement is cached: <the cache root>/<folder>/<name>, any character of ``name`` a file name
+    should not hold as "_" (the root: model/loading/embedded.py, ``cache_root``)."""
+    from ears_core.model.loading.embedded import cache_root
+
+    return cache_root(cache_dir) / folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
 
 def interleaved(candidates: Sequence[T], time_one: Callable[[T], Any], rounds: int,
