@@ -19,11 +19,11 @@ planned k     the policy's choice from earlier rounds only: the longest run of d
               calibration keeps learning) and counts as not paid, so the back-off schedule runs as before.
 decisions     verify.decide_drafts: the rule's accept / pardon test and the leading run n as a cumulative
               product of the flags that stood; no host read.
-next token    drawn on the device with the round's counter-based draws at position n: for a ratio rule the
-              residual max(0, p - q) is searched unnormalised (as ``AcceptanceRule.draw_residual``), with a
-              ``torch.where`` in place of its host test for an empty residual, and the bonus from the
-              rule's ``bonus()``; another rule draws from its own ``residual()``; the argmax path takes the
-              target's argmax. Bit for bit the tokens of today's CPU path.
+next token    drawn on the device with the round's counter-based draws at position n: from the rule's
+              ``residual_cdf`` (rules/base.py: for a ratio rule max(0, p - q) unnormalised, with a
+              ``torch.where`` in place of ``draw_residual``'s host test for an empty residual), the bonus from
+              the rule's ``bonus()``; the argmax path takes the target's argmax. Bit for bit the tokens of
+              today's CPU path.
 packed read   the round's tokens, n, next token, kinds and per-token event fields (p, q, r, U, tolerance,
               max P, distortion) and the drafter's confidences in one float64 vector (``RoundHost.pack``),
               read once (``HostReader``): on CUDA copied into pinned memory with ``non_blocking`` behind an
@@ -47,7 +47,7 @@ from ears_core.decode.chain import ChainShape, RoundHost
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.verify import Verdict, debugging, decide_drafts, next_probs
 from ears_core.metrics import expected_tokens
-from ears_core.rules import RESIDUAL_EPS, AcceptanceRule
+from ears_core.rules import AcceptanceRule
 from ears_core.sampling import Stream, search_cdf
 
 __all__ = ["DeviceChainShape", "HostReader", "device_verify", "draw_next"]
@@ -68,12 +68,7 @@ def draw_next(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, n
     if k == 0:
         return search_cdf(cdf_bonus, u)
     draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)].float()  # (B, V): unused for a bonus row
-    if type(rule).residual is AcceptanceRule.residual:  # the ratio rule's residual, searched unnormalised
-        cdf_res = (at_n - draft_at_n).clamp_(min=0.0).cumsum(dim=-1)  # (B, V)
-        empty = cdf_res[:, -1:] <= RESIDUAL_EPS  # (B, 1): no residual mass, P_target itself
-        cdf_res = torch.where(empty, at_n.cumsum(dim=-1), cdf_res)
-    else:
-        cdf_res = rule.residual(at_n, draft_at_n).float().cumsum(dim=-1)  # (B, V)
+    cdf_res = rule.residual_cdf(at_n, draft_at_n)  # (B, V)
     return search_cdf(torch.where(bonus, cdf_bonus, cdf_res), u)
 
 

@@ -118,6 +118,15 @@ class AcceptanceRule:
             return sample_with_uniforms(target_probs, u)
         return search_cdf(cdf, u)
 
+    def residual_cdf(self, target_probs: Tensor, draft_probs: Tensor) -> Tensor:
+        """(..., V) cumulative mass of ``residual(target_probs, draft_probs)`` with no host read, for
+        ``search_cdf``: for the ratio rule's residual max(0, p - q) unnormalised, and P_target's own where
+        that has no mass (a ``torch.where`` in place of ``draw_residual``'s host test); else the residual's."""
+        if type(self).residual is not AcceptanceRule.residual:
+            return self.residual(target_probs, draft_probs).float().cumsum(dim=-1)
+        cdf = (target_probs - draft_probs).clamp(min=0.0).cumsum(dim=-1)  # (..., V)
+        return torch.where(cdf[..., -1:] <= RESIDUAL_EPS, target_probs.cumsum(dim=-1), cdf)
+
     def emitted(self, target_probs: Tensor, draft_probs: Tensor, tolerance: Tensor) -> Tensor:
         """(B, K, V) distribution of the token one verified position emits (``distortion.emitted``)."""
         return emitted(draft_probs, self.acceptance_prob(target_probs, draft_probs, tolerance),
