@@ -23,12 +23,13 @@ from ears_core.studio import zerogpu
 
 from conftest import tiny_llama
 from test_app import tiny_backend
+from test_zerogpu_space import zerogpu_like
 
 
 def test_the_budget_counts_the_calls_start_up(monkeypatch):
     log: list = []
     budgets: list = []
-    monkeypatch.setattr(spaces, "GPU", _gpu_recording(log))
+    monkeypatch.setattr(spaces, "GPU", zerogpu_like(log))
     slot = zerogpu.StartupPair(Settings(target="embedded", timeout_s=20.0), tiny_backend())
     wrap = zerogpu.gpu_call(slot.settings)
 
@@ -38,8 +39,8 @@ def test_the_budget_counts_the_calls_start_up(monkeypatch):
         yield "done"
 
     assert list(wrap(handler, "generate")(max_new=8)) == ["done"]
-    asked = log[-1]  # 20 s of start-up allowance + 8 tokens x 0.05 s, at most timeout_s: 21 s
-    assert asked == 21
+    name, asked = log[-1]  # 20 s of start-up allowance + 8 tokens x 0.05 s, at most timeout_s: 21 s
+    assert (name, asked) == ("generate", 21)
     assert asked - 0.3 - zerogpu.END_MARGIN_S - 0.2 < budgets[0] <= min(20.0, asked - 0.3 - zerogpu.END_MARGIN_S)
     assert zerogpu.call_ends() is None  # the call ended: outside one, the settings' budget
     assert slot.decode_budget_s() == 20.0 and PairSlot(Settings(timeout_s=7.0)).decode_budget_s() == 7.0
@@ -47,7 +48,7 @@ def test_the_budget_counts_the_calls_start_up(monkeypatch):
 
 def test_a_start_up_past_the_allowance_leaves_no_decoding(monkeypatch):
     monkeypatch.setattr(zerogpu, "START_S", 0.5)
-    monkeypatch.setattr(spaces, "GPU", _gpu_recording([]))
+    monkeypatch.setattr(spaces, "GPU", zerogpu_like([]))
     slot = zerogpu.StartupPair(Settings(target="embedded", timeout_s=20.0), tiny_backend())
     seen: list = []
 
@@ -57,18 +58,6 @@ def test_a_start_up_past_the_allowance_leaves_no_decoding(monkeypatch):
 
     list(zerogpu.gpu_call(slot.settings)(handler, "generate")(max_new=1))
     assert seen == [0.0]  # ceil(0.5 + 0.05) = 1 s asked, less the margin: nothing left to decode
-
-
-def _gpu_recording(log: list):
-    """``spaces.GPU`` off ZeroGPU, noting each call's requested duration in ``log``."""
-    def GPU(task=None, *, duration=None, size=None):
-        def decorate(fn):
-            def call(*args, **kwargs):
-                log.append(duration(*args, **kwargs))
-                yield from fn(*args, **kwargs)
-            return call
-        return decorate
-    return GPU
 
 
 def test_no_tree_warm_up_where_auto_never_picks_a_tree(monkeypatch):

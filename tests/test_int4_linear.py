@@ -17,14 +17,20 @@ I4 = Variant("bfloat16", False, True)
 needs_kernel = pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
 
 
+def _layer_and_rows(n_in: int, n_out: int, rows: int, seed: int, bias: bool) -> tuple[nn.Linear, torch.Tensor]:
+    """A linear layer with seeded standard-normal weights (and bias), and ``rows`` bfloat16 inputs (rows, n_in)."""
+    gen = torch.Generator().manual_seed(seed)
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(n_out, n_in, generator=gen))
+        if bias:
+            layer.bias.copy_(torch.randn(n_out, generator=gen))
+    return layer, torch.randn(rows, n_in, generator=gen).to(torch.bfloat16)
+
+
 @needs_kernel
 def test_an_int4_linear_computes_its_blocks_within_bfloat16_rounding():
-    gen = torch.Generator().manual_seed(11)
-    layer = nn.Linear(96, 48, bias=True)
-    with torch.no_grad():
-        layer.weight.copy_(torch.randn(48, 96, generator=gen))
-        layer.bias.copy_(torch.randn(48, generator=gen))
-    x = torch.randn(5, 96, generator=gen).to(torch.bfloat16)
+    layer, x = _layer_and_rows(96, 48, rows=5, seed=11, bias=True)
     four = Int4Linear(layer)
     ref = x.float() @ dequantize_q4_1(*q4_1_blocks(layer.weight)).T + layer.bias  # (5, 48) float32 of the same blocks
     got = four(x)
@@ -37,11 +43,7 @@ def test_an_int4_linear_computes_its_blocks_within_bfloat16_rounding():
 
 @needs_kernel
 def test_the_round_trip_is_the_weight_the_kernel_computes_with():
-    gen = torch.Generator().manual_seed(5)
-    layer = nn.Linear(128, 32, bias=False)
-    with torch.no_grad():
-        layer.weight.copy_(torch.randn(32, 128, generator=gen))
-    x = torch.randn(3, 128, generator=gen).to(torch.bfloat16)
+    layer, x = _layer_and_rows(128, 32, rows=3, seed=5, bias=False)
     w4 = round_trip(layer.weight)
     got, ref = Int4Linear(layer)(x).float(), x.float() @ w4.T
     assert torch.allclose(got, ref, rtol=1e-2, atol=1e-2 * ref.abs().mean().item())  # the kernel's own weights
