@@ -8,12 +8,13 @@ runs; ``float32`` or ``bfloat16`` for the float target) load side by side and ta
 slow spell of the machine falls on all of them; several drafts (``--drafts``: "auto" for the shipped head,
 or head folders) do the same, each with every dtype. Reported per dtype and setting: tokens/s of both, the
 ratio on the decode clock and on the wall clock (each run's request-to-last-token time), the lowest
-per-prompt ratio, tokens a round, time to first token, and the dtype's price curve and draft step.
+per-prompt ratio beside its noise floor (two target-only runs of the same prompt against each other: ``--repeats``
+runs each prompt that many times, the order of speculative and target-only swapped each time), tokens a round, time to first token, and the dtype's price curve and draft step.
 Greedy speculative output is checked against target-only output prompt by prompt. ``--peer`` measures
 llama.cpp's plain decoding of the same GGUF on the same threads (scripts/llama_cpp_peer.py, built once with
 ``--build``) before and after the runs, and puts its tokens/s beside the project's.
 
-    python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--dtypes lean,float32] [--peer] [--out F.json]
+    python scripts/measure_speedup.py [--prompts 16] [--tokens 96] [--repeats 2] [--dtypes lean,float32] [--peer] [--out F.json]
     python scripts/measure_speedup.py --dtypes bfloat16 --drafts auto,/tmp/new-head   # a head before shipping it
     python scripts/measure_speedup.py --dtypes lean --drafts auto:bfloat16,auto:int4  # the head's variants
     python scripts/measure_speedup.py --dtypes lean --device-round   # chains decided on the device, one read a round
@@ -52,17 +53,41 @@ def _drain(run: Any) -> dict[str, Any]:
             **{part: sum(getattr(r, part) for r in steps) for part in ROUND_PARTS}}
 
 
-def _one_prompt(session: Session, ids: torch.Tensor, tokens: int, seed: int, device_round: bool = False
-                ) -> dict[str, dict[str, Any]]:
+def _one_prompt(session: Session, ids: torch.Tensor, tokens: int, seed: int, device_round: bool = False,
+                spec_first: bool = False) -> dict[str, dict[str, Any]]:
+    """Each setting's speculative run and target-only run at its temperature (one per temperature), target-only
+    first, or speculative first where ``spec_first`` (a repeat runs them the other way round: ABBA)."""
     out: dict[str, dict[str, Any]] = {}
     for name, (rule, params, temp) in SETTINGS.items():
         cfg = RunConfig(rule=rule, params=params, temperature=temp, max_new_tokens=tokens, seed=seed,
                         **({"device_round": True, "draft_shape": "chain"} if device_round else {}))
-        if f"base T={temp}" not in out:
+        base = f"base T={temp}" not in out
+        if base and not spec_first:
             out[f"base T={temp}"] = _drain(session.baseline(ids, cfg))
         out[name] = _drain(session.speculative(ids, cfg))
         out[name]["shape"] = session.resolved(cfg).draft_shape
+        if base and spec_first:
+            out[f"base T={temp}"] = _drain(session.baseline(ids, cfg))
     return out
+
+
+def _merged(reps: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """A prompt's repeats as one run per key: times and counts summed, the tokens of every repeat kept."""
+    out = {}
+    for key, first in reps[0].items():
+        rows = [r[key] for r in reps]
+        out[key] = {**first, **{f: sum(x[f] for x in rows) for f in ("n", "decode_s", "wall_s", "rounds", "drafted",
+                                                                        "accepted", *ROUND_PARTS)},
+                    "ttft_s": sum(x["ttft_s"] or 0 for x in rows) / len(rows), "all_tokens": [x["tokens"] for x in rows],
+                    "repeat_tok_s": [x["n"] / x["decode_s"] for x in rows]}
+    return out
+
+
+def _same_twice(runs: list[dict[str, dict[str, Any]]], key: str) -> float | None:
+    """The noise floor of a per-prompt ratio: the lowest, over prompts, of two target-only runs of the same
+    prompt and seed against each other (the slower over the faster); None with one repeat."""
+    spreads = [min(r[key]["repeat_tok_s"]) / max(r[key]["repeat_tok_s"]) for r in runs if len(r[key]["repeat_tok_s"]) > 1]
+    return min(spreads) if spreads else None
 
 
 def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -83,7 +108,9 @@ def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "acceptance": tot(spec, "accepted") / max(tot(spec, "drafted"), 1),
             "ttft_s_mean": sum(x["ttft_s"] or 0 for x in spec) / len(spec),
             "shapes": sorted({x["shape"] for x in spec}),
-            "greedy_equal": sum(s["tokens"] == b["tokens"] for s, b in zip(spec, base)) if name == "T=0" else None,
+            "greedy_equal": sum(all(t == b["tokens"] for t in s["all_tokens"]) for s, b in zip(spec, base))
+                            if name == "T=0" else None,
+            "target_only_twice_lowest_prompt_ratio": _same_twice(runs, f"base T={temp}"),
         }
         # where a round's time goes, in target-only steps (ms a target-only token): what the ratio is made of
         step_ms = 1000 * tot(base, "decode_s") / tot(base, "n")
@@ -124,6 +151,9 @@ def main() -> None:
                     "in ':general' runs that head through its general forward instead of its layers by hand, one "
                     "ending in ':float32', ':bfloat16' or ':int4' loads the head in that variant (EARS_DRAFT_DTYPE)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each prompt, each the other way round (target-only "
+                    "first, then speculative first, ...); with two or more, two target-only runs of a prompt against "
+                    "each other give the per-prompt ratio's noise floor")
     ap.add_argument("--device-round", action="store_true",
                     help="chain rounds decided on the device, one host read a round (decode/device_round.py)")
     ap.add_argument("--out", default=None)
@@ -156,12 +186,14 @@ def main() -> None:
     t0 = time.time()
     for i, p in enumerate(prompts):
         for dt, session in sessions.items():
-            runs[dt].append(_one_prompt(session, session.encode(p["prompt"]), a.tokens, seed=i, device_round=a.device_round))
+            ids = session.encode(p["prompt"])
+            runs[dt].append(_merged([_one_prompt(session, ids, a.tokens, seed=i, device_round=a.device_round,
+                                                 spec_first=j % 2 == 1) for j in range(a.repeats)]))
         print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s)", flush=True)
     if a.peer:
         peer.append(_peer(a.threads, a.tokens))
     result = {"machine": f"{platform.processor() or platform.machine()}, {a.threads} threads, torch {torch.__version__}",
-              "prompts": len(prompts), "tokens": a.tokens, "minutes": round((time.time() - t0) / 60, 1),
+              "prompts": len(prompts), "tokens": a.tokens, "repeats": a.repeats, "minutes": round((time.time() - t0) / 60, 1),
               "dtypes": {dt: {"price_curve": describe(s.prices), "profile": s.profile_text(), "settings": _fold(runs[dt])}
                          for dt, s in sessions.items()}}
     if peer:
@@ -179,7 +211,10 @@ def main() -> None:
         for name, row in r["settings"].items():
             print(f"  {name:16} target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
                   f"{row['speculative_tokens_per_s']:.1f}: {row['ratio_decode']:.2f}x decode, {row['ratio_wall']:.2f}x wall, "
-                  f"lowest prompt {row['lowest_prompt_ratio']:.2f}x, {row['tokens_per_round']:.2f} a round, "
+                  f"lowest prompt {row['lowest_prompt_ratio']:.2f}x"
+                  + (f" (target-only twice: {row['target_only_twice_lowest_prompt_ratio']:.2f}x)"
+                     if row["target_only_twice_lowest_prompt_ratio"] is not None else "")
+                  + f", {row['tokens_per_round']:.2f} a round, "
                   f"{row['shapes']}, TTFT {row['ttft_s_mean']:.2f} s, a round in steps: "
                   + " + ".join(f"{k} {v:.2f}" for k, v in row["round_in_steps"].items())
                   + (f", greedy = target on {row['greedy_equal']}/{len(prompts)}" if row["greedy_equal"] is not None else ""))
