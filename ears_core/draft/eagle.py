@@ -63,10 +63,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
-from ears_core.draft.head_layers import HeadCache, supports
+from ears_core.draft.head_layers import supports
 from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import additive_mask
-from ears_core.model.passes.kv_cache import drop_last_positions
+from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
@@ -146,7 +146,7 @@ class DraftHead(nn.Module):
 
 @dataclass
 class _State:
-    cache: HeadCache | DynamicCache  # HeadCache where head_layers.supports the head, else the general one
+    cache: KVBuffer | DynamicCache  # KVBuffer where head_layers.supports the head, else the general one
     cache_len: int  # head entries built from true features
     next_feat: Tensor | None  # (B, d): the head's prediction that scores the next draft token
     proposed: Tensor | None  # (B, k) the last proposal
@@ -232,7 +232,7 @@ class EagleDrafter:
         """The head body over z (B, m, d) on the state's cache -> (B, m, d). positions (m,) and mask
         (m, entries + m) bool, True where a row may attend: a tree's rows; None: causal."""
         cache = self._s.cache
-        if not isinstance(cache, DynamicCache):  # a HeadCache, or a graphed head's slots
+        if not isinstance(cache, DynamicCache):  # a KVBuffer: the head's own, or on a graphed head's store
             return self._layers(z, cache, positions, mask)
         extra = {}
         if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
@@ -252,7 +252,7 @@ class EagleDrafter:
                 self._steps = self._layers.__dict__.get("step_graphs")
                 if self._steps is None:
                     self._steps = self._layers.__dict__["step_graphs"] = StepGraphs(self, self._layers.runner)
-            cache: HeadCache | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
+            cache: KVBuffer | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
         else:
             cache = DynamicCache(config=self.head.config)
         self._s = _State(cache, 0, None, None)

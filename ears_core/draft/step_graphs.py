@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, bucket
+from ears_core.model.cuda.cuda_graphs import GraphBank, bucket
+from ears_core.model.passes.kv_cache import KVBuffer
 from ears_core.model.passes.static_decoder import causal_mask
 from ears_core.sampling import sample_with_uniforms
 
@@ -75,22 +76,22 @@ class StepGraphs(_Steps):
         self.feat = torch.zeros(1, s.hidden, dtype=s.dtype, device=s.device)  # (1, d) the input feature
 
     @torch.inference_mode()
-    def step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
+    def step(self, cache: KVBuffer, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)).
         feat (1, d): the head's last output (``prev`` None: the first position) or the predicted feature
         the previous draft ``prev`` (1,) was drawn from."""
-        with cache.kv.lock:  # model/cuda/cuda_graphs.py: threads
+        with cache.kv.lock:  # model/passes/kv_cache.py: threads
             return self._step(cache, feat, prev, u, probs_fn)
 
-    def _step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
+    def _step(self, cache: KVBuffer, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
               ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         d, s = self.drafter, self.static
         self.feat.copy_(feat)
         self.u.copy_(u)
         kv, c, n = None, None, cache.length
         if prev is not None:
-            kv = cache.buffer(1)
+            kv = cache.reserve(1)
             c = bucket(n + 1, self.runner.kv.capacity)
             kv = kv[:, :, :, :c]
             self.tok.copy_(prev)
@@ -121,15 +122,15 @@ class LMStepGraphs(_Steps):
         self.vocab_size = vocab_size
 
     @torch.inference_mode()
-    def step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
+    def step(self, cache: KVBuffer, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Feed ``tok`` (1,) -> (confidence (1,), probabilities (1, V), the drawn token (1,))."""
-        with cache.kv.lock:  # model/cuda/cuda_graphs.py: threads
+        with cache.kv.lock:  # model/passes/kv_cache.py: threads
             return self._step(cache, tok, u, probs_fn)
 
-    def _step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
+    def _step(self, cache: KVBuffer, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
         s, n = self.static, cache.length
         c = bucket(n + 1, self.runner.kv.capacity)
-        kv = cache.buffer(1)[:, :, :, :c]
+        kv = cache.reserve(1)[:, :, :, :c]
         self.tok.copy_(tok)
         self.u.copy_(u)
         self.pos.fill_(n)

@@ -11,7 +11,7 @@ eager pass     everything else runs the same static pass (passes/static_decoder.
                kernels are the same, so the numbers are too.
 GraphedLM      wraps a transformers causal LM with its calling convention (``past_key_values``,
                ``logits_to_keep``, ``output_hidden_states``, a tree's ``attention_mask`` and
-               ``position_ids``); ``new_cache()`` makes its SlotCache. ``model`` is the wrapped LM, whose own
+               ``position_ids``); ``new_cache()`` makes a ``KVBuffer`` on its store. ``model`` is the wrapped LM, whose own
                forward still runs (eagerly) on the same weights.
 GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
 capture        ``capture_s``: seconds spent capturing so far (the first pass of each width and bucket).
@@ -33,13 +33,14 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import one_sequence, visible_positions
-from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
+from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
+from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask
 
 __all__ = ["GraphedLM", "GraphedHead", "GraphedOutput", "MAX_WIDTH", "CAPACITY"]
 
 MAX_WIDTH = 16  # the widest pass captured: a verify pass over K + 1 <= 16 tokens
-CAPACITY = 1024  # slots a static KV starts with (it doubles past them)
+CAPACITY = 1024  # positions a model's KV store starts with (it doubles past them)
 
 
 @dataclass
@@ -48,7 +49,7 @@ class GraphedOutput:
 
     logits: Tensor
     hidden_states: tuple[Tensor, ...] | None
-    past_key_values: SlotCache
+    past_key_values: KVBuffer
 
 
 class _Runner:
@@ -60,7 +61,8 @@ class _Runner:
         avoid_replanning_attention(static.device)  # before any capture: no cuDNN attention plans inside a graph
         self.static = static
         self.bank = GraphBank(static.device, capture)
-        self.kv = StaticKV(static.new_kv, min(CAPACITY, static.max_positions), self.bank)
+        self.kv = KVStore(static.new_kv(min(CAPACITY, static.max_positions), static.dtype, static.device))
+        self.kv.banks.append(self.bank)
         self.with_hidden = with_hidden
         self.arange = torch.arange(max(MAX_WIDTH, 1), device=static.device)  # (W,)
         self.io: dict[int, dict[str, Tensor]] = {}
@@ -83,7 +85,7 @@ class _Runner:
               hidden: Tensor | None, keep: int = 0) -> Any:  # overridden: what one pass computes from its rows x
         raise NotImplementedError
 
-    def run(self, cache: SlotCache, x: Tensor, positions: Tensor | None = None,
+    def run(self, cache: KVBuffer, x: Tensor, positions: Tensor | None = None,
             seen: Tensor | None = None, keep: int = 0, want_hidden: bool = True) -> tuple[Any, Tensor | None]:
         """One pass over the m rows ``x`` at the cache's end -> (body outputs, hidden (L + 1, m, d) or None).
         positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal. An eager pass
@@ -94,7 +96,7 @@ class _Runner:
         if n + m > s.max_positions:
             raise ValueError(f"a pass to position {n + m} is past the model's {s.max_positions} positions: "
                              "shorten the prompt or max_new_tokens")
-        buf = cache.buffer(m)
+        buf = cache.reserve(m)
         c = bucket(n + m, self.kv.capacity)
         kv = buf[:, :, :, :c]  # (L, 2, Hkv, c, D)
         if positions is None and seen is None and m <= MAX_WIDTH:
@@ -126,7 +128,7 @@ class _Runner:
     def warm(self, widths: Any, rows: Any) -> None:
         """Capture the passes of ``widths`` on the first bucket now, on a scratch cache; rows(m) makes m input rows."""
         with self.kv.lock:
-            cache = SlotCache(self.kv)
+            cache = KVBuffer(self.kv)
             self.run(cache, rows(32))
             for m in widths:
                 self.run(cache, rows(m))
@@ -195,20 +197,20 @@ class GraphedLM(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.model.get_output_embeddings()
 
-    def new_cache(self) -> SlotCache:
-        return SlotCache(self.runner.kv)
+    def new_cache(self) -> KVBuffer:
+        return KVBuffer(self.runner.kv)
 
     @torch.inference_mode()  # the static buffers are updated in place: inference tensors (module terms)
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: SlotCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
+                past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> GraphedOutput:
         one_sequence(input_ids, "a graphed model")
         cache = past_key_values if past_key_values is not None else self.new_cache()
-        if not isinstance(cache, SlotCache) or cache.kv is not self.runner.kv:
-            raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "
+        if not isinstance(cache, KVBuffer) or cache.kv is not self.runner.kv:
+            raise TypeError("a graphed model keeps its keys and values on its own KV store: make a cache with "
                             "model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         seen = visible_positions(attention_mask, "a graphed model")
-        with cache.kv.lock:  # the pass and the copies of its outputs (cuda_graphs.py: threads)
+        with cache.kv.lock:  # the pass and the copies of its outputs (kv_cache.py: threads)
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
                                                        output_hidden_states)
             keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
@@ -240,13 +242,13 @@ class GraphedHead:
         s = self.runner.static
         self.runner.warm(widths, lambda m: torch.zeros(m, s.hidden, dtype=s.dtype, device=s.device))
 
-    def new_cache(self, batch: int = 1, capacity: int = 256) -> SlotCache:
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> KVBuffer:
         if batch != 1:
             raise ValueError("a graphed draft head drafts one sequence at a time (batch 1)")
-        return SlotCache(self.runner.kv)
+        return KVBuffer(self.runner.kv)
 
     @torch.inference_mode()
-    def __call__(self, z: Tensor, cache: SlotCache, positions: Tensor | None = None,
+    def __call__(self, z: Tensor, cache: KVBuffer, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
         """z (1, m, d) -> (1, m, d) predicted features; positions (m,) and mask (m, length + m) bool: a tree's rows."""
         with cache.kv.lock:

@@ -7,7 +7,7 @@ lean step     one target pass with none of the general model's per-call machiner
               every layer's seven linear layers run from Q4_1 blocks on the CPU int4 kernel (kernels/gguf_q4.py),
               q/k/v fused into one matrix and gate/up into another, bfloat16 activations, ``F.rms_norm``,
               the rotation as one roll, a multiply and an ``addcmul`` over q, k and v, one
-              scaled-dot-product call over a preallocated ``KVBuffer``, and the output head in bfloat16
+              scaled-dot-product call over a preallocated ``KVBuffer`` (kv_cache.py), and the output head in bfloat16
               through a oneDNN-packed weight.
 numerics      the lean target is its own function, and it is *the* target wherever it runs:
               target-only and speculative decoding both call it. It computes the GGUF's own weights
@@ -36,7 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import one_sequence, visible_positions
-from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, LeanCache, int4_kind, rotation_tables
+from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, int4_kind, rotation_tables
+from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
 __all__ = ["LeanLlama", "LeanOutput"]
 
@@ -47,7 +48,7 @@ class LeanOutput:
 
     logits: Tensor
     hidden_states: tuple[Tensor, ...] | None
-    past_key_values: LeanCache
+    past_key_values: KVBuffer
 
 
 class _Tied(nn.Module):
@@ -108,10 +109,9 @@ class LeanLlama(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.head
 
-    def new_cache(self, capacity: int = 256) -> LeanCache:
-        """An empty cache for this model (module terms)."""
-        d = self.decoder
-        return LeanCache(len(self.layers), d.kv_heads, d.head_dim, self.attn_dtype, capacity)
+    def new_cache(self, capacity: int = 256) -> KVBuffer:
+        """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
+        return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype)))
 
     # -------------------------------------------------------------------- the pass
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
@@ -126,21 +126,21 @@ class LeanLlama(nn.Module):
         return seen[..., : n + m]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: LeanCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
+                past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> LeanOutput:
         m = one_sequence(input_ids, "the lean target")
         cache = past_key_values if past_key_values is not None else self.new_cache()
-        if not isinstance(cache, LeanCache):
-            raise TypeError(f"the lean target keeps its keys and values in a LeanCache, not a {type(cache).__name__}: "
+        if not isinstance(cache, KVBuffer):
+            raise TypeError(f"the lean target keeps its keys and values in a KVBuffer, not a {type(cache).__name__}: "
                             "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         n, d = cache.length, self.decoder
-        cache.reserve(m)
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
         attend = Exact(n, n + m, self._mask(attention_mask, m, n), self.attn_dtype)
         x = self.embed(input_ids[0])  # (m, d)
         hidden = x.new_empty(len(self.layers) + 1, m, d.hidden) if output_hidden_states else None
-        x = d.run(x, cos, sin, attend, cache.layer_views(), int4_kind(m, self.row_plan), hidden)  # (m, d)
-        cache.length = n + m
+        with cache.kv.lock:  # kv_cache.py: threads
+            x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
+            cache.length = n + m
         keep = x if not logits_to_keep else x[-logits_to_keep:]
         logits = _chunked(self._logits, keep)[None]  # (1, kept, V)
         states = None  # transformers' layout: the embeddings, each layer's output, the last after the final norm

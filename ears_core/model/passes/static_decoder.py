@@ -183,11 +183,6 @@ class StaticDecoder(Decoder):
         return cls(list(body.layers), body.norm, body.rotary_emb, model.config, body.embed_tokens,
                    model.get_output_embeddings())
 
-    def new_kv(self, capacity: int) -> Tensor:
-        """An empty (L, 2, Hkv, C, D) buffer."""
-        return torch.zeros(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=self.dtype,
-                           device=self.device)
-
     def run(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,  # type: ignore[override]
             hidden: Tensor | None = None) -> Tensor:
         """The layers over x (m, d) -> the final-normed states (m, d) (module terms: static pass).
