@@ -55,7 +55,7 @@ class GraphedOutput:
 class _Runner:
     """A static decoder, its KV state, its graphs and the per-width buffers they read (module terms)."""
 
-    def __init__(self, static: StaticDecoder, capture: bool, with_hidden: bool) -> None:
+    def __init__(self, static: StaticDecoder, capture: bool, lm: bool) -> None:
         from ears_core.model.passes.attention import avoid_replanning_attention
 
         avoid_replanning_attention(static.device)  # before any capture: no cuDNN attention plans inside a graph
@@ -63,7 +63,7 @@ class _Runner:
         self.bank = GraphBank(static.device, capture)
         self.kv = KVStore(static.new_kv(min(CAPACITY, static.max_positions), static.dtype, static.device))
         self.kv.banks.append(self.bank)
-        self.with_hidden = with_hidden
+        self.lm = lm  # a causal LM's pass: token ids in, (states, logits) out, hidden states kept; else a head's
         self.arange = torch.arange(max(MAX_WIDTH, 1), device=static.device)  # (W,)
         self.io: dict[int, dict[str, Tensor]] = {}
 
@@ -72,7 +72,7 @@ class _Runner:
         if io is None:
             s = self.static
             io = self.io[m] = {"x": torch.empty_like(x), "pos": torch.empty(m, dtype=torch.long, device=s.device)}
-            if self.with_hidden:
+            if self.lm:
                 io["hidden"] = self._hidden(m)
         return io
 
@@ -81,9 +81,14 @@ class _Runner:
         s = self.static
         return torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device)
 
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
-              hidden: Tensor | None, keep: int = 0) -> Any:  # overridden: what one pass computes from its rows x
-        raise NotImplementedError
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
+              keep: int = 0) -> Any:
+        """What one pass computes from its rows x: a head's states (m, d); an LM's states (m, d) and logits (kept, V)."""
+        s = self.static
+        if not self.lm:
+            return s.run(x, pos, slots, mask, kv, None)
+        states = s.run(s.embed(x), pos, slots, mask, kv, hidden)  # (m, d)
+        return states, s.logits(states[-keep:] if keep else states)
 
     def run(self, cache: KVBuffer, x: Tensor, positions: Tensor | None = None,
             seen: Tensor | None = None, keep: int = 0, want_hidden: bool = True) -> tuple[Any, Tensor | None]:
@@ -119,7 +124,7 @@ class _Runner:
             wide = torch.zeros(m, c, dtype=torch.bool, device=s.device)
             wide[:, : n + m] = seen[..., : n + m].reshape(m, n + m)
             mask = additive_mask_over(wide, s.groups, s.dtype)
-        hidden = self._hidden(m) if self.with_hidden and want_hidden else None
+        hidden = self._hidden(m) if self.lm and want_hidden else None
         out = self._body(x, pos, slots, mask, kv, hidden, keep)
         cache.length = n + m
         return out, hidden
@@ -135,19 +140,6 @@ class _Runner:
                 cache.drop_last(m)
 
 
-class _LMRunner(_Runner):
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
-              keep: int = 0) -> Any:
-        states = self.static.run(self.static.embed(x), pos, slots, mask, kv, hidden)  # (m, d)
-        return states, self.static.logits(states[-keep:] if keep else states)  # (m, d), (kept, V)
-
-
-class _HeadRunner(_Runner):
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
-              keep: int = 0) -> Any:
-        return self.static.run(x, pos, slots, mask, kv, None)  # (m, d)
-
-
 class GraphedLM(nn.Module):
     """A transformers causal LM whose passes replay CUDA graphs (module terms). Batch 1."""
 
@@ -158,16 +150,16 @@ class GraphedLM(nn.Module):
         self.generation_config = getattr(model, "generation_config", None)
         dev = next(model.parameters()).device
         self._capture = graphs_wanted(dev) if capture is None else capture
-        self._runner: _LMRunner | None = None  # built at the first pass (module terms: lazy)
+        self._runner: _Runner | None = None  # built at the first pass (module terms: lazy)
         self._building = threading.Lock()  # two threads' first passes build it once
         self.ears_kernels = "cuda-graphs" if self._capture and dev.type == "cuda" else "static"
 
     @property
-    def runner(self) -> _LMRunner:
+    def runner(self) -> _Runner:
         if self._runner is None:
             with self._building:
                 if self._runner is None:
-                    self._runner = _LMRunner(StaticDecoder.of_causal_lm(self.model), self._capture, with_hidden=True)
+                    self._runner = _Runner(StaticDecoder.of_causal_lm(self.model), self._capture, lm=True)
         return self._runner
 
     @property
@@ -230,8 +222,7 @@ class GraphedHead:
 
     def __init__(self, body: nn.Module, capture: bool | None = None) -> None:
         static = StaticDecoder(list(body.layers), body.norm, body.rotary_emb, body.config)
-        self.runner = _HeadRunner(static, graphs_wanted(static.device) if capture is None else capture,
-                                  with_hidden=False)
+        self.runner = _Runner(static, graphs_wanted(static.device) if capture is None else capture, lm=False)
 
     @property
     def capture_s(self) -> float:
