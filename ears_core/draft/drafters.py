@@ -200,7 +200,7 @@ class ModelDrafter:
         """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
         the nodes being expanded with a tree mask over the cache: each sees the committed tokens
         and its own ancestors. -> DraftTree"""
-        from ears_core.draft.trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+        from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 
         assert self._pending is not None, "prefill() first"
         self._base = self._cache_len + self._pending.shape[1]
@@ -212,16 +212,11 @@ class ModelDrafter:
         self._cache_len = self._base
 
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
-            slots, mask, pos = self._tree_slots, None, None
-            chain = ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))
-            if not chain:  # (1, 1, m, base + slots + m) and (1, m)
-                rows = [i + 1 for i in ids]
-                mask = tree_attention_mask(tree.parents, self._base, rows, [i + 1 for i in slots] + rows,
-                                           self.model.dtype, self.device)
-                pos = tree_position_ids(tree.depths, self._base - 1, rows, self.device)
-            out = self.model(tree.tokens[ids][None], attention_mask=mask, position_ids=pos,
+            seen, pos = draft_pass(tree, ids, self._tree_slots, self._base, self.device)
+            mask = None if seen is None else additive_mask(seen, self.model.dtype)  # (1, 1, m, base + slots + m)
+            out = self.model(tree.tokens[ids][None], attention_mask=mask, position_ids=None if pos is None else pos[None],
                              past_key_values=self._cache, use_cache=True)
-            slots.extend(ids)
+            self._tree_slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
         self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn, keep=keep,

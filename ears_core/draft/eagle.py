@@ -275,12 +275,9 @@ class EagleDrafter:
         b = 1 if s.next_feat is None else s.next_feat.shape[0]
         dev = self.w_sub.device
         self.confidence, confs, self.confidence_t = [], [], None
-        if s.next_feat is None or k == 0:
-            s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
-            return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         steps = self._steps if self._steps is not None and StepGraphs.usable(probs_fn) else None  # batch 1, N tokens
         feat, tokens, probs = s.next_feat, [], []
-        for i in range(k):
+        for i in range(k if feat is not None else 0):
             if i > 0 and keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
                 break
             pr = None
@@ -358,7 +355,7 @@ class EagleDrafter:
         fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
         cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
         (the tree's best-first budget decides what is drafted). -> DraftTree"""
-        from ears_core.draft.trees import DraftTree, build_tree, tree_position_ids, tree_visibility
+        from ears_core.draft.trees import DraftTree, build_tree, draft_pass
 
         self.sync()
         s = self._s
@@ -373,11 +370,7 @@ class EagleDrafter:
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
             parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.dtype)  # (m, d)
             z = self.head.inputs(parent_f, self.embed(tree.tokens[ids]).to(self.dtype))[None]  # (1, m, d)
-            mask = pos = None
-            if not (ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))):
-                rows = [i + 1 for i in ids]
-                mask = tree_visibility(tree.parents, s.cache_len, rows, [i + 1 for i in slots] + rows, dev)
-                pos = tree_position_ids(tree.depths, s.cache_len - 1, rows, dev)[0]
+            mask, pos = draft_pass(tree, ids, slots, s.cache_len, dev)
             out = self._run(z, pos, mask)[0]  # (m, d)
             slots.extend(ids)
             feats.update(zip(ids, out))

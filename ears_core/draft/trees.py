@@ -64,7 +64,7 @@ from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_unifor
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-    "additive_mask", "tree_attention_mask", "tree_position_ids", "tree_visibility",
+    "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility",
 ]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
@@ -396,3 +396,15 @@ def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequen
     """(1, len(entries)) long: root_position + depth of each entry (the root has depth 0)."""
     full = [0] + list(depths)
     return torch.tensor([[root_position + full[e] for e in entries]], dtype=torch.long, device=device)
+
+
+def draft_pass(tree: DraftTree, ids: list[int], slots: list[int], prefix_len: int, device: torch.device
+               ) -> tuple[Tensor | None, Tensor | None]:
+    """A drafter's pass over nodes ``ids`` after the nodes ``slots`` it has in its cache (in cache order), on a
+    prefix of ``prefix_len`` entries: (visibility (m, prefix_len + len(slots) + m) bool, positions (m,) long),
+    or (None, None) where the pass is the chain's next node (an ordinary causal pass)."""
+    if ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots))):
+        return None, None
+    rows = [i + 1 for i in ids]
+    return (tree_visibility(tree.parents, prefix_len, rows, [i + 1 for i in slots] + rows, device),
+            tree_position_ids(tree.depths, prefix_len - 1, rows, device)[0])
