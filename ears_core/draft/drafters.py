@@ -53,22 +53,17 @@ class Drafter(Protocol):
 
     def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), with k' <= k (a drafter
-        may stop early). ``keep(confidence)``, when given, is asked BEFORE each token is drawn,
-        with the drafter's confidence at that position (its probability mass on its top token);
-        the drafter stops at the first False. It records the confidences in ``confidence``. A
-        drafter whose later positions cost a forward may also ask ``keep(None)`` before computing
-        one (would an average draft at its depth pay?) and stop there."""
+        """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), k' <= k. ``keep(confidence)`` is asked
+        BEFORE each draw with the drafter's mass on its top token there (kept in ``confidence``): it stops
+        at the first False; ``keep(None)`` may be asked before a later position that costs a forward."""
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""
 
 
 def target_features(out: object, drafter: object) -> Tensor | None:
-    """The target's hidden states a drafter reads, from a forward run with output_hidden_states:
-    None if it reads none; else the layers in ``drafter.feature_layers`` (indices into
-    ``out.hidden_states``; default (-1,): the last, after the final norm) side by side,
-    (B, T, n_layers * d)."""
+    """The target's hidden states ``drafter.feature_layers`` (default (-1,): after the final norm) of a forward
+    with output_hidden_states, side by side (B, T, n_layers * d); None for a drafter that reads none."""
     if not getattr(drafter, "needs_target_hidden", False):
         return None
     return layers_side_by_side(out.hidden_states, tuple(getattr(drafter, "feature_layers", (-1,))))

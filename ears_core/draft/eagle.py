@@ -14,30 +14,24 @@ drafting        after a round the head has consumed true features up to the last
                 feeds back the head's *predicted* feature with the drafted token.
 commit          drop the entries made from predicted features, then queue the target's true
                 features for the kept drafts and the new token; the head consumes the queue in one
-                batched forward when it next drafts (``sync``). Rounds that draft nothing (the
-                draft-length policy's plain target steps) thus cost the head nothing until it drafts
-                again, and then one forward for all of them.
+                batched forward when it next drafts (``sync``): rounds that draft nothing cost it nothing.
 confidence      the head's raw (T = 1) probability mass on its top token at a position, known
                 before that position's token is drawn: what the draft-length policy (costs.py)
                 maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
                 before each draw and stops at the first False (a stopping rule: verification
                 stays exact; deciding after the draw would bias the output).
-temperature scale  tau: the head's drafts are drawn from softmax(logits / (T * tau)) instead of at T
-                (``probs_fn(logits / tau)``). A one-layer head is flatter than the target where it
-                is unsure, so a tau < 1 fitted on held-out features (0.85 for version 7: the tau that
-                maximises the expected first-draft acceptance sum_x min(P_target, q)) makes more
-                drafts stand at T > 0. Draft side only: every rule stays exactly as lossless (or as
-                distorted) as before, and greedy drafts (argmax) are unchanged. The confidence
-                stays the raw T = 1 value, which the calibration tables are keyed on.
+temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``, softmax at T * tau. A one-layer
+                head is flatter than the target where it is unsure, so a tau < 1 fitted on held-out
+                features (the one maximising the expected first-draft acceptance) makes more drafts stand
+                at T > 0; greedy drafts are unchanged, and the confidence stays the raw T = 1 value.
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
 head dtype      the drafter computes in its head's dtype: its layers, its cache and its rows of the
-                target's output head (``w_sub``); the target's features and embeddings are cast to
-                it, and the logits come back as float32 before any softmax. On a CPU a draft step
-                reads all of the head's weights from memory (the target's pass has evicted them from
-                the cache): bfloat16 halves that (``head_kernels.py`` measures which is faster). Draft side only: q is
-                still exactly the distribution each draft was drawn from, so every rule stays as
-                exact as before.
+                target's output head (``w_sub``); the target's features and embeddings are cast to it,
+                and the logits come back as float32 before any softmax (``head_kernels.py`` measures
+                which dtype drafts faster here).
+draft side      tau, the dtype and the kernels change only q, and q is still exactly the distribution
+                each draft was drawn from: every rule stays as exact (or as distorted) as before.
 
 feature layers  (EAGLE-3's fusion) a head may read several of the target's hidden states at t, not
                 just the last: ``feature_layers`` are indices into the target's ``hidden_states``
@@ -265,9 +259,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None, confidences: bool = False
                 ) -> tuple[Tensor, Tensor]:
-        """Draft up to k tokens; ``keep(confidence) -> bool`` (optional) is asked before each draw, and
-        ``keep(None)`` before the head computes a later position (would an average one pay?).
-        ``confidences``: keep each position's confidence, unread, in ``confidence_t`` (drafters.py)."""
+        """Draft up to k tokens (drafters.py: ``Drafter.propose``, device confidence)."""
         s = self._s
         assert s is not None, "prefill() first"
         if k > 0:
@@ -328,8 +320,7 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
-        """Keep the first ``num_accepted`` proposals (none if nothing was proposed this round) and
-        next_token; target_hidden (B, n + 1, d) holds the target's features for them."""
+        """Keep the first ``num_accepted`` proposals and next_token (module terms); target_hidden (B, n + 1, d)."""
         s = self._s
         assert s is not None, "prefill() first"
         if not isinstance(s.cache, DynamicCache):  # drop the entries made from predicted features
@@ -352,9 +343,7 @@ class EagleDrafter:
     def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,
                      keep: Any = None, level: Any = None) -> Any:
         """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
-        fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
-        cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
-        (the tree's best-first budget decides what is drafted). -> DraftTree"""
+        fc([predicted feature at its parent ; E(token)]) at position cache_len + depth - 1, as the chain's."""
         from ears_core.draft.trees import DraftTree, build_tree, draft_pass
 
         self.sync()
@@ -384,8 +373,7 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None) -> None:
-        """Keep nodes ``path`` (root first) and next_token; target_hidden (1, len(path)+1, d) holds
-        the target's features at the root and the path. Drops the tree's entries, then commits."""
+        """Keep nodes ``path`` (root first) and next_token, as ``commit`` keeps a chain's drafts."""
         s = self._s
         assert s is not None and s.proposed is not None, "propose_tree() first"
         s.proposed = s.proposed[:, path]  # (1, n)

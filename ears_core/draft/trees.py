@@ -216,21 +216,15 @@ def build_tree(
     greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
     level: LevelFn | None = None,
 ) -> DraftTree:
-    """Best-first expansion up to ``spec``; see the module docstring.
+    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate).
 
     root_logits (V_model,): the draft's logits for depth 1. ``expand(ids, tree)`` runs the draft
     over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
     ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
-    ranked by ``rank_fn`` (default ``probs_fn``; at T = 0 pass the raw T = 1 softmax). With sampled
-    siblings ``rank_fn`` scores the slots and paths (priorities, ``scores``) while tokens are drawn
-    from ``probs_fn``: with the raw softmax, priorities are in the units of the drafter's calibrated
-    confidence at every temperature (temperature and top-k / top-p reshape only what is drawn).
-    ``keep(priority, nodes so far, depth)``, when given, is asked before each node is drawn and
-    ends the tree at the first False: a stopping rule (e.g. from the cost model) that sees only
-    what is known before the draw, so it keeps sampled trees exact. With ``level(p, depth, rank)``
-    (P(a child stands | its parent stood), from the child's slot probability p, its depth and its
-    rank) ``keep`` is asked with the slot's *estimate* instead: the product of ``level`` along its
-    path (module terms: estimate). The expansion order stays by priority either way.
+    ranked by ``rank_fn`` (default ``probs_fn``), which scores the slots and paths while tokens are
+    drawn from ``probs_fn``. ``keep(priority, nodes so far, depth)``, asked before each draw, ends the
+    tree at the first False: it sees only what is known before the draw, so sampled trees stay exact;
+    with ``level`` it is asked with the slot's estimate instead of its priority.
     """
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:

@@ -51,14 +51,6 @@ class LeanOutput:
     past_key_values: KVBuffer
 
 
-class _Tied(nn.Module):
-    """The output head as an object with a ``weight`` (V, d), as ``get_output_embeddings()`` returns."""
-
-    def __init__(self, weight: nn.Parameter) -> None:
-        super().__init__()
-        self.weight = weight
-
-
 def _chunked(fn: Any, x: Tensor) -> Tensor:
     """fn over the rows of x (r, ...), at most ``ROW_CAP`` at a time (module terms: exact rows)."""
     return fn(x) if x.shape[0] <= ROW_CAP else torch.cat([fn(c) for c in x.split(ROW_CAP)])
@@ -88,7 +80,8 @@ class LeanLlama(nn.Module):
         self.decoder = Decoder(layers, final_norm, text, cos, sin, float(text.rms_norm_eps), all_heads=True)
         self.layers = layers
         self.embed = nn.Embedding.from_pretrained(embedding, freeze=True)  # (V, d) bfloat16, tied to the head
-        self.head = _Tied(self.embed.weight)
+        self.head = nn.Module()  # the output head as ``get_output_embeddings()`` returns it: a ``weight`` (V, d)
+        self.head.weight = self.embed.weight
         self._head_packed = torch.ops.mkldnn._reorder_linear_weight(embedding, None)  # oneDNN layout, same values
         self.attn_dtype = attn_dtype
         self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (measuring/lean_plan.py)
