@@ -6,10 +6,8 @@ Terms
 head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body``, a transformers
               ``LlamaModel``). Training runs it as it is; drafting runs the same weights through the project's
               one layer loop (model/passes/decoder.py).
-why by hand   a draft step feeds 1-8 rows through one layer. The layer's arithmetic is a fraction of
-              a millisecond; the general forward adds about as much again per call (its mask and
-              rotary builders, the cache's concatenation, keyword plumbing), paid on every draft
-              pass of every round (docs/benchmarks.md, "The draft step by hand").
+why by hand   a draft step feeds 1-8 rows through one layer, a fraction of a millisecond of arithmetic; the
+              general forward adds about as much again per call (docs/benchmarks.md, "The draft step by hand").
 cache         the head's keys and values: a ``KVBuffer`` (model/passes/kv_cache.py) on a store of its own in the
               head's dtype; dropping the last n positions (the entries made from predicted features) only
               lowers ``length``.
@@ -21,8 +19,7 @@ positions     each new row's rotary position (the tree's rows share a depth's po
 mask          (m, length + m) bool, True where a new row may attend; None: causal over the new rows
               (row i sees every cached entry and new rows 0..i).
 same numbers  the general forward's operations up to the rounding of fused kernels (``F.rms_norm``); a test
-              checks agreement with ``LlamaModel`` on a random head, causal and with a tree mask. Draft side
-              only: whatever the head computes, q is exactly the distribution each draft was drawn from.
+              checks agreement with ``LlamaModel``, causal and with a tree mask (eagle.py: draft side).
 supported     default (and other static) rotary embeddings; ``supports(body)`` is False for a
               dynamic one, whose frequencies change with the length, and the drafter keeps the
               general forward there.

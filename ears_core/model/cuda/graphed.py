@@ -15,10 +15,9 @@ GraphedLM      wraps a transformers causal LM with its calling convention (``pas
                forward still runs (eagerly) on the same weights.
 GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
 capture        ``capture_s``: seconds spent capturing so far (the first pass of each width and bucket).
-lazy           a GraphedLM builds its static pass (the fused weights, the KV buffer) at its first pass, not
-               when it wraps the model: on ZeroGPU the model is wrapped in the app's process, whose "cuda"
-               tensors are stand-ins, and the first pass runs in the worker that holds the GPU, so the
-               fused weights are made there, once, from the real ones.
+lazy           a GraphedLM builds its static pass (the fused weights, the KV store) at its first pass: on
+               ZeroGPU the model is wrapped in the app's process, whose "cuda" tensors are stand-ins, and the
+               first pass runs in the worker that holds the GPU, so the fused weights are made there, once.
 inference      every pass runs under ``torch.inference_mode`` whatever the caller's mode: the static buffers
                it updates in place are inference tensors once made there.
 """
@@ -180,7 +179,7 @@ class GraphedLM(nn.Module):
         return self._runner.bank.capture_s if self._runner is not None else 0.0
 
     def warm(self, widths: Any) -> None:
-        """Capture the passes over ``widths`` tokens now (model/cuda/cuda_graphs.py)."""
+        """Capture the passes over ``widths`` tokens now."""
         self.runner.warm(widths, lambda m: torch.zeros(m, dtype=torch.long, device=self.device))
 
     def get_input_embeddings(self) -> nn.Module:
@@ -229,7 +228,7 @@ class GraphedHead:
         return self.runner.bank.capture_s
 
     def warm(self, widths: Any) -> None:
-        """Capture the passes over ``widths`` rows now (model/cuda/cuda_graphs.py)."""
+        """Capture the passes over ``widths`` rows now."""
         s = self.runner.static
         self.runner.warm(widths, lambda m: torch.zeros(m, s.hidden, dtype=s.dtype, device=s.device))
 

@@ -6,13 +6,11 @@ Terms
 layer        ``Layer``: one decoder layer's weights: the norms (d,), q/k/v stacked into one matrix (and one
              bias, or None), o, gate/up stacked, down, and Qwen3's per-head q/k norms (D,) or None.
 linear kind  what the matrices are and how rows go through them, ``lin(x, w, bias)``:
-               ``dense``       (out, in) tensors through ``F.linear`` (the static pass: fused views of a
-                               transformers model's own weights, with its q/k/v bias);
-               ``int4_kind``   ``Int4Weight`` blocks from the GGUF on the CPU int4 kernel, a pass's rows split
-                               as the row plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call;
+               ``dense``       (out, in) tensors through ``F.linear`` (the static pass's fused views);
+               ``int4_kind``   ``Int4Weight`` blocks on the CPU int4 kernel, a pass's rows split as the row
+                               plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call (the lean target);
                ``modules``     the module's own linear layers, a tuple of them run side by side (q, k, v; gate,
-                               up): how the draft head's packed and int4 variants run (draft/head_kernels.py).
-             The oneDNN-packed output head is the fourth (kernels/packed_linear.py), used by the lean target's head.
+                               up): the draft head's, packed or int4 as swapped in (draft/head_kernels.py).
 rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables (``rotation_tables``). ``all_heads``: the
              tables cover q, k and v heads (v with cos 1, sin 0: the same bits) and the rotation is one
              ``addcmul`` over the fused output (the lean target's); else q and k only, after the q/k norm.

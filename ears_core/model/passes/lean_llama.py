@@ -9,11 +9,9 @@ lean step     one target pass with none of the general model's per-call machiner
               the rotation as one roll, a multiply and an ``addcmul`` over q, k and v, one
               scaled-dot-product call over a preallocated ``KVBuffer`` (kv_cache.py), and the output head in bfloat16
               through a oneDNN-packed weight.
-numerics      the lean target is its own function, and it is *the* target wherever it runs:
-              target-only and speculative decoding both call it. It computes the GGUF's own weights
-              (scales rounded to bfloat16) in bfloat16; the float32 reference (``EARS_LEAN=0``)
-              computes the same blocks dequantised in float32 (how closely their greedy texts agree:
-              docs/benchmarks.md).
+numerics      the lean target is *the* target wherever it runs (target-only and speculative decoding both
+              call it): the GGUF's own weights (scales rounded to bfloat16) in bfloat16; the float32
+              reference (``EARS_LEAN=0``) computes the same blocks dequantised (docs/benchmarks.md).
 exact rows    row j of a pass over m tokens must equal, bit for bit, a one-token pass at its position, or
               greedy speculative output parts from target-only output. The int4 kernel and the packed
               head are row-invariant (up to ``ROW_CAP`` rows a call); the attention is not in bfloat16,
