@@ -16,7 +16,7 @@ from ears_core.draft.drafters import ModelDrafter
 from ears_core.draft.eagle import EagleDrafter
 from ears_core.draft.head_layers import HeadLayers
 from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
-from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, bucket, graphs_wanted
+from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
 from ears_core.draft.head_layers import head_layers
 from ears_core.model.cuda.graphed import GraphedHead, GraphedLM, graphed_or_eager
 from ears_core.model.passes.kv_cache import keep_tail_positions

@@ -7,7 +7,8 @@ from transformers import DynamicCache, LlamaConfig
 from conftest import PROMPTS, tiny_llama
 from ears_core import GreedyRule, generate
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
-from ears_core.draft.head_layers import HeadCache, HeadLayers, supports
+from ears_core.draft.head_layers import HeadLayers, supports
+from ears_core.model.passes.kv_cache import KVBuffer
 from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
 
 
@@ -83,7 +84,7 @@ def test_a_dynamic_rotary_head_keeps_the_general_forward_and_drafts_the_same():
     general = EagleDrafter(head, target)
     general.by_hand = False  # the general forward, as for a dynamic rotary head
     runs = [generate(target, d, PROMPTS[2], rule=GreedyRule(), k=3, temperature=0, max_new_tokens=20) for d in (lean, general)]
-    assert isinstance(lean._s.cache, HeadCache) and isinstance(general._s.cache, DynamicCache)
+    assert isinstance(lean._s.cache, KVBuffer) and isinstance(general._s.cache, DynamicCache)
     assert [s.accepted for s in runs[0].steps] == [s.accepted for s in runs[1].steps]
     assert runs[0].token_ids == runs[1].token_ids
 

@@ -21,7 +21,7 @@ from ears_core.model.kernels.gguf_q4 import (dequantize_q4_1, int4_linear, pack_
                                      rotary_row_order)
 from ears_core.model.loading.hub import ModelLoadError
 from ears_core.model.passes.kv_cache import drop_last_positions, keep_tail_positions, new_cache
-from ears_core.model.passes.decoder import LeanCache
+from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.loading.lean_target import from_float_model
 
@@ -120,7 +120,7 @@ def test_the_lean_cache_continues_a_pass_and_edits_like_a_fresh_computation(lean
     with torch.inference_mode():
         whole = lean(ids).logits  # (1, 20, V)
         cache = new_cache(lean)
-        assert isinstance(cache, LeanCache) and cache.capacity == 256
+        assert isinstance(cache, KVBuffer) and cache.capacity == 256
         lean(ids[:, :8], past_key_values=cache)
         wrong = torch.tensor([[5, 6, 7]])
         lean(wrong, past_key_values=cache)
@@ -141,7 +141,7 @@ def test_the_lean_cache_continues_a_pass_and_edits_like_a_fresh_computation(lean
 
 
 def test_the_cache_grows_past_its_capacity() -> None:
-    cache = LeanCache(2, 1, 4, torch.float64, capacity=4)
+    cache = KVBuffer(KVStore(torch.zeros(2, 2, 1, 4, 4, dtype=torch.float64)))
     cache.reserve(3)
     cache.buf[:, :, :, :3] = 1.0
     cache.length = 3

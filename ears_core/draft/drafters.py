@@ -53,22 +53,17 @@ class Drafter(Protocol):
 
     def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), with k' <= k (a drafter
-        may stop early). ``keep(confidence)``, when given, is asked BEFORE each token is drawn,
-        with the drafter's confidence at that position (its probability mass on its top token);
-        the drafter stops at the first False. It records the confidences in ``confidence``. A
-        drafter whose later positions cost a forward may also ask ``keep(None)`` before computing
-        one (would an average draft at its depth pay?) and stop there."""
+        """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), k' <= k. ``keep(confidence)`` is asked
+        BEFORE each draw with the drafter's mass on its top token there (kept in ``confidence``): it stops
+        at the first False; ``keep(None)`` may be asked before a later position that costs a forward."""
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
         """Keep the first ``num_accepted`` proposals and append next_token (B,)."""
 
 
 def target_features(out: object, drafter: object) -> Tensor | None:
-    """The target's hidden states a drafter reads, from a forward run with output_hidden_states:
-    None if it reads none; else the layers in ``drafter.feature_layers`` (indices into
-    ``out.hidden_states``; default (-1,): the last, after the final norm) side by side,
-    (B, T, n_layers * d)."""
+    """The target's hidden states ``drafter.feature_layers`` (default (-1,): after the final norm) of a forward
+    with output_hidden_states, side by side (B, T, n_layers * d); None for a drafter that reads none."""
     if not getattr(drafter, "needs_target_hidden", False):
         return None
     return layers_side_by_side(out.hidden_states, tuple(getattr(drafter, "feature_layers", (-1,))))
@@ -200,7 +195,7 @@ class ModelDrafter:
         """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
         the nodes being expanded with a tree mask over the cache: each sees the committed tokens
         and its own ancestors. -> DraftTree"""
-        from ears_core.draft.trees import DraftTree, build_tree, tree_attention_mask, tree_position_ids
+        from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 
         assert self._pending is not None, "prefill() first"
         self._base = self._cache_len + self._pending.shape[1]
@@ -212,16 +207,11 @@ class ModelDrafter:
         self._cache_len = self._base
 
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
-            slots, mask, pos = self._tree_slots, None, None
-            chain = ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))
-            if not chain:  # (1, 1, m, base + slots + m) and (1, m)
-                rows = [i + 1 for i in ids]
-                mask = tree_attention_mask(tree.parents, self._base, rows, [i + 1 for i in slots] + rows,
-                                           self.model.dtype, self.device)
-                pos = tree_position_ids(tree.depths, self._base - 1, rows, self.device)
-            out = self.model(tree.tokens[ids][None], attention_mask=mask, position_ids=pos,
+            seen, pos = draft_pass(tree, ids, self._tree_slots, self._base, self.device)
+            mask = None if seen is None else additive_mask(seen, self.model.dtype)  # (1, 1, m, base + slots + m)
+            out = self.model(tree.tokens[ids][None], attention_mask=mask, position_ids=None if pos is None else pos[None],
                              past_key_values=self._cache, use_cache=True)
-            slots.extend(ids)
+            self._tree_slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
         self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn, keep=keep,

@@ -14,30 +14,24 @@ drafting        after a round the head has consumed true features up to the last
                 feeds back the head's *predicted* feature with the drafted token.
 commit          drop the entries made from predicted features, then queue the target's true
                 features for the kept drafts and the new token; the head consumes the queue in one
-                batched forward when it next drafts (``sync``). Rounds that draft nothing (the
-                draft-length policy's plain target steps) thus cost the head nothing until it drafts
-                again, and then one forward for all of them.
+                batched forward when it next drafts (``sync``): rounds that draft nothing cost it nothing.
 confidence      the head's raw (T = 1) probability mass on its top token at a position, known
                 before that position's token is drawn: what the draft-length policy (costs.py)
                 maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
                 before each draw and stops at the first False (a stopping rule: verification
                 stays exact; deciding after the draw would bias the output).
-temperature scale  tau: the head's drafts are drawn from softmax(logits / (T * tau)) instead of at T
-                (``probs_fn(logits / tau)``). A one-layer head is flatter than the target where it
-                is unsure, so a tau < 1 fitted on held-out features (0.85 for version 7: the tau that
-                maximises the expected first-draft acceptance sum_x min(P_target, q)) makes more
-                drafts stand at T > 0. Draft side only: every rule stays exactly as lossless (or as
-                distorted) as before, and greedy drafts (argmax) are unchanged. The confidence
-                stays the raw T = 1 value, which the calibration tables are keyed on.
+temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``, softmax at T * tau. A one-layer
+                head is flatter than the target where it is unsure, so a tau < 1 fitted on held-out
+                features (the one maximising the expected first-draft acceptance) makes more drafts stand
+                at T > 0; greedy drafts are unchanged, and the confidence stays the raw T = 1 value.
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets
                 draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
 head dtype      the drafter computes in its head's dtype: its layers, its cache and its rows of the
-                target's output head (``w_sub``); the target's features and embeddings are cast to
-                it, and the logits come back as float32 before any softmax. On a CPU a draft step
-                reads all of the head's weights from memory (the target's pass has evicted them from
-                the cache): bfloat16 halves that (``head_kernels.py`` measures which is faster). Draft side only: q is
-                still exactly the distribution each draft was drawn from, so every rule stays as
-                exact as before.
+                target's output head (``w_sub``); the target's features and embeddings are cast to it,
+                and the logits come back as float32 before any softmax (``head_kernels.py`` measures
+                which dtype drafts faster here).
+draft side      tau, the dtype and the kernels change only q, and q is still exactly the distribution
+                each draft was drawn from: every rule stays as exact (or as distorted) as before.
 
 feature layers  (EAGLE-3's fusion) a head may read several of the target's hidden states at t, not
                 just the last: ``feature_layers`` are indices into the target's ``hidden_states``
@@ -63,10 +57,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
-from ears_core.draft.head_layers import HeadCache, supports
+from ears_core.draft.head_layers import supports
 from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import additive_mask
-from ears_core.model.passes.kv_cache import drop_last_positions
+from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
 from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
@@ -146,7 +140,7 @@ class DraftHead(nn.Module):
 
 @dataclass
 class _State:
-    cache: HeadCache | DynamicCache  # HeadCache where head_layers.supports the head, else the general one
+    cache: KVBuffer | DynamicCache  # KVBuffer where head_layers.supports the head, else the general one
     cache_len: int  # head entries built from true features
     next_feat: Tensor | None  # (B, d): the head's prediction that scores the next draft token
     proposed: Tensor | None  # (B, k) the last proposal
@@ -232,7 +226,7 @@ class EagleDrafter:
         """The head body over z (B, m, d) on the state's cache -> (B, m, d). positions (m,) and mask
         (m, entries + m) bool, True where a row may attend: a tree's rows; None: causal."""
         cache = self._s.cache
-        if not isinstance(cache, DynamicCache):  # a HeadCache, or a graphed head's slots
+        if not isinstance(cache, DynamicCache):  # a KVBuffer: the head's own, or on a graphed head's store
             return self._layers(z, cache, positions, mask)
         extra = {}
         if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
@@ -252,7 +246,7 @@ class EagleDrafter:
                 self._steps = self._layers.__dict__.get("step_graphs")
                 if self._steps is None:
                     self._steps = self._layers.__dict__["step_graphs"] = StepGraphs(self, self._layers.runner)
-            cache: HeadCache | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
+            cache: KVBuffer | DynamicCache = self._layers.new_cache(input_ids.shape[0], max(256, 2 * input_ids.shape[1]))
         else:
             cache = DynamicCache(config=self.head.config)
         self._s = _State(cache, 0, None, None)
@@ -265,9 +259,7 @@ class EagleDrafter:
     @torch.inference_mode()
     def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None, confidences: bool = False
                 ) -> tuple[Tensor, Tensor]:
-        """Draft up to k tokens; ``keep(confidence) -> bool`` (optional) is asked before each draw, and
-        ``keep(None)`` before the head computes a later position (would an average one pay?).
-        ``confidences``: keep each position's confidence, unread, in ``confidence_t`` (drafters.py)."""
+        """Draft up to k tokens (drafters.py: ``Drafter.propose``, device confidence)."""
         s = self._s
         assert s is not None, "prefill() first"
         if k > 0:
@@ -275,12 +267,9 @@ class EagleDrafter:
         b = 1 if s.next_feat is None else s.next_feat.shape[0]
         dev = self.w_sub.device
         self.confidence, confs, self.confidence_t = [], [], None
-        if s.next_feat is None or k == 0:
-            s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
-            return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
         steps = self._steps if self._steps is not None and StepGraphs.usable(probs_fn) else None  # batch 1, N tokens
         feat, tokens, probs = s.next_feat, [], []
-        for i in range(k):
+        for i in range(k if feat is not None else 0):
             if i > 0 and keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
                 break
             pr = None
@@ -331,8 +320,7 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None) -> None:
-        """Keep the first ``num_accepted`` proposals (none if nothing was proposed this round) and
-        next_token; target_hidden (B, n + 1, d) holds the target's features for them."""
+        """Keep the first ``num_accepted`` proposals and next_token (module terms); target_hidden (B, n + 1, d)."""
         s = self._s
         assert s is not None, "prefill() first"
         if not isinstance(s.cache, DynamicCache):  # drop the entries made from predicted features
@@ -355,10 +343,8 @@ class EagleDrafter:
     def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,
                      keep: Any = None, level: Any = None) -> Any:
         """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
-        fc([predicted feature at its parent ; E(token)]), run with a tree mask over the head's
-        cache at position cache_len + depth - 1, as the chain would. The draft-length policy is not used
-        (the tree's best-first budget decides what is drafted). -> DraftTree"""
-        from ears_core.draft.trees import DraftTree, build_tree, tree_position_ids, tree_visibility
+        fc([predicted feature at its parent ; E(token)]) at position cache_len + depth - 1, as the chain's."""
+        from ears_core.draft.trees import DraftTree, build_tree, draft_pass
 
         self.sync()
         s = self._s
@@ -373,11 +359,7 @@ class EagleDrafter:
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
             parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.dtype)  # (m, d)
             z = self.head.inputs(parent_f, self.embed(tree.tokens[ids]).to(self.dtype))[None]  # (1, m, d)
-            mask = pos = None
-            if not (ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots)))):
-                rows = [i + 1 for i in ids]
-                mask = tree_visibility(tree.parents, s.cache_len, rows, [i + 1 for i in slots] + rows, dev)
-                pos = tree_position_ids(tree.depths, s.cache_len - 1, rows, dev)[0]
+            mask, pos = draft_pass(tree, ids, slots, s.cache_len, dev)
             out = self._run(z, pos, mask)[0]  # (m, d)
             slots.extend(ids)
             feats.update(zip(ids, out))
@@ -391,8 +373,7 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None) -> None:
-        """Keep nodes ``path`` (root first) and next_token; target_hidden (1, len(path)+1, d) holds
-        the target's features at the root and the path. Drops the tree's entries, then commits."""
+        """Keep nodes ``path`` (root first) and next_token, as ``commit`` keeps a chain's drafts."""
         s = self._s
         assert s is not None and s.proposed is not None, "propose_tree() first"
         s.proposed = s.proposed[:, path]  # (1, n)

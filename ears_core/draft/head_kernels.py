@@ -6,8 +6,7 @@ variant       (dtype, packed, int4): the dtype of the head's layers, its cache a
               output head (eagle.py, "head dtype"), whether its linear layers run oneDNN-packed weights
               (model/kernels/packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
               4-bit blocks of its weights on the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16
-              activations). Draft side only: whatever the variant, q is exactly the distribution each
-              draft was drawn from, so every rule stays as exact as before.
+              activations). Draft side only (eagle.py).
 int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
               of the embedded head stands 5 points less often at T = 0, 1 at T = 0.9: docs/benchmarks.md). Offered where
               the target is the lean int4 one (its step is short, so the head's share of a round is large)
@@ -20,9 +19,8 @@ candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype on
               where offered (module terms: int4).
 why measure   a draft step reads all of the head's weights from memory (the target's pass has just
               evicted them), so bfloat16 halves the bytes; but whether its kernels are as fast as
-              float32's for one row depends on the CPU: two machines with native bfloat16 (an AMD EPYC
-              and an Intel Xeon) ranked the variants differently, so a rule from CPU flags picks wrong on
-              one of them (docs/measurements.md has the times).
+              float32's for one row depends on the CPU: two machines with native bfloat16 ranked the
+              variants differently (docs/measurements.md), so no rule from CPU flags picks right on both.
 choice        when a pair loads: a drafting round (one catch-up entry and two draft steps, as the
               decode loop runs them) is timed in each candidate right after a target pass (which
               evicts the head from the caches, as in the loop), the candidates taking turns, ``REPEATS``
@@ -128,8 +126,6 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
         packing = available()
     found = [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
     return found + ([INT4_VARIANT] if int4 and not choice and supported(bf16) else [])
-
-
 
 
 def _key(head: Any, variants: list[Variant]) -> str:

@@ -6,13 +6,11 @@ Terms
 head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body``, a transformers
               ``LlamaModel``). Training runs it as it is; drafting runs the same weights through the project's
               one layer loop (model/passes/decoder.py).
-why by hand   a draft step feeds 1-8 rows through one layer. The layer's arithmetic is a fraction of
-              a millisecond; the general forward adds about as much again per call (its mask and
-              rotary builders, the cache's concatenation, keyword plumbing), paid on every draft
-              pass of every round (docs/benchmarks.md, "The draft step by hand").
-HeadCache     the head's keys and values, the pass's ``KVBuffer`` (model/passes/decoder.py) in the head's dtype:
-              appending writes in place; dropping the last n positions (the entries made from predicted
-              features) only lowers ``length``.
+why by hand   a draft step feeds 1-8 rows through one layer, a fraction of a millisecond of arithmetic; the
+              general forward adds about as much again per call (docs/benchmarks.md, "The draft step by hand").
+cache         the head's keys and values: a ``KVBuffer`` (model/passes/kv_cache.py) on a store of its own in the
+              head's dtype; dropping the last n positions (the entries made from predicted features) only
+              lowers ``length``.
 linears       the body's own modules (the ``modules`` linear kind), so the head's packed and int4 variants
               (draft/head_kernels.py) run as they are swapped in; the attention is the ``Exact`` policy in
               the head's dtype with its scale, over the visible slice.
@@ -21,8 +19,7 @@ positions     each new row's rotary position (the tree's rows share a depth's po
 mask          (m, length + m) bool, True where a new row may attend; None: causal over the new rows
               (row i sees every cached entry and new rows 0..i).
 same numbers  the general forward's operations up to the rounding of fused kernels (``F.rms_norm``); a test
-              checks agreement with ``LlamaModel`` on a random head, causal and with a tree mask. Draft side
-              only: whatever the head computes, q is exactly the distribution each draft was drawn from.
+              checks agreement with ``LlamaModel``, causal and with a tree mask (eagle.py: draft side).
 supported     default (and other static) rotary embeddings; ``supports(body)`` is False for a
               dynamic one, whose frequencies change with the length, and the drafter keeps the
               general forward there.
@@ -33,10 +30,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.passes.decoder import Decoder, Exact, HeadCache, Layer, modules, rotation_tables
-from ears_core.model.passes.kv_cache import doubled_capacity
+from ears_core.model.passes.decoder import Decoder, Exact, Layer, modules, rotation_tables
+from ears_core.model.passes.kv_cache import KVBuffer, KVStore, doubled_capacity
 
-__all__ = ["HeadCache", "HeadLayers", "supports", "head_layers"]
+__all__ = ["HeadLayers", "supports", "head_layers"]
 
 
 def supports(body: nn.Module) -> bool:
@@ -55,7 +52,7 @@ def _layer(layer: nn.Module) -> Layer:
 
 
 class HeadLayers(Decoder):
-    """Runs a head body's layers over new rows on a ``HeadCache`` (module terms)."""
+    """Runs a head body's layers over new rows on a ``KVBuffer`` (module terms: cache)."""
 
     def __init__(self, body: nn.Module) -> None:
         if not supports(body):
@@ -75,25 +72,24 @@ class HeadLayers(Decoder):
         cos, sin = rotation_tables(self.rotary, self.head_dim, positions, self.device)
         return cos.to(self.dtype), sin.to(self.dtype)
 
-    def new_cache(self, batch: int = 1, capacity: int = 256) -> HeadCache:
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> KVBuffer:
         if batch != 1:
             raise ValueError("the draft head drafts one sequence at a time (batch 1)")
-        return HeadCache(len(self.layers), self.kv_heads, self.head_dim, self.dtype, capacity, self.device)
+        return KVBuffer(KVStore(self.new_kv(capacity, self.dtype, self.device)))
 
-    def __call__(self, z: Tensor, cache: HeadCache, positions: Tensor | None = None,
+    def __call__(self, z: Tensor, cache: KVBuffer, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
         """z (1, m, d) head inputs -> (1, m, d) predicted features; appends m entries to ``cache``.
         positions (m,) long, default cache.length .. cache.length + m - 1; mask (m, length + m) bool."""
         m, start = z.shape[1], cache.length
         if mask is None and m > 1:
             mask = torch.ones(m, start + m, dtype=torch.bool, device=z.device).tril(start)  # (m, L + m)
-        cache.reserve(m)
         if start + m > self.max_positions:  # past the config's positions, as the head's own forward goes
             self.cos, self.sin = self._tables(doubled_capacity(self.max_positions, start + m))
             self.max_positions = int(self.cos.shape[0])
         cos, sin = self.angles(positions, start, m)  # (m, 1, D) each
         attend = Exact(start, start + m, None if mask is None else mask[None, None], self.dtype, self.scaling)
-        out = self.run(z[0], cos, sin, attend, cache.layer_views(), modules)  # (m, d)
+        out = self.run(z[0], cos, sin, attend, cache.layer_views(m), modules)  # (m, d)
         cache.length = start + m
         return out[None]
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, bucket
+from ears_core.model.cuda.cuda_graphs import GraphBank, bucket
+from ears_core.model.passes.kv_cache import KVBuffer
 from ears_core.model.passes.static_decoder import causal_mask
 from ears_core.sampling import sample_with_uniforms
 
@@ -64,6 +65,27 @@ class _Steps:
         """Whether ``probs_fn`` names its sampling (module terms: key), so its steps can be captured."""
         return getattr(probs_fn, "sampling_key", None) is not None
 
+    def replay(self, cache: KVBuffer, prev: Tensor | None, u: Tensor, probs_fn: Any, body: Any) -> tuple[Tensor, ...]:
+        """One draft position on ``cache`` as the graph of (first or next, bucket, sampling), captured on first use
+        -> ``body(run)``'s outputs, cloned. ``run(x)`` is the model's static pass over x (1, d) at the cache's end,
+        with ``prev`` (1,) the token fed; None with ``prev`` None (module terms: first / next)."""
+        with cache.kv.lock:  # model/passes/kv_cache.py: threads
+            s, n, c, run = self.static, cache.length, None, None
+            self.u.copy_(u)
+            if prev is not None:
+                c = bucket(n + 1, self.runner.kv.capacity)
+                kv = cache.reserve(1)[:, :, :, :c]
+                self.tok.copy_(prev)
+                self.pos.fill_(n)
+
+                def run(x: Tensor) -> Tensor:  # (1, d) -> (1, d)
+                    return s.run(x, self.pos, self.pos, causal_mask(self.pos, c, s.groups, s.dtype), kv)
+
+            out = self.bank.run((prev is None, c, self.use_sampling(probs_fn.sampling_key)), lambda: body(run))
+            if prev is not None:
+                cache.length = n + 1
+            return tuple(t.clone() for t in out)
+
 
 class StepGraphs(_Steps):
     """The captured draft steps of the drafters sharing one graphed head (module terms)."""
@@ -75,41 +97,25 @@ class StepGraphs(_Steps):
         self.feat = torch.zeros(1, s.hidden, dtype=s.dtype, device=s.device)  # (1, d) the input feature
 
     @torch.inference_mode()
-    def step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
+    def step(self, cache: KVBuffer, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)).
         feat (1, d): the head's last output (``prev`` None: the first position) or the predicted feature
         the previous draft ``prev`` (1,) was drawn from."""
-        with cache.kv.lock:  # model/cuda/cuda_graphs.py: threads
-            return self._step(cache, feat, prev, u, probs_fn)
+        d = self.drafter
 
-    def _step(self, cache: SlotCache, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
-              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        d, s = self.drafter, self.static
-        self.feat.copy_(feat)
-        self.u.copy_(u)
-        kv, c, n = None, None, cache.length
-        if prev is not None:
-            kv = cache.buffer(1)
-            c = bucket(n + 1, self.runner.kv.capacity)
-            kv = kv[:, :, :, :c]
-            self.tok.copy_(prev)
-            self.pos.fill_(n)
-
-        def run() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        def body(run: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
             f = self.feat
-            if kv is not None:
-                z = d.head.inputs(f.to(d.dtype), d.embed(self.tok).to(d.dtype))  # (1, d)
-                f = s.run(z, self.pos, self.pos, causal_mask(self.pos, c, s.groups, s.dtype), kv)  # (1, d)
+            if run is not None:
+                f = run(d.head.inputs(f.to(d.dtype), d.embed(self.tok).to(d.dtype)))  # (1, d)
             sub = d._sub(f)  # (1, N) float32 logits on the head's tokens
             conf = torch.softmax(sub, dim=-1).amax(dim=-1)  # (1,) at T = 1
             pr = probs_fn(d._scaled(sub))  # (1, N)
             return f, conf, pr, d.vocab_ids[sample_with_uniforms(pr, self.u)]
 
-        out = self.bank.run((prev is None, c, self.use_sampling(probs_fn.sampling_key)), run)
-        if prev is not None:
-            cache.length = n + 1
-        return tuple(t.clone() for t in out)  # type: ignore[return-value]
+        with cache.kv.lock:  # the feature buffer too is the head's, shared
+            self.feat.copy_(feat)
+            return self.replay(cache, prev, u, probs_fn, body)  # type: ignore[return-value]
 
 
 class LMStepGraphs(_Steps):
@@ -121,26 +127,14 @@ class LMStepGraphs(_Steps):
         self.vocab_size = vocab_size
 
     @torch.inference_mode()
-    def step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
+    def step(self, cache: KVBuffer, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Feed ``tok`` (1,) -> (confidence (1,), probabilities (1, V), the drawn token (1,))."""
-        with cache.kv.lock:  # model/cuda/cuda_graphs.py: threads
-            return self._step(cache, tok, u, probs_fn)
+        s = self.static
 
-    def _step(self, cache: SlotCache, tok: Tensor, u: Tensor, probs_fn: Any) -> tuple[Tensor, Tensor, Tensor]:
-        s, n = self.static, cache.length
-        c = bucket(n + 1, self.runner.kv.capacity)
-        kv = cache.buffer(1)[:, :, :, :c]
-        self.tok.copy_(tok)
-        self.u.copy_(u)
-        self.pos.fill_(n)
-
-        def run() -> tuple[Tensor, Tensor, Tensor]:
-            states = s.run(s.embed(self.tok), self.pos, self.pos, causal_mask(self.pos, c, s.groups, s.dtype), kv)
-            logits = s.logits(states)  # (1, V_model)
+        def body(run: Any) -> tuple[Tensor, Tensor, Tensor]:
+            logits = s.logits(run(s.embed(self.tok)))  # (1, V_model)
             conf = torch.softmax(logits[:, : self.vocab_size].float(), dim=-1).amax(dim=-1)  # (1,) at T = 1
             pr = probs_fn(logits)  # (1, V)
             return conf, pr, sample_with_uniforms(pr, self.u)
 
-        out = self.bank.run((c, self.use_sampling(probs_fn.sampling_key)), run)
-        cache.length = n + 1
-        return tuple(t.clone() for t in out)  # type: ignore[return-value]
+        return self.replay(cache, tok, u, probs_fn, body)  # type: ignore[return-value]

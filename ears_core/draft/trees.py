@@ -64,7 +64,7 @@ from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_unifor
 
 __all__ = [
     "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-    "additive_mask", "tree_attention_mask", "tree_position_ids", "tree_visibility",
+    "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility",
 ]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
@@ -216,21 +216,15 @@ def build_tree(
     greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
     level: LevelFn | None = None,
 ) -> DraftTree:
-    """Best-first expansion up to ``spec``; see the module docstring.
+    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate).
 
     root_logits (V_model,): the draft's logits for depth 1. ``expand(ids, tree)`` runs the draft
     over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
     ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
-    ranked by ``rank_fn`` (default ``probs_fn``; at T = 0 pass the raw T = 1 softmax). With sampled
-    siblings ``rank_fn`` scores the slots and paths (priorities, ``scores``) while tokens are drawn
-    from ``probs_fn``: with the raw softmax, priorities are in the units of the drafter's calibrated
-    confidence at every temperature (temperature and top-k / top-p reshape only what is drawn).
-    ``keep(priority, nodes so far, depth)``, when given, is asked before each node is drawn and
-    ends the tree at the first False: a stopping rule (e.g. from the cost model) that sees only
-    what is known before the draw, so it keeps sampled trees exact. With ``level(p, depth, rank)``
-    (P(a child stands | its parent stood), from the child's slot probability p, its depth and its
-    rank) ``keep`` is asked with the slot's *estimate* instead: the product of ``level`` along its
-    path (module terms: estimate). The expansion order stays by priority either way.
+    ranked by ``rank_fn`` (default ``probs_fn``), which scores the slots and paths while tokens are
+    drawn from ``probs_fn``. ``keep(priority, nodes so far, depth)``, asked before each draw, ends the
+    tree at the first False: it sees only what is known before the draw, so sampled trees stay exact;
+    with ``level`` it is asked with the slot's estimate instead of its priority.
     """
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
@@ -396,3 +390,15 @@ def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequen
     """(1, len(entries)) long: root_position + depth of each entry (the root has depth 0)."""
     full = [0] + list(depths)
     return torch.tensor([[root_position + full[e] for e in entries]], dtype=torch.long, device=device)
+
+
+def draft_pass(tree: DraftTree, ids: list[int], slots: list[int], prefix_len: int, device: torch.device
+               ) -> tuple[Tensor | None, Tensor | None]:
+    """A drafter's pass over nodes ``ids`` after the nodes ``slots`` it has in its cache (in cache order), on a
+    prefix of ``prefix_len`` entries: (visibility (m, prefix_len + len(slots) + m) bool, positions (m,) long),
+    or (None, None) where the pass is the chain's next node (an ordinary causal pass)."""
+    if ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots))):
+        return None, None
+    rows = [i + 1 for i in ids]
+    return (tree_visibility(tree.parents, prefix_len, rows, [i + 1 for i in slots] + rows, device),
+            tree_position_ids(tree.depths, prefix_len - 1, rows, device)[0])

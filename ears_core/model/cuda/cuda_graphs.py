@@ -1,4 +1,4 @@
-"""Captured CUDA graphs and the static KV state they replay over.
+"""Captured CUDA graphs: one per pass shape, replayed over a model's one KV store (passes/kv_cache.py).
 
 Terms
 -----
@@ -9,16 +9,10 @@ graph bank    ``GraphBank``: one captured CUDA graph per key (a pass's width and
               stream (the warm-up torch asks for). That warm-up computes exactly what the replay computes
               (the same inputs, the same cache slots written with the same values), so capturing in the
               middle of a generation changes nothing. Off CUDA, or switched off, ``run`` just calls.
-static KV     ``StaticKV``: a model's one preallocated (L, 2, Hkv, C, D) buffer, which every captured graph
-              of that model reads and writes. It grows (doubling C) only past its capacity, and then every
-              graph is captured again.
-slot cache    ``SlotCache``: one generation's cache on a static KV: its length, and the buffer while it
-              holds it. Another generation's cache may take the buffer (a baseline run between two
-              speculative ones, say): the holder's filled slots are copied aside and copied back when it
-              is used again, so any number of caches coexist and only the one in use sits in the buffer.
-threads       a model's passes share its buffer and the graphs' input and output buffers, so a pass, with the
-              copy of its outputs, holds the buffer's lock: decodes in several threads (two visitors of the
-              app) take turns pass by pass, each in its own slots.
+KV store      a model's one ``KVStore``, which every captured graph of that model reads and writes, its
+              generations' caches each a ``KVBuffer`` on it; when it grows (doubling C) its banks are cleared
+              and every graph is captured again. A pass, with the copy of its outputs from the graphs'
+              buffers, holds the store's lock (kv_cache.py: threads).
 bucket        the KV slots a pass attends over: the smallest power of two >= 256 that holds the cache
               after the pass, at most the capacity. A graph is captured per (width, bucket).
 switch        ``EARS_CUDA_GRAPHS``: 1 (the default) captures on CUDA, 0 keeps every pass eager.
@@ -28,19 +22,15 @@ fallback      a capture that fails (a device or driver that refuses it) turns ca
 
 from __future__ import annotations
 
-import copy
 import os
-import threading
 import time
-import weakref
 from typing import Any, Callable
 
 import torch
-from torch import Tensor
 
-from ears_core.model.passes.kv_cache import PositionCache, doubled_capacity
+from ears_core.model.passes.kv_cache import doubled_capacity
 
-__all__ = ["GraphBank", "StaticKV", "SlotCache", "bucket", "graphs_wanted", "MIN_BUCKET"]
+__all__ = ["GraphBank", "bucket", "graphs_wanted", "MIN_BUCKET"]
 
 MIN_BUCKET = 256
 
@@ -104,86 +94,3 @@ class GraphBank:
 
     def clear(self) -> None:
         self.graphs.clear()
-
-
-class StaticKV:
-    """A model's preallocated KV buffer, who holds it, and the graphs that read it (module terms)."""
-
-    def __init__(self, make: Callable[[int], Tensor], capacity: int, bank: GraphBank) -> None:
-        self.make, self.banks = make, [bank]  # every bank whose graphs read this buffer
-        self.lock = threading.RLock()  # held over a pass and the copy of its outputs (module terms: threads)
-        self.buf = make(capacity)  # (L, 2, Hkv, C, D)
-        self._holder: Any = None  # a weak reference: a finished generation's slots are not copied aside
-
-    @property
-    def holder(self) -> "SlotCache | None":
-        return self._holder() if self._holder is not None else None
-
-    @property
-    def capacity(self) -> int:
-        return int(self.buf.shape[3])
-
-    def take(self, cache: "SlotCache") -> Tensor:
-        """The buffer, held by ``cache`` (module terms: slot cache)."""
-        with self.lock:
-            return self._take(cache)
-
-    def _take(self, cache: "SlotCache") -> Tensor:
-        if self.holder is not cache:
-            held = self.holder
-            if held is not None:
-                held.saved = self.buf[:, :, :, : held.length].clone()
-            if cache.saved is not None:
-                self.buf[:, :, :, : cache.saved.shape[3]] = cache.saved
-                cache.saved = None
-            self._holder = weakref.ref(cache)
-        return self.buf
-
-    def grow(self, need: int) -> None:
-        """Room for ``need`` slots: a doubled buffer, the holder's slots copied, every graph dropped."""
-        with self.lock:
-            self._grow(need)
-
-    def _grow(self, need: int) -> None:
-        if need <= self.capacity:
-            return
-        grown = self.make(doubled_capacity(self.capacity, need))
-        held = self.holder
-        if held is not None:
-            grown[:, :, :, : held.length] = self.buf[:, :, :, : held.length]
-        self.buf = grown
-        for bank in self.banks:
-            bank.clear()
-
-
-class SlotCache(PositionCache):
-    """One generation's KV cache on a ``StaticKV`` (module terms), with transformers' cache names."""
-
-    def __init__(self, kv: StaticKV) -> None:
-        self.kv, self.length, self.saved = kv, 0, None
-        kv.take(self)  # a new generation starts in the buffer
-
-    @property
-    def buf(self) -> Tensor:
-        """The static buffer (held by this cache or not: for its device and dtype)."""
-        return self.kv.buf
-
-    def buffer(self, extra: int = 0) -> Tensor:
-        """The (L, 2, Hkv, C, D) buffer, held, with room for ``extra`` more positions."""
-        self.kv.take(self)
-        self.kv.grow(self.length + extra)
-        return self.kv.buf
-
-    def _held(self) -> Tensor:
-        return self.buffer()
-
-    @torch.inference_mode()
-    def keep_tail(self, start: int, keep: Tensor) -> None:
-        with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
-            super().keep_tail(start, keep)
-
-    def __deepcopy__(self, memo: dict) -> "SlotCache":
-        fresh = copy.copy(self)
-        with self.kv.lock:
-            fresh.saved = self.kv.buf[:, :, :, : self.length].clone() if self.kv.holder is self else self.saved.clone()
-        return fresh

@@ -11,14 +11,13 @@ eager pass     everything else runs the same static pass (passes/static_decoder.
                kernels are the same, so the numbers are too.
 GraphedLM      wraps a transformers causal LM with its calling convention (``past_key_values``,
                ``logits_to_keep``, ``output_hidden_states``, a tree's ``attention_mask`` and
-               ``position_ids``); ``new_cache()`` makes its SlotCache. ``model`` is the wrapped LM, whose own
+               ``position_ids``); ``new_cache()`` makes a ``KVBuffer`` on its store. ``model`` is the wrapped LM, whose own
                forward still runs (eagerly) on the same weights.
 GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
 capture        ``capture_s``: seconds spent capturing so far (the first pass of each width and bucket).
-lazy           a GraphedLM builds its static pass (the fused weights, the KV buffer) at its first pass, not
-               when it wraps the model: on ZeroGPU the model is wrapped in the app's process, whose "cuda"
-               tensors are stand-ins, and the first pass runs in the worker that holds the GPU, so the
-               fused weights are made there, once, from the real ones.
+lazy           a GraphedLM builds its static pass (the fused weights, the KV store) at its first pass: on
+               ZeroGPU the model is wrapped in the app's process, whose "cuda" tensors are stand-ins, and the
+               first pass runs in the worker that holds the GPU, so the fused weights are made there, once.
 inference      every pass runs under ``torch.inference_mode`` whatever the caller's mode: the static buffers
                it updates in place are inference tensors once made there.
 """
@@ -33,13 +32,14 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import one_sequence, visible_positions
-from ears_core.model.cuda.cuda_graphs import GraphBank, SlotCache, StaticKV, bucket, graphs_wanted
+from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
+from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask
 
 __all__ = ["GraphedLM", "GraphedHead", "GraphedOutput", "MAX_WIDTH", "CAPACITY"]
 
 MAX_WIDTH = 16  # the widest pass captured: a verify pass over K + 1 <= 16 tokens
-CAPACITY = 1024  # slots a static KV starts with (it doubles past them)
+CAPACITY = 1024  # positions a model's KV store starts with (it doubles past them)
 
 
 @dataclass
@@ -48,20 +48,21 @@ class GraphedOutput:
 
     logits: Tensor
     hidden_states: tuple[Tensor, ...] | None
-    past_key_values: SlotCache
+    past_key_values: KVBuffer
 
 
 class _Runner:
     """A static decoder, its KV state, its graphs and the per-width buffers they read (module terms)."""
 
-    def __init__(self, static: StaticDecoder, capture: bool, with_hidden: bool) -> None:
+    def __init__(self, static: StaticDecoder, capture: bool, lm: bool) -> None:
         from ears_core.model.passes.attention import avoid_replanning_attention
 
         avoid_replanning_attention(static.device)  # before any capture: no cuDNN attention plans inside a graph
         self.static = static
         self.bank = GraphBank(static.device, capture)
-        self.kv = StaticKV(static.new_kv, min(CAPACITY, static.max_positions), self.bank)
-        self.with_hidden = with_hidden
+        self.kv = KVStore(static.new_kv(min(CAPACITY, static.max_positions), static.dtype, static.device))
+        self.kv.banks.append(self.bank)
+        self.lm = lm  # a causal LM's pass: token ids in, (states, logits) out, hidden states kept; else a head's
         self.arange = torch.arange(max(MAX_WIDTH, 1), device=static.device)  # (W,)
         self.io: dict[int, dict[str, Tensor]] = {}
 
@@ -70,7 +71,7 @@ class _Runner:
         if io is None:
             s = self.static
             io = self.io[m] = {"x": torch.empty_like(x), "pos": torch.empty(m, dtype=torch.long, device=s.device)}
-            if self.with_hidden:
+            if self.lm:
                 io["hidden"] = self._hidden(m)
         return io
 
@@ -79,11 +80,16 @@ class _Runner:
         s = self.static
         return torch.empty(len(s.layers) + 1, m, s.hidden, dtype=s.dtype, device=s.device)
 
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,
-              hidden: Tensor | None, keep: int = 0) -> Any:  # overridden: what one pass computes from its rows x
-        raise NotImplementedError
+    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
+              keep: int = 0) -> Any:
+        """What one pass computes from its rows x: a head's states (m, d); an LM's states (m, d) and logits (kept, V)."""
+        s = self.static
+        if not self.lm:
+            return s.run(x, pos, slots, mask, kv, None)
+        states = s.run(s.embed(x), pos, slots, mask, kv, hidden)  # (m, d)
+        return states, s.logits(states[-keep:] if keep else states)
 
-    def run(self, cache: SlotCache, x: Tensor, positions: Tensor | None = None,
+    def run(self, cache: KVBuffer, x: Tensor, positions: Tensor | None = None,
             seen: Tensor | None = None, keep: int = 0, want_hidden: bool = True) -> tuple[Any, Tensor | None]:
         """One pass over the m rows ``x`` at the cache's end -> (body outputs, hidden (L + 1, m, d) or None).
         positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal. An eager pass
@@ -94,7 +100,7 @@ class _Runner:
         if n + m > s.max_positions:
             raise ValueError(f"a pass to position {n + m} is past the model's {s.max_positions} positions: "
                              "shorten the prompt or max_new_tokens")
-        buf = cache.buffer(m)
+        buf = cache.reserve(m)
         c = bucket(n + m, self.kv.capacity)
         kv = buf[:, :, :, :c]  # (L, 2, Hkv, c, D)
         if positions is None and seen is None and m <= MAX_WIDTH:
@@ -117,7 +123,7 @@ class _Runner:
             wide = torch.zeros(m, c, dtype=torch.bool, device=s.device)
             wide[:, : n + m] = seen[..., : n + m].reshape(m, n + m)
             mask = additive_mask_over(wide, s.groups, s.dtype)
-        hidden = self._hidden(m) if self.with_hidden and want_hidden else None
+        hidden = self._hidden(m) if self.lm and want_hidden else None
         out = self._body(x, pos, slots, mask, kv, hidden, keep)
         cache.length = n + m
         return out, hidden
@@ -126,24 +132,11 @@ class _Runner:
     def warm(self, widths: Any, rows: Any) -> None:
         """Capture the passes of ``widths`` on the first bucket now, on a scratch cache; rows(m) makes m input rows."""
         with self.kv.lock:
-            cache = SlotCache(self.kv)
+            cache = KVBuffer(self.kv)
             self.run(cache, rows(32))
             for m in widths:
                 self.run(cache, rows(m))
                 cache.drop_last(m)
-
-
-class _LMRunner(_Runner):
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
-              keep: int = 0) -> Any:
-        states = self.static.run(self.static.embed(x), pos, slots, mask, kv, hidden)  # (m, d)
-        return states, self.static.logits(states[-keep:] if keep else states)  # (m, d), (kept, V)
-
-
-class _HeadRunner(_Runner):
-    def _body(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor, hidden: Tensor | None,
-              keep: int = 0) -> Any:
-        return self.static.run(x, pos, slots, mask, kv, None)  # (m, d)
 
 
 class GraphedLM(nn.Module):
@@ -156,16 +149,16 @@ class GraphedLM(nn.Module):
         self.generation_config = getattr(model, "generation_config", None)
         dev = next(model.parameters()).device
         self._capture = graphs_wanted(dev) if capture is None else capture
-        self._runner: _LMRunner | None = None  # built at the first pass (module terms: lazy)
+        self._runner: _Runner | None = None  # built at the first pass (module terms: lazy)
         self._building = threading.Lock()  # two threads' first passes build it once
         self.ears_kernels = "cuda-graphs" if self._capture and dev.type == "cuda" else "static"
 
     @property
-    def runner(self) -> _LMRunner:
+    def runner(self) -> _Runner:
         if self._runner is None:
             with self._building:
                 if self._runner is None:
-                    self._runner = _LMRunner(StaticDecoder.of_causal_lm(self.model), self._capture, with_hidden=True)
+                    self._runner = _Runner(StaticDecoder.of_causal_lm(self.model), self._capture, lm=True)
         return self._runner
 
     @property
@@ -186,7 +179,7 @@ class GraphedLM(nn.Module):
         return self._runner.bank.capture_s if self._runner is not None else 0.0
 
     def warm(self, widths: Any) -> None:
-        """Capture the passes over ``widths`` tokens now (model/cuda/cuda_graphs.py)."""
+        """Capture the passes over ``widths`` tokens now."""
         self.runner.warm(widths, lambda m: torch.zeros(m, dtype=torch.long, device=self.device))
 
     def get_input_embeddings(self) -> nn.Module:
@@ -195,20 +188,20 @@ class GraphedLM(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.model.get_output_embeddings()
 
-    def new_cache(self) -> SlotCache:
-        return SlotCache(self.runner.kv)
+    def new_cache(self) -> KVBuffer:
+        return KVBuffer(self.runner.kv)
 
     @torch.inference_mode()  # the static buffers are updated in place: inference tensors (module terms)
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: SlotCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
+                past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> GraphedOutput:
         one_sequence(input_ids, "a graphed model")
         cache = past_key_values if past_key_values is not None else self.new_cache()
-        if not isinstance(cache, SlotCache) or cache.kv is not self.runner.kv:
-            raise TypeError("a graphed model keeps its keys and values in its own SlotCache: make one with "
+        if not isinstance(cache, KVBuffer) or cache.kv is not self.runner.kv:
+            raise TypeError("a graphed model keeps its keys and values on its own KV store: make a cache with "
                             "model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         seen = visible_positions(attention_mask, "a graphed model")
-        with cache.kv.lock:  # the pass and the copies of its outputs (cuda_graphs.py: threads)
+        with cache.kv.lock:  # the pass and the copies of its outputs (kv_cache.py: threads)
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
                                                        output_hidden_states)
             keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
@@ -228,25 +221,24 @@ class GraphedHead:
 
     def __init__(self, body: nn.Module, capture: bool | None = None) -> None:
         static = StaticDecoder(list(body.layers), body.norm, body.rotary_emb, body.config)
-        self.runner = _HeadRunner(static, graphs_wanted(static.device) if capture is None else capture,
-                                  with_hidden=False)
+        self.runner = _Runner(static, graphs_wanted(static.device) if capture is None else capture, lm=False)
 
     @property
     def capture_s(self) -> float:
         return self.runner.bank.capture_s
 
     def warm(self, widths: Any) -> None:
-        """Capture the passes over ``widths`` rows now (model/cuda/cuda_graphs.py)."""
+        """Capture the passes over ``widths`` rows now."""
         s = self.runner.static
         self.runner.warm(widths, lambda m: torch.zeros(m, s.hidden, dtype=s.dtype, device=s.device))
 
-    def new_cache(self, batch: int = 1, capacity: int = 256) -> SlotCache:
+    def new_cache(self, batch: int = 1, capacity: int = 256) -> KVBuffer:
         if batch != 1:
             raise ValueError("a graphed draft head drafts one sequence at a time (batch 1)")
-        return SlotCache(self.runner.kv)
+        return KVBuffer(self.runner.kv)
 
     @torch.inference_mode()
-    def __call__(self, z: Tensor, cache: SlotCache, positions: Tensor | None = None,
+    def __call__(self, z: Tensor, cache: KVBuffer, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:
         """z (1, m, d) -> (1, m, d) predicted features; positions (m,) and mask (m, length + m) bool: a tree's rows."""
         with cache.kv.lock:

@@ -15,12 +15,9 @@ where it breaks PyTorch's CPU attention (the SDPA flash kernel, and eager attent
                 oneDNN kernels, and the planned output head) are row-invariant up to a width (the
                 row cap below).
 exact attention the bfloat16 q, k, v are widened to float64 for the attention alone (one fused
-                scaled-dot-product pass in float64). A product of two
-                bfloat16 numbers is exact in float64 and a sum of a few thousand of them keeps ~1e-16
-                relative error, 13 orders below one bfloat16 step, so the output rounded back to
-                bfloat16 no longer depends on the summation order. The rest of the layer stays
-                bfloat16. Speculative and target-only decoding both run it: the target stays one
-                function of its input, whatever the pass width.
+                scaled-dot-product pass). A product of two bfloat16 numbers is exact in float64 and a sum
+                of a few thousand keeps ~1e-16 relative error, so the output rounded back to bfloat16 no
+                longer depends on the summation order. Speculative and target-only decoding both run it.
 cost            float64 work over the key length: about 3 % of a decode step on a 128-token cache and
                 9 % on a 400-token one (Intel Xeon with AMX; docs/measurements.md).
 rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if
@@ -28,10 +25,8 @@ rows_agree      after a short prompt, one pass over w tokens against w one-token
 row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX: passes of 1 to 32 rows
                 agree bit for bit, 40 rows do not). So a packed layer (packed_linear.py) with a cap of
                 c rows multiplies a longer input c rows at a time, with the kernel it uses for a few
-                rows: a prompt's prefill then rounds each row as a one-token pass would, in
-                speculative and target-only decoding, in transformers' own ``generate`` and in a
-                user's code alike. ``make_rows_exact`` tries caps of 32, 16 and 8 rows and keeps the
-                widest under which passes of 2, 9, 17 and 40 rows agree with one-token passes.
+                rows: a prompt's prefill then rounds each row as a one-token pass would. ``make_rows_exact``
+                keeps the widest cap of ``CAPS`` under which passes of ``CHECKED_WIDTHS`` rows agree.
 """
 
 from __future__ import annotations
@@ -110,9 +105,8 @@ def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int
 
 
 def make_rows_exact(model: nn.Module) -> int | None:
-    """Switch ``model`` to exact attention and give its packed layers the widest row cap of ``CAPS``
-    under which passes of ``CHECKED_WIDTHS`` rows agree with one-token passes; that cap, or None with
-    the model left as it was when it cannot switch or no cap agrees."""
+    """Switch ``model`` to exact attention with a row cap on its packed layers (module terms); the cap, or
+    None with the model left as it was when it cannot switch or no cap agrees."""
     from ears_core.model.kernels.packed_linear import PackedLinear
 
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]

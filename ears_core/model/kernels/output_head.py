@@ -63,11 +63,8 @@ def choose_layouts(ms: list[dict[str, float]]) -> list[str]:
 
 
 class PlannedLinear(torch.nn.Module):
-    """A bias-free or biased ``nn.Linear`` replacement that follows a ``HeadPlan``.
-
-    ``weight`` is the original Parameter (tied embeddings stay tied; ``get_output_embeddings().weight``
-    reads the same tensor); ``weight_t`` (d, V) is a contiguous copy of W^T, kept only when the plan
-    uses ``xw``."""
+    """An ``nn.Linear`` replacement that follows a ``HeadPlan``: ``weight`` is the original Parameter (tied
+    embeddings stay tied); ``weight_t`` (d, V) a contiguous copy of W^T, kept only when the plan uses ``xw``."""
 
     def __init__(self, linear: torch.nn.Linear, plan: HeadPlan) -> None:
         super().__init__()
@@ -119,9 +116,8 @@ def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
 
 def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
                          refresh: bool = False) -> HeadPlan | None:
-    """Give ``model`` a planned output projection (module terms: scope); the plan, or None if left as is.
-
-    The plan is read from the cache, or measured (about a second) and written to it."""
+    """Give ``model`` a planned output projection (module terms: scope); the plan (cached, or measured in about
+    a second and cached), or None if left as is."""
     head = model.get_output_embeddings()
     if isinstance(head, PlannedLinear):
         return head.plan

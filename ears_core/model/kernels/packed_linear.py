@@ -12,14 +12,12 @@ packed        the same weights reordered once into oneDNN's blocked layout
               ``torch.ops.mkldnn._linear_pointwise``: the cost is nearly flat in r for r <= 8 where oneDNN
               does well (the figures: docs/measurements.md).
 kernel choice packed or as loaded, for a whole model: when a CPU pair loads, target passes over
-              m = 1, 3, 5 new tokens on a 64-token cache are timed in both modes, interleaved (the
-              fastest of a few each), and packed is kept only if it is at least ``MIN_GAIN`` cheaper
-              summed over m. The choice is cached per (model shape, dtype, threads, CPU, torch) under
-              $EARS_CACHE/kernels (measuring/measured.py), so a machine measures once; another machine decides for itself.
-exactness     the same dot products summed in another order: logits agree to float rounding
-              (~1e-4 absolute on 49k logits here), as they already differ between r = 1 and r = 5
-              with MKL alone. Speculative and target-only decoding run the same kernels, so the
-              comparison between them stays fair and greedy equality is unaffected in kind.
+              m in ``MEASURED_M`` new tokens are timed in both modes, interleaved, and packed is kept only
+              if it is at least ``MIN_GAIN`` cheaper summed over m; cached per model shape and machine
+              (measuring/measured.py), so a machine measures once.
+exactness     the same dot products summed in another order: logits agree to float rounding, as they
+              already differ between r = 1 and r = 5 with MKL alone; speculative and target-only
+              decoding run the same kernels.
 scope         CPU, float32 or bfloat16 weights, models with at least ``MIN_ELEMENTS`` linear
               weights (the tiny test models are left as they are), inference only: a call that
               needs gradients, or an input on another device or dtype, runs the original layer. A
@@ -60,11 +58,9 @@ def available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Runs a linear layer with a oneDNN-packed copy of its weight while ``active`` (kernel choice).
-
-    ``weight``/``bias`` are the original Parameters (tied embeddings stay tied); the layer it replaced
-    (an ``nn.Linear`` or a ``PlannedLinear``) is kept outside the module tree and runs whenever the
-    packed path does not apply (inactive, gradients needed, another device or dtype)."""
+    """Runs a linear layer with a oneDNN-packed copy of its weight while ``active`` (module terms: packed,
+    scope). ``weight``/``bias`` are the original Parameters (tied embeddings stay tied); the layer it
+    replaced is kept outside the module tree and runs where the packed path does not apply."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -166,10 +162,8 @@ def _key(model: nn.Module) -> str:
 
 @torch.inference_mode()
 def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
-    """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms.
-
-    Modes take turns round by round (each round measures a full price curve per mode; measuring/measured.py:
-    interleaved), so a slow minute of the machine hits both."""
+    """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms, the modes
+    taking turns round by round (measuring/measured.py: interleaved)."""
     def curve(mode: str) -> list[float]:  # V(1) .. V(max m)
         set_packed(model, mode == "packed")
         return measure_pass_ms(model, max_m=max(MEASURED_M), cache_len=cache_len, repeats=2)
@@ -183,10 +177,8 @@ def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> 
 
 def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = None,
                    refresh: bool = False) -> KernelChoice | None:
-    """Pack ``model``'s linear layers if that measures faster here (module terms: kernel choice).
-
-    Returns the choice (read from the cache, or measured in a few seconds and written to it), or
-    None when the model is out of scope and left as it is."""
+    """Pack ``model``'s linear layers if that measures faster here (module terms: kernel choice); the choice
+    (cached, or measured in a few seconds and cached), or None when the model is out of scope."""
     if any(isinstance(m, PackedLinear) for m in model.modules()):
         return None  # already decided for this model
     layers = _linears(model)

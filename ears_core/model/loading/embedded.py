@@ -144,7 +144,6 @@ def _check_same_outputs(model: torch.nn.Module, tokenizer: Any, folder: Path) ->
     return {"max_abs_logit_diff": diff, "greedy_tokens": a[0, ids.shape[1]:].tolist()}
 
 
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ears_core.model.loading.embedded", description="Prepare model caches.")
     parser.add_argument("--prepare", action="store_true",

@@ -29,7 +29,6 @@ class ModelLoadError(ValueError):
     """A model or tokenizer could not be loaded; the message names the problem and the fix."""
 
 
-
 def describe_device(model: torch.nn.Module) -> str:
     """Where a loaded model runs, for people: 'cpu (float32)', 'cuda:0 NVIDIA H100 (bfloat16)',
     or 'cuda:0, cuda:1 via accelerate's device map (bfloat16)'."""

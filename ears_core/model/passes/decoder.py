@@ -6,13 +6,11 @@ Terms
 layer        ``Layer``: one decoder layer's weights: the norms (d,), q/k/v stacked into one matrix (and one
              bias, or None), o, gate/up stacked, down, and Qwen3's per-head q/k norms (D,) or None.
 linear kind  what the matrices are and how rows go through them, ``lin(x, w, bias)``:
-               ``dense``       (out, in) tensors through ``F.linear`` (the static pass: fused views of a
-                               transformers model's own weights, with its q/k/v bias);
-               ``int4_kind``   ``Int4Weight`` blocks from the GGUF on the CPU int4 kernel, a pass's rows split
-                               as the row plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call;
+               ``dense``       (out, in) tensors through ``F.linear`` (the static pass's fused views);
+               ``int4_kind``   ``Int4Weight`` blocks on the CPU int4 kernel, a pass's rows split as the row
+                               plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call (the lean target);
                ``modules``     the module's own linear layers, a tuple of them run side by side (q, k, v; gate,
-                               up): how the draft head's packed and int4 variants run (draft/head_kernels.py).
-             The oneDNN-packed output head is the fourth (kernels/packed_linear.py), used by the lean target's head.
+                               up): the draft head's, packed or int4 as swapped in (draft/head_kernels.py).
 rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables (``rotation_tables``). ``all_heads``: the
              tables cover q, k and v heads (v with cos 1, sin 0: the same bits) and the rotation is one
              ``addcmul`` over the fused output (the lean target's); else q and k only, after the q/k norm.
@@ -23,14 +21,12 @@ attention    the policy, a callable ``attend(q, new, views)`` made per pass, q (
                ``Folded``  writes at ``slots`` (data) and attends over the whole bucket with an additive
                            (G m, C) mask, the H query heads folded onto the Hkv key/value heads: nothing depends
                            on a value on the host, so a CUDA graph can capture it (cuda/cuda_graphs.py).
-KV buffer    ``KVBuffer``: ``length`` positions of one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or
-             values, key/value head, position, width), grown by doubling; the lean target's and the head's
-             cache. A captured model's ``SlotCache`` (cuda/cuda_graphs.py) keeps its buffer in a ``StaticKV``.
+KV buffer    the one cache class, ``KVBuffer`` (kv_cache.py), over an (L, 2, Hkv, C, D) tensor made by ``new_kv``:
+             the exact policy reads its ``layer_views``, the folded one a bucket of its tensor.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -39,9 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ears_core.model.kernels.gguf_q4 import GROUP
-from ears_core.model.passes.kv_cache import PositionCache, doubled_capacity
 
-__all__ = ["Decoder", "Exact", "Folded", "KVBuffer", "Layer", "ROW_CAP", "dense", "int4_kind", "int4_rows",
+__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "int4_kind", "int4_rows",
            "modules", "rotation_tables"]
 
 ROW_CAP = 16  # rows per int4 kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
@@ -156,6 +151,10 @@ class Decoder:
         self.cos, self.sin = cos, sin  # (P, D), or (P, H + 2 Hkv, D) for all heads
         self.max_positions = int(cos.shape[0])
 
+    def new_kv(self, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
+        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (module terms: KV buffer)."""
+        return torch.zeros(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=dtype, device=device)
+
     def angles(self, pos: Tensor | None, start: int = 0, m: int = 0) -> tuple[Tensor, Tensor]:
         """The rotation tables (m, 1 or H + 2 Hkv, D) at positions ``pos`` (m,), or at start .. start + m - 1
         (views) when None."""
@@ -202,47 +201,3 @@ class Decoder:
             mlp = lin(F.silu(gu[:, :inner]) * gu[:, inner:], layer.down)
             x = torch.add(x, mlp, out=hidden[i + 1]) if hidden is not None else x + mlp
         return F.rms_norm(x, shape, self.final_norm, eps)
-
-
-# ------------------------------------------------------------------------ the KV buffer
-class KVBuffer(PositionCache):
-    """``length`` positions of a preallocated (L, 2, Hkv, C, D) buffer, grown by doubling (module terms)."""
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, capacity: int = 256,
-                 device: torch.device | str = "cpu") -> None:
-        self.buf = torch.zeros(layers, 2, kv_heads, capacity, head_dim, dtype=dtype, device=device)  # (L, 2, Hkv, C, D)
-        self.length = 0
-        self._views: list[tuple[Tensor, Tensor, Tensor]] | None = None
-
-    def layer_views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Per layer: keys and values (2, Hkv, C, D), keys (1, Hkv, C, D), values (1, Hkv, C, D): views of the
-        buffer, made once per allocation (a pass slices them instead of indexing the buffer anew)."""
-        if self._views is None:
-            self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
-        return self._views
-
-    @property
-    def capacity(self) -> int:
-        return int(self.buf.shape[3])
-
-    def _held(self) -> Tensor:
-        return self.buf
-
-    def reserve(self, m: int) -> None:
-        """Make room for m more positions (doubling the capacity when it runs out)."""
-        need = self.length + m
-        if need <= self.capacity:
-            return
-        grown = self.buf.new_zeros(*self.buf.shape[:3], doubled_capacity(self.capacity, need), self.buf.shape[4])
-        grown[:, :, :, : self.length] = self.buf[:, :, :, : self.length]
-        self.buf = grown
-        self._views = None
-
-    def __deepcopy__(self, memo: dict) -> "KVBuffer":
-        fresh = copy.copy(self)
-        fresh.buf = self.buf.clone()
-        fresh._views = None
-        return fresh
-
-
-LeanCache = HeadCache = KVBuffer  # the names the lean target's and the draft head's callers know

@@ -1,29 +1,45 @@
-"""Edits of a transformers ``DynamicCache`` after a verify pass: drop the positions that did not stand.
+"""KV caches: the project's own (one class, ``KVBuffer``) and edits of a transformers ``DynamicCache``
+after a verify pass: drop the positions that did not stand.
 
 Terms
 -----
+KV store   ``KVStore``: one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or values, key/value head,
+           position, width), which cache holds it, and the graph banks that read it (cuda/cuda_graphs.py).
+           It grows (doubling C) only past its capacity, and then every bank drops its graphs.
+KV buffer  ``KVBuffer``: one generation's cache on a store: its ``length``, and the store's tensor while it
+           holds it. The lean target's and the draft head's caches each have a store of their own, in the
+           attention's dtype; a graphed model's caches share the model's store, which its captured graphs
+           read. Another cache may take the tensor (a baseline run between two speculative ones, say): the
+           holder's filled positions are copied aside and copied back when it is used again, so any number
+           of caches coexist and only the one in use sits in the tensor (a deep copy is one more).
+           Which positions a pass reads is the attention policy's (passes/decoder.py): the exact policy
+           the visible slice through ``layer_views``, the folded one a bucket of the tensor.
+threads    a pass, with the copy of its outputs, and an edit hold the store's ``lock``: decodes in several
+           threads on one store (two visitors of the app) take turns pass by pass, each in its own positions.
 layer      one ``DynamicLayer``: ``keys`` and ``values`` (B, H, L, D), L the cached positions.
 crop       drop the last n positions of every layer (a chain round whose drafts did not all stand).
            ``DynamicCache.crop`` does it with an Ellipsis slice per tensor, a few microseconds each
-           (docs/measurements.md); ``narrow`` makes the same views.
+           (docs/measurements.md); ``narrow`` makes the same views. A ``KVBuffer`` only lowers its length.
 keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
 Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
-is cropped by its own ``crop``, and cannot be rearranged. A model with a cache of its own (the lean
-target's and the head's ``KVBuffer``: model/passes/decoder.py; a graphed model's ``SlotCache``: model/cuda/cuda_graphs.py) makes it
-with ``new_cache()``, and the cache does its own edits: both are ``PositionCache``s, a length over a
-preallocated buffer.
+is cropped by its own ``crop``, and cannot be rearranged. A model with a cache of its own makes it with
+``new_cache()``.
 """
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
 from typing import Any, Iterator
 
+import torch
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["PositionCache", "cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions",
-           "new_cache"]
+__all__ = ["KVBuffer", "KVStore", "PositionCache", "cache_device", "doubled_capacity", "drop_last_positions",
+           "keep_tail_positions", "new_cache"]
 
 
 def doubled_capacity(capacity: int, need: int) -> int:
@@ -34,8 +50,7 @@ def doubled_capacity(capacity: int, need: int) -> int:
 
 
 class PositionCache:
-    """What the project's own caches share (model/passes/decoder.py, model/cuda/cuda_graphs.py): ``length`` filled
-    positions of a preallocated (L, 2, Hkv, C, D) buffer, edited under transformers' names."""
+    """A length over a preallocated (L, 2, Hkv, C, D) buffer, edited under transformers' names."""
 
     length: int
 
@@ -66,6 +81,92 @@ class PositionCache:
         n = int(keep.numel())
         buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps are safe
         self.length = start + n
+
+
+class KVStore:
+    """A preallocated (L, 2, Hkv, C, D) buffer, the cache that holds it and the banks that read it (module terms)."""
+
+    def __init__(self, buf: Tensor) -> None:
+        self.buf = buf  # (L, 2, Hkv, C, D)
+        self.banks: list[Any] = []  # whatever keeps graphs over this buffer: cleared when it grows
+        self.lock = threading.RLock()  # module terms: threads
+        self._holder: Any = None  # a weak reference: a finished generation's positions are not copied aside
+        self._views: list[tuple[Tensor, Tensor, Tensor]] | None = None
+
+    @property
+    def holder(self) -> "KVBuffer | None":
+        return self._holder() if self._holder is not None else None
+
+    @property
+    def capacity(self) -> int:
+        return int(self.buf.shape[3])
+
+    def take(self, cache: "KVBuffer", need: int = 0) -> Tensor:
+        """The buffer, held by ``cache``, with room for ``need`` positions (module terms: KV buffer)."""
+        with self.lock:
+            held = self.holder
+            if held is not cache:
+                if held is not None:
+                    held.saved = self.buf[:, :, :, : held.length].clone()
+                if cache.saved is not None:
+                    self.buf[:, :, :, : cache.saved.shape[3]] = cache.saved
+                    cache.saved = None
+                self._holder = weakref.ref(cache)
+            if need > self.capacity:
+                grown = self.buf.new_zeros(*self.buf.shape[:3], doubled_capacity(self.capacity, need), self.buf.shape[4])
+                grown[:, :, :, : cache.length] = self.buf[:, :, :, : cache.length]
+                self.buf, self._views = grown, None
+                for bank in self.banks:
+                    bank.clear()
+            return self.buf
+
+    def views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer: keys and values (2, Hkv, C, D), keys (1, Hkv, C, D), values (1, Hkv, C, D): views of the
+        buffer, made once per allocation (a pass slices them instead of indexing the buffer anew)."""
+        if self._views is None:
+            self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
+        return self._views
+
+
+class KVBuffer(PositionCache):
+    """One generation's keys and values on a ``KVStore`` (module terms), with transformers' cache names."""
+
+    def __init__(self, kv: KVStore) -> None:
+        self.kv, self.length = kv, 0
+        self.saved: Tensor | None = None  # (L, 2, Hkv, length, D) while another cache holds the store
+        kv.take(self)  # a new generation starts in the buffer
+
+    @property
+    def buf(self) -> Tensor:
+        """The store's buffer (held by this cache or not: for its device and dtype)."""
+        return self.kv.buf
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def reserve(self, extra: int = 0) -> Tensor:
+        """The (L, 2, Hkv, C, D) buffer, held, with room for ``extra`` more positions (doubling C past it)."""
+        return self.kv.take(self, self.length + extra)
+
+    def layer_views(self, extra: int = 0) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """``reserve(extra)``, then the buffer's views per layer (``KVStore.views``): an exact pass's."""
+        self.reserve(extra)
+        return self.kv.views()
+
+    def _held(self) -> Tensor:
+        return self.reserve()
+
+    @torch.inference_mode()
+    def keep_tail(self, start: int, keep: Tensor) -> None:
+        with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
+            super().keep_tail(start, keep)
+
+    def __deepcopy__(self, memo: dict) -> "KVBuffer":
+        fresh = copy.copy(self)
+        with self.kv.lock:
+            fresh.saved = self.kv.buf[:, :, :, : self.length].clone() if self.kv.holder is self else self.saved.clone()
+        return fresh
 
 
 def new_cache(model: Any) -> Any:

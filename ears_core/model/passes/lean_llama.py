@@ -7,13 +7,11 @@ lean step     one target pass with none of the general model's per-call machiner
               every layer's seven linear layers run from Q4_1 blocks on the CPU int4 kernel (kernels/gguf_q4.py),
               q/k/v fused into one matrix and gate/up into another, bfloat16 activations, ``F.rms_norm``,
               the rotation as one roll, a multiply and an ``addcmul`` over q, k and v, one
-              scaled-dot-product call over a preallocated ``KVBuffer``, and the output head in bfloat16
+              scaled-dot-product call over a preallocated ``KVBuffer`` (kv_cache.py), and the output head in bfloat16
               through a oneDNN-packed weight.
-numerics      the lean target is its own function, and it is *the* target wherever it runs:
-              target-only and speculative decoding both call it. It computes the GGUF's own weights
-              (scales rounded to bfloat16) in bfloat16; the float32 reference (``EARS_LEAN=0``)
-              computes the same blocks dequantised in float32 (how closely their greedy texts agree:
-              docs/benchmarks.md).
+numerics      the lean target is *the* target wherever it runs (target-only and speculative decoding both
+              call it): the GGUF's own weights (scales rounded to bfloat16) in bfloat16; the float32
+              reference (``EARS_LEAN=0``) computes the same blocks dequantised (docs/benchmarks.md).
 exact rows    row j of a pass over m tokens must equal, bit for bit, a one-token pass at its position, or
               greedy speculative output parts from target-only output. The int4 kernel and the packed
               head are row-invariant (up to ``ROW_CAP`` rows a call); the attention is not in bfloat16,
@@ -36,7 +34,8 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import one_sequence, visible_positions
-from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, LeanCache, int4_kind, rotation_tables
+from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, int4_kind, rotation_tables
+from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
 __all__ = ["LeanLlama", "LeanOutput"]
 
@@ -47,15 +46,7 @@ class LeanOutput:
 
     logits: Tensor
     hidden_states: tuple[Tensor, ...] | None
-    past_key_values: LeanCache
-
-
-class _Tied(nn.Module):
-    """The output head as an object with a ``weight`` (V, d), as ``get_output_embeddings()`` returns."""
-
-    def __init__(self, weight: nn.Parameter) -> None:
-        super().__init__()
-        self.weight = weight
+    past_key_values: KVBuffer
 
 
 def _chunked(fn: Any, x: Tensor) -> Tensor:
@@ -87,7 +78,8 @@ class LeanLlama(nn.Module):
         self.decoder = Decoder(layers, final_norm, text, cos, sin, float(text.rms_norm_eps), all_heads=True)
         self.layers = layers
         self.embed = nn.Embedding.from_pretrained(embedding, freeze=True)  # (V, d) bfloat16, tied to the head
-        self.head = _Tied(self.embed.weight)
+        self.head = nn.Module()  # the output head as ``get_output_embeddings()`` returns it: a ``weight`` (V, d)
+        self.head.weight = self.embed.weight
         self._head_packed = torch.ops.mkldnn._reorder_linear_weight(embedding, None)  # oneDNN layout, same values
         self.attn_dtype = attn_dtype
         self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (measuring/lean_plan.py)
@@ -108,10 +100,9 @@ class LeanLlama(nn.Module):
     def get_output_embeddings(self) -> nn.Module:
         return self.head
 
-    def new_cache(self, capacity: int = 256) -> LeanCache:
-        """An empty cache for this model (module terms)."""
-        d = self.decoder
-        return LeanCache(len(self.layers), d.kv_heads, d.head_dim, self.attn_dtype, capacity)
+    def new_cache(self, capacity: int = 256) -> KVBuffer:
+        """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
+        return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype)))
 
     # -------------------------------------------------------------------- the pass
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
@@ -126,21 +117,21 @@ class LeanLlama(nn.Module):
         return seen[..., : n + m]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                past_key_values: LeanCache | None = None, use_cache: bool = True, logits_to_keep: int = 0,
+                past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> LeanOutput:
         m = one_sequence(input_ids, "the lean target")
         cache = past_key_values if past_key_values is not None else self.new_cache()
-        if not isinstance(cache, LeanCache):
-            raise TypeError(f"the lean target keeps its keys and values in a LeanCache, not a {type(cache).__name__}: "
+        if not isinstance(cache, KVBuffer):
+            raise TypeError(f"the lean target keeps its keys and values in a KVBuffer, not a {type(cache).__name__}: "
                             "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         n, d = cache.length, self.decoder
-        cache.reserve(m)
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
         attend = Exact(n, n + m, self._mask(attention_mask, m, n), self.attn_dtype)
         x = self.embed(input_ids[0])  # (m, d)
         hidden = x.new_empty(len(self.layers) + 1, m, d.hidden) if output_hidden_states else None
-        x = d.run(x, cos, sin, attend, cache.layer_views(), int4_kind(m, self.row_plan), hidden)  # (m, d)
-        cache.length = n + m
+        with cache.kv.lock:  # kv_cache.py: threads
+            x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
+            cache.length = n + m
         keep = x if not logits_to_keep else x[-logits_to_keep:]
         logits = _chunked(self._logits, keep)[None]  # (1, kept, V)
         states = None  # transformers' layout: the embeddings, each layer's output, the last after the final norm

@@ -104,32 +104,21 @@ def _rope_reason(rope: nn.Module | None, head_dim: int) -> str | None:
     return None
 
 
-def _fuse(parts: list[nn.Linear]) -> Tensor:
-    """One (sum out, in) weight for several linears; each module's weight becomes a view of it (module terms:
-    fused: the Parameter objects stay, their unfused storage goes)."""
-    fused = torch.cat([p.weight.detach() for p in parts])  # (sum out, in)
-    start = 0
-    for p in parts:
-        rows = p.weight.shape[0]
-        p.weight.data = fused[start: start + rows]
-        p.weight.requires_grad_(False)
-        start += rows
-    return fused
-
-
-def _fuse_bias(parts: list[nn.Linear]) -> Tensor | None:
-    """One (sum out,) bias for several linears (zeros where one has none), None where none has one; each
-    module's own bias becomes a view of it, as ``_fuse`` does for weights."""
-    if all(p.bias is None for p in parts):
+def _fuse(parts: list[nn.Linear], name: str = "weight") -> Tensor | None:
+    """One (sum out, in) weight, or (sum out,) bias (zeros where a part has none; None where none has one), for
+    several linears; each module's own becomes a view of it (module terms: fused: the Parameter objects stay,
+    their unfused storage goes)."""
+    own = [getattr(p, name) for p in parts]
+    if all(t is None for t in own):
         return None
-    fused = torch.cat([p.bias.detach() if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
-                       for p in parts])  # (sum out,)
+    fused = torch.cat([t.detach() if t is not None else p.weight.new_zeros(p.weight.shape[0])
+                       for p, t in zip(parts, own)])  # (sum out, in) or (sum out,)
     start = 0
-    for p in parts:
+    for p, t in zip(parts, own):
         rows = p.weight.shape[0]
-        if p.bias is not None:
-            p.bias.data = fused[start: start + rows]
-            p.bias.requires_grad_(False)
+        if t is not None:
+            t.data = fused[start: start + rows]
+            t.requires_grad_(False)
         start += rows
     return fused
 
@@ -141,7 +130,7 @@ def _static_layer(layer: nn.Module) -> Layer:
     return Layer(
         layer.input_layernorm.weight, _fuse([attn.q_proj, attn.k_proj, attn.v_proj]), attn.o_proj.weight,
         layer.post_attention_layernorm.weight, _fuse([mlp.gate_proj, mlp.up_proj]), mlp.down_proj.weight,
-        _fuse_bias([attn.q_proj, attn.k_proj, attn.v_proj]),
+        _fuse([attn.q_proj, attn.k_proj, attn.v_proj], "bias"),
         q_norm.weight if q_norm is not None else None, k_norm.weight if k_norm is not None else None)
 
 
@@ -182,11 +171,6 @@ class StaticDecoder(Decoder):
         body = model.model
         return cls(list(body.layers), body.norm, body.rotary_emb, model.config, body.embed_tokens,
                    model.get_output_embeddings())
-
-    def new_kv(self, capacity: int) -> Tensor:
-        """An empty (L, 2, Hkv, C, D) buffer."""
-        return torch.zeros(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=self.dtype,
-                           device=self.device)
 
     def run(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,  # type: ignore[override]
             hidden: Tensor | None = None) -> Tensor:
