@@ -45,6 +45,7 @@ from ears_core.draft.head_files import (EMBEDDED_DRAFT_DIR, embedded_draft_avail
 from ears_core.model.loading.hub import (ModelLoadError, check_tokenizers, encode_prompt, folder_or_hub_id, is_out_of_memory,
                                  load_model, load_tokenizer, resolve_dtype)
 from ears_core.model.kernels.passing import in_passing_thread
+from ears_core.timing import cores_crowded
 from ears_core.model.loading.presets import EMBEDDED, PRESETS, Preset  # noqa: F401 - Preset: re-exported
 
 
@@ -210,6 +211,9 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
     # (passing.py). On a GPU, in the caller's thread: ZeroGPU places weights on CUDA only from the
     # thread that imported `spaces` (its torch patches are per thread; ears_core/studio/zerogpu.py).
     run = in_passing_thread if dev.type == "cpu" else _here
+    threads = torch.get_num_threads()
+    if dev.type == "cpu" and cores_crowded(threads):  # timing.py, crowded: one thread loads faster then
+        torch.set_num_threads(1)
     try:
         pair = run(_load_pair, target, draft, dev, dt, cache_dir, allow_download, chosen_here)
         if pair.rows_exact is False:  # asked for by the caller (a default that fails the check falls back)
@@ -230,6 +234,8 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
                              f"{'' if draft is None else f' with the draft {draft!r}'}: pick a smaller pair, "
                              "use a machine with more memory, or device 'cuda' (no index) so accelerate's device "
                              "map spreads the target over every GPU") from exc
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _here(fn: Any, *args: Any) -> Any:

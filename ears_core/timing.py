@@ -13,6 +13,10 @@ busy        a measurement's threads spent more than ``BUSY_SHARE`` of their time
             (Linux's per-thread run-queue wait, ``/proc/self/task/*/schedstat``): another job held the
             cores, so what was timed is not this machine's price. ``RunQueue`` reads it around a
             measurement; where the kernel does not report it, nothing is ever called busy.
+crowded     ``cores_crowded(threads)``: a short parallel product on ``threads`` threads reads busy. With
+            other jobs on the cores, torch's OpenMP threads wait for each other at every barrier: building
+            and checking the lean target took 32 s on 2 threads beside two busy loops, 3.8 s on 1
+            (docs/measurements.md, "Start-up"), so a load runs on one thread where the cores are crowded.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE"]
+__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE", "cores_crowded"]
 
 BUSY_SHARE = 0.2  # of a measurement's thread time spent waiting for a core: busy (module terms)
 
@@ -63,6 +67,23 @@ class RunQueue:
     @property
     def busy(self) -> bool:
         return self.waited_share > BUSY_SHARE
+
+
+def cores_crowded(threads: int, probe_s: float = 0.1) -> bool:
+    """Whether ``threads`` torch threads would wait for cores now (module terms: crowded); False for one thread."""
+    if threads < 2:
+        return False
+    before = torch.get_num_threads()
+    a = torch.randn(256, 256)  # (256, 256): a product small enough to repeat, large enough to run in parallel
+    torch.set_num_threads(threads)
+    try:
+        with RunQueue() as queue:
+            stop = time.perf_counter() + probe_s
+            while time.perf_counter() < stop:
+                a @ a
+    finally:
+        torch.set_num_threads(before)
+    return queue.busy
 
 
 class StepClock:

@@ -4,6 +4,10 @@ curve, and a measurement the busy cores spoil detected and made again.
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -18,7 +22,7 @@ from ears_core.policy import profile
 from ears_core.policy.costs import PriceCurve
 from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
-from ears_core.timing import MachineBusy, RunQueue
+from ears_core.timing import MachineBusy, RunQueue, cores_crowded
 
 from conftest import tiny_llama
 
@@ -42,23 +46,57 @@ def test_the_run_queue_sees_another_job_on_the_cores():
     if not list(__import__("pathlib").Path("/proc/self/task").glob("*/schedstat")):
         pytest.skip("this kernel does not report run-queue waits")
     # this thread spinning while other processes spin on every core, twice over: it waits for a core most of the time
-    import os
-    import subprocess
-    import sys
-    cores = len(os.sched_getaffinity(0))
-    spin = "import time\nstop = time.perf_counter() + 3\nwhile time.perf_counter() < stop: pass"
-    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * cores)]
-    try:
-        time.sleep(0.3)  # they are spinning
+    with _crowded_cores():
         with RunQueue() as crowded:
             stop = time.perf_counter() + 0.6
             while time.perf_counter() < stop:
                 pass
+    assert crowded.waited_share > 0.3, crowded.waited_share  # a fair share is 1 core in 2 * cores + 1
+
+
+@contextlib.contextmanager
+def _crowded_cores():
+    """Other processes spinning on every core, twice over, for the block (at most 5 s)."""
+    cores = len(os.sched_getaffinity(0))
+    spin = "import time\nstop = time.perf_counter() + 5\nwhile time.perf_counter() < stop: pass"
+    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * cores)]
+    try:
+        time.sleep(0.3)  # they are spinning
+        yield
     finally:
         for proc in others:
             proc.kill()
             proc.wait()
-    assert crowded.waited_share > 0.3, crowded.waited_share  # a fair share is 1 core in 2 * cores + 1
+
+
+def test_crowded_cores_are_seen_and_a_quiet_machine_is_not(monkeypatch):
+    """timing.py, crowded: the probe that sends a load to one thread."""
+    if not list(__import__("pathlib").Path("/proc/self/task").glob("*/schedstat")):
+        pytest.skip("this kernel does not report run-queue waits")
+    monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
+    assert not cores_crowded(1)  # one thread never waits for its peers
+    with _crowded_cores():
+        assert cores_crowded(2)
+
+
+@pytest.mark.parametrize("crowded", [False, True])
+def test_a_load_runs_on_one_thread_where_the_cores_are_crowded(monkeypatch, crowded):
+    import ears_core.pair
+
+    seen = []
+    monkeypatch.setattr(ears_core.pair, "cores_crowded", lambda threads: crowded)
+    monkeypatch.setattr(ears_core.pair, "_load_pair", lambda *a: seen.append(torch.get_num_threads()) or _Loaded())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        ears_core.pair.load_pair("embedded", None, device="cpu")
+        assert seen == [1 if crowded else 2] and torch.get_num_threads() == 2  # the caller's count is back
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Loaded:
+    rows_exact = True
 
 
 def test_a_price_measurement_made_under_contention_is_made_again(monkeypatch, tmp_path):
