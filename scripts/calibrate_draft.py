@@ -75,7 +75,11 @@ def main() -> None:
                                            for t in cal.tables))
         print(f"  siblings (rank >= 1, parent stood), {a.tree_nodes}-node trees: depth 1 / depths >= 2")
         print_table(sib.tables)
-    out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, tree_nodes=a.tree_nodes, source=f"assets/draft_data/prompts.jsonl, index % {a.val_mod} == 0")
+    choice = getattr(session.pair.draft, "kernel_choice", None)  # the head's variant as loaded (head_kernels.py)
+    out["made_with"] = dict(prompts=a.prompts, tokens=a.tokens, k=a.k, tree_nodes=a.tree_nodes,
+                            source=f"assets/draft_data/prompts.jsonl, index % {a.val_mod} == 0",
+                            target=getattr(session.pair.target, "ears_kernels", "") or type(session.pair.target).__name__,
+                            draft_variant=choice.variant.label if choice is not None else "as loaded")
     a.out.write_text(json.dumps(out, indent=1))
     print(f"wrote {a.out}")
 
