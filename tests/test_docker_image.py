@@ -441,8 +441,8 @@ def test_the_image_serves_the_embedded_pair_as_uid_1000_and_stops_at_once(contai
     assert "gradio" in packages and not packages & set(TEST_ONLY), packages & set(TEST_ONLY)
     # the lean target's blocks file was prepared at build time: the image runs lean without the GGUF's package
     blocks = ("from ears_core.model.loading.embedded import CACHE_SUBDIR, cache_root; "
-              "from ears_core.model.loading.lean_target import BLOCKS_FILE; "
-              "print((cache_root() / CACHE_SUBDIR / BLOCKS_FILE).is_file())")
+              "from ears_core.model.loading.lean_target import blocks_path; "
+              "print(blocks_path(cache_root() / CACHE_SUBDIR).is_file())")
     assert docker("exec", name, ".venv/bin/python", "-c", blocks) == "True"
     check_stop(name, "stop_s")
 

@@ -300,7 +300,7 @@ def test_the_blocks_file_builds_the_same_lean_target_as_the_gguf_and_spares_pars
     source = find_embedded_gguf()
     config = AutoConfig.from_pretrained(prepare_embedded())
     path = lean_target.blocks_file(tmp_path, source)
-    assert path.name == lean_target.BLOCKS_FILE
+    assert path == lean_target.blocks_path(tmp_path) and not list(tmp_path.glob("*.safetensors"))  # no loader's weights
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 47, 198, 504]])  # (1, 8)
     with torch.inference_mode():
         want = lean_target.from_gguf(source, config)(ids).logits
@@ -327,7 +327,8 @@ def _prepared_with(tmp_path, blocks):
     folder.mkdir()
     for name in ("config.json", "generation_config.json"):
         shutil.copy(prepare_embedded() / name, folder / name)
-    (folder / blocks.name).symlink_to(blocks)
+    lean_target.blocks_path(folder).parent.mkdir()
+    lean_target.blocks_path(folder).symlink_to(blocks)
     return folder
 
 

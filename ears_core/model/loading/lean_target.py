@@ -7,8 +7,9 @@ from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and min
                bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
                Repacking the 210 matrices is quick enough that the packed form is not cached
                (docs/measurements.md).
-blocks file    ``lean_blocks.safetensors``: the GGUF tensors the lean target reads, their raw bytes as they
-               are in the file, with each one's GGUF type in the metadata. Reading the GGUF itself parses
+blocks file    ``lean/blocks.safetensors`` in the prepared folder: the GGUF tensors the lean target reads, their
+               raw bytes as they are in the file, with each one's GGUF type in the metadata. In a subfolder:
+               loaders that take every ``*.safetensors`` of a model folder as its weights (vLLM's) never see it. Reading the GGUF itself parses
                its 49,152-token vocabulary first (3 s here); the blocks file is a memory map (milliseconds).
                The embedded target's ``--prepare`` writes it into the prepared folder (the Docker image
                carries it: it depends on the GGUF only, not on the machine); a load that finds it missing or
@@ -37,11 +38,11 @@ from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.passes.decoder import Layer
 from ears_core.model.passes.lean_llama import LeanLlama
 
-__all__ = ["BLOCKS_FILE", "blocks_file", "blocks_source", "from_blocks", "from_float_model", "from_gguf", "gguf_tensors",
+__all__ = ["BLOCKS_FILE", "blocks_file", "blocks_path", "blocks_source", "from_blocks", "from_float_model", "from_gguf", "gguf_tensors",
            "q4_1_blocks", "supported"]
 
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-BLOCKS_FILE = "lean_blocks.safetensors"
+BLOCKS_FILE = "lean/blocks.safetensors"  # under the prepared folder (module terms)
 _SOURCE_KEY = "gguf_bytes"  # the blocks file's metadata: the size of the GGUF it was made from
 Tensors = dict[str, tuple[str, np.ndarray]]  # GGUF tensor name -> (its GGUF type name, its raw data)
 
@@ -72,20 +73,26 @@ def gguf_tensors(path: str | Path) -> Tensors:
     return {t.name: (t.tensor_type.name, t.data) for t in gguf.GGUFReader(str(path)).tensors}
 
 
+def blocks_path(folder: str | Path) -> Path:
+    """Where ``folder``'s blocks file is (module terms), made or not."""
+    return Path(folder) / BLOCKS_FILE
+
+
 def blocks_file(folder: str | Path, gguf: str | Path) -> Path:
     """``folder``'s blocks file made from ``gguf`` (module terms), written first where it is missing or was
     made from another file; written to a temporary sibling and renamed, so a reader never sees half of it."""
     from safetensors import safe_open
     from safetensors.numpy import save_file
 
-    path, size = Path(folder) / BLOCKS_FILE, str(Path(gguf).stat().st_size)
+    path, size = blocks_path(folder), str(Path(gguf).stat().st_size)
     if path.is_file():
         with safe_open(str(path), "np") as f:
             if (f.metadata() or {}).get(_SOURCE_KEY) == size:
                 return path
     tensors = gguf_tensors(gguf)
     meta = {name: kind for name, (kind, _) in tensors.items()} | {_SOURCE_KEY: size}
-    fd, tmp = tempfile.mkstemp(prefix=f".{BLOCKS_FILE}.", dir=path.parent)
+    path.parent.mkdir(exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
     try:
         save_file({name: np.ascontiguousarray(data) for name, (_, data) in tensors.items()}, tmp, meta)
@@ -101,7 +108,7 @@ def blocks_source(folder: str | Path, gguf: Path | None) -> Path | None:
     """What to build the lean target from: ``folder``'s blocks file (made first where it can be), else the
     GGUF; without the GGUF (its package removed after preparing), a blocks file already there, else None."""
     if gguf is None:
-        path = Path(folder) / BLOCKS_FILE
+        path = blocks_path(folder)
         return path if path.is_file() else None
     try:
         return blocks_file(folder, gguf)
@@ -121,7 +128,7 @@ def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.flo
     """The GGUF's Llama as a LeanLlama (module terms); ``config`` is its transformers config. ``path`` is the
     GGUF itself or a blocks file made from it."""
     path = Path(path)
-    tensors = _read_blocks(path) if path.name == BLOCKS_FILE else gguf_tensors(path)
+    tensors = _read_blocks(path) if path.suffix == ".safetensors" else gguf_tensors(path)
     return from_blocks(tensors, config, attn_dtype)
 
 
