@@ -422,7 +422,8 @@ def test_without_a_gpu_the_embedded_pair_streams_on_the_cpu(monkeypatch):
         details = outs[-1][7]
         assert len(frames) >= 2 and set(re.findall(r'data-kind="(\w+)"', frames[-1])) <= KINDS
         assert len(details["kinds"]) == details["stats"]["new_tokens"] > 0 and details["text"].strip()
-        assert details["device"].startswith("cpu") and details["stats"]["drafted"] > 0
+        # the speculative path ran (how much it drafted is the policy's, from this machine's measured prices)
+        assert details["device"].startswith("cpu") and details["stats"]["method"].startswith("ears")
         assert started == []
     finally:
         demo.close()
