@@ -12,8 +12,8 @@ blocks file    ``lean/blocks.safetensors`` in the prepared folder: the GGUF tens
                loaders that take every ``*.safetensors`` of a model folder as its weights (vLLM's) never see it. Reading the GGUF itself parses
                its 49,152-token vocabulary first (3 s here); the blocks file is a memory map (milliseconds).
                The embedded target's ``--prepare`` writes it into the prepared folder (the Docker image
-               carries it: it depends on the GGUF only, not on the machine); a load that finds it missing or
-               made from another GGUF writes it.
+               carries it: it depends on the GGUF only, not on the machine), and so does the check every load
+               makes of that folder where the file is missing or was made from another GGUF.
 from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
                so any Llama can run lean; the tests build a tiny random one and compare it with
                transformers' forward over the same blocks dequantised.
@@ -105,15 +105,10 @@ def blocks_file(folder: str | Path, gguf: str | Path) -> Path:
 
 
 def blocks_source(folder: str | Path, gguf: Path | None) -> Path | None:
-    """What to build the lean target from: ``folder``'s blocks file (made first where it can be), else the
-    GGUF; without the GGUF (its package removed after preparing), a blocks file already there, else None."""
-    if gguf is None:
-        path = blocks_path(folder)
-        return path if path.is_file() else None
-    try:
-        return blocks_file(folder, gguf)
-    except OSError:  # a read-only cache without it: the GGUF itself, parsed (seconds slower)
-        return gguf
+    """What to build the lean target from: ``folder``'s blocks file, else the GGUF (None without either). Preparing
+    the folder writes the file and remakes it for another GGUF (embedded.py), so a load only reads."""
+    path = blocks_path(folder)
+    return path if path.is_file() else gguf
 
 
 def _read_blocks(path: Path) -> Tensors:
