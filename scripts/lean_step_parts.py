@@ -8,7 +8,7 @@ of ``--repeats`` runs. The
 differences are the pieces' prices; what is left is every other op and the Python around them. It also
 times the same int4 matrix calls back to back, outside a pass: what the kernel costs on its own.
 
-    python scripts/lean_step_parts.py [--steps 96] [--repeats 5] [--threads 2]
+    python scripts/lean_step_parts.py [--steps 96] [--repeats 5] [--threads 2] [--widths 1,2,3,4,5]
 
 Run it alone on the machine.
 """
@@ -29,9 +29,12 @@ from ears_core.model.kernels.gguf_q4 import GROUP
 from ears_core.model.loading.target_path import lean_embedded
 
 
-def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
-    """Best of ``repeats`` runs of the mean one-token pass over ``steps`` consecutive passes."""
+def mean_pass_ms(model: Any, steps: int, repeats: int, width: int = 1) -> float:
+    """Best of ``repeats`` runs of the mean pass over ``width`` tokens (all rows' logits, as a verify pass
+    keeps them) over ``steps`` consecutive passes, each cut back to one new position as a round that keeps
+    one token would."""
     ids = torch.randint(0, 49000, (1, 64), generator=torch.Generator().manual_seed(0))
+    step = torch.full((1, width), 7)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats):
@@ -39,7 +42,9 @@ def mean_pass_ms(model: Any, steps: int, repeats: int) -> float:
             model(ids, past_key_values=cache, logits_to_keep=1)
             t0 = time.perf_counter()
             for _ in range(steps):
-                model(torch.tensor([[7]]), past_key_values=cache, logits_to_keep=1)
+                model(step, past_key_values=cache, logits_to_keep=width)
+                if width > 1:
+                    cache.crop(cache.get_seq_length() - width + 1)
             best = min(best, (time.perf_counter() - t0) / steps * 1e3)
     return best
 
@@ -96,21 +101,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--widths", type=lambda v: [int(w) for w in v.split(",")], default=[1],
+                    help="pass widths to take apart, e.g. 1,2,3,4,5 (a verify pass over m tokens keeps m rows)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = lean_embedded(prepare_embedded())
     if model is None:
         raise SystemExit("the lean target does not run on this CPU (no int4 kernel, no native bfloat16 or rows not exact)")
-    whole = mean_pass_ms(model, a.steps, a.repeats)
-    print(f"a one-token pass: {whole:.2f} ms (mean of {a.steps} after a 64-token prompt, best of {a.repeats})")
-    rest = whole
-    with ExitStack() as gone:  # each piece stays left out while the next is
-        for piece in ("the output head", "the int4 matrix calls", "attention", "the RMSNorms"):
-            gone.enter_context(left_out(model, piece))
-            without = mean_pass_ms(model, a.steps, a.repeats)
-            print(f"  {piece}: {rest - without:.2f} ms")
-            rest = without
-    print(f"  every other op: {rest:.2f} ms")
+    for width in a.widths:
+        whole = mean_pass_ms(model, a.steps, a.repeats, width)
+        print(f"a pass over {width} token(s): {whole:.2f} ms (mean of {a.steps} after a 64-token prompt, best of {a.repeats})")
+        rest = whole
+        with ExitStack() as gone:  # each piece stays left out while the next is
+            for piece in ("the output head", "the int4 matrix calls", "attention", "the RMSNorms"):
+                gone.enter_context(left_out(model, piece))
+                without = mean_pass_ms(model, a.steps, a.repeats, width)
+                print(f"  {piece}: {rest - without:.2f} ms")
+                rest = without
+        print(f"  every other op: {rest:.2f} ms")
     print(f"the same int4 calls back to back: {int4_back_to_back_ms(model, a.repeats):.2f} ms")
 
 

@@ -68,14 +68,19 @@ class HeadLayers(Decoder):
         self.head_dim = int(attn.head_dim)
 
     def _tables(self, positions: int) -> tuple[Tensor, Tensor]:
-        """(cos, signed sin), each (P, D) in the head's dtype, for P positions of its rotary embedding."""
-        cos, sin = rotation_tables(self.rotary, self.head_dim, positions, self.device)
-        return cos.to(self.dtype), sin.to(self.dtype)
+        """(cos, signed sin), each (P, D) in the head's dtype, for P positions of its rotary embedding; made once
+        per rotary module, dtype and length and kept on the module (a drafter builds its layers every request)."""
+        made = self.rotary.__dict__.setdefault("_ears_tables", {})
+        key = (positions, self.dtype, str(self.device))
+        if key not in made:
+            cos, sin = rotation_tables(self.rotary, self.head_dim, positions, self.device)
+            made[key] = (cos.to(self.dtype), sin.to(self.dtype))
+        return made[key]
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVBuffer:
         if batch != 1:
             raise ValueError("the draft head drafts one sequence at a time (batch 1)")
-        return KVBuffer(KVStore(self.new_kv(capacity, self.dtype, self.device)))
+        return KVBuffer(KVStore(self.new_kv(capacity, self.dtype, self.device, exact=True)))
 
     def __call__(self, z: Tensor, cache: KVBuffer, positions: Tensor | None = None,
                  mask: Tensor | None = None) -> Tensor:

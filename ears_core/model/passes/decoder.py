@@ -151,9 +151,12 @@ class Decoder:
         self.cos, self.sin = cos, sin  # (P, D), or (P, H + 2 Hkv, D) for all heads
         self.max_positions = int(cos.shape[0])
 
-    def new_kv(self, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
-        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (module terms: KV buffer)."""
-        return torch.zeros(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=dtype, device=device)
+    def new_kv(self, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu", exact: bool = False) -> Tensor:
+        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (module terms: KV buffer). ``exact``:
+        for the exact policy, which reads only the slice it wrote, so the buffer is left unfilled; the folded
+        policy reads the whole bucket (masked), so it gets zeros."""
+        make = torch.empty if exact else torch.zeros
+        return make(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=dtype, device=device)
 
     def angles(self, pos: Tensor | None, start: int = 0, m: int = 0) -> tuple[Tensor, Tensor]:
         """The rotation tables (m, 1 or H + 2 Hkv, D) at positions ``pos`` (m,), or at start .. start + m - 1

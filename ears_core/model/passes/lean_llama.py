@@ -102,7 +102,7 @@ class LeanLlama(nn.Module):
 
     def new_cache(self, capacity: int = 256) -> KVBuffer:
         """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
-        return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype)))
+        return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype, exact=True)))
 
     # -------------------------------------------------------------------- the pass
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
