@@ -9,7 +9,7 @@ from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_targ
 from ears_core.draft.head_kernels import INT4_MIN_GAIN, MIN_GAIN, Variant, _pick, candidates
 from ears_core.model.kernels import gguf_q4
 from ears_core.model.kernels.gguf_q4 import dequantize_q4_1
-from ears_core.model.kernels.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, round_trip, takes
+from ears_core.model.kernels.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, round_trip, side_by_side, takes
 
 CPU = torch.device("cpu")
 F32, F32P, BF, BFP = Variant("float32", False), Variant("float32", True), Variant("bfloat16", False), Variant("bfloat16", True)
@@ -119,3 +119,43 @@ def test_the_int4_layers_variant_keeps_the_output_rows_in_bfloat16(monkeypatch):
     base = autoregressive(target, prompt, temperature=0.0, max_new_tokens=16)
     spec = generate(target, drafter, prompt, rule=GreedyRule(), k=3, temperature=0, max_new_tokens=16)
     assert spec.token_ids == base.token_ids and spec.stats.drafted > 0
+
+
+@needs_kernel
+def test_int4_layers_side_by_side_give_their_parts_bits_in_one_call():
+    parts = [Int4Linear(_layer_and_rows(128, n, 1, seed, False)[0]) for seed, n in enumerate((128, 64, 192))]
+    one = side_by_side(tuple(parts))
+    assert one is not None and (one.in_features, one.out_features) == (128, 384)
+    for rows in (1, 2, 3, 5):
+        x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        assert torch.equal(one(x), torch.cat([p(x) for p in parts], -1))
+    # not such parts: outputs not a multiple of 64 (the kernel packs those otherwise), a bias, other inputs, float
+    assert side_by_side((parts[0], Int4Linear(_layer_and_rows(128, 48, 1, 7, False)[0]))) is None
+    assert side_by_side((parts[0], Int4Linear(_layer_and_rows(128, 64, 1, 7, True)[0]))) is None
+    assert side_by_side((parts[0], Int4Linear(_layer_and_rows(64, 64, 1, 7, False)[0]))) is None
+    assert side_by_side((parts[0], _layer_and_rows(128, 64, 1, 7, False)[0])) is None
+
+
+@needs_kernel
+def test_an_int4_heads_layers_run_q_k_v_and_gate_up_each_in_one_call_with_the_same_bits(monkeypatch):
+    import ears_core.draft.head_layers as head_layers
+
+    target = tiny_llama(0, hidden=256)  # head_dim 64: q 256, k and v 128, gate and up 512 outputs
+    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).to(torch.bfloat16).eval()
+    quantize_linears(head.body)
+    z = torch.randn(1, 5, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    layers = head_layers.HeadLayers(head.body)
+    assert all(isinstance(l.qkv, Int4Linear) and isinstance(l.gate_up, Int4Linear) for l in layers.layers)
+    calls = []
+    monkeypatch.setattr(Int4Linear, "forward", lambda self, x, f=Int4Linear.forward: calls.append(1) or f(self, x))
+    with torch.inference_mode():
+        fused = layers(z, layers.new_cache())
+    assert len(calls) == 4 * len(layers.layers)  # q/k/v, o, gate/up, down
+    monkeypatch.setattr(head_layers, "side_by_side", lambda parts: None)
+    for layer in head.body.layers:
+        layer.__dict__.pop("_ears_side_by_side")
+    apart = head_layers.HeadLayers(head.body)
+    assert isinstance(apart.layers[0].qkv, tuple)
+    with torch.inference_mode():
+        assert torch.equal(fused, apart(z, apart.new_cache()))
+        assert len(calls) == 4 * len(layers.layers) + 7 * len(layers.layers)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ears_core.model.kernels.int4_linear import side_by_side
 from ears_core.model.passes.decoder import Decoder, Exact, Layer, modules, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore, doubled_capacity
 
@@ -45,10 +46,17 @@ def supports(body: nn.Module) -> bool:
 
 
 def _layer(layer: nn.Module) -> Layer:
-    """A head decoder layer as the pass's Layer over the layer's own modules (module terms: linears)."""
+    """A head decoder layer as the pass's Layer over the layer's own modules (module terms: linears); int4
+    q / k / v and gate / up each as one kernel call (model/kernels/int4_linear.py: side by side), made once
+    for the modules the layer holds."""
     attn, mlp = layer.self_attn, layer.mlp
-    return Layer(layer.input_layernorm.weight, (attn.q_proj, attn.k_proj, attn.v_proj), attn.o_proj,
-                 layer.post_attention_layernorm.weight, (mlp.gate_proj, mlp.up_proj), mlp.down_proj)
+    qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+    made = layer.__dict__.get("_ears_side_by_side")
+    if made is None or made[0] != (qkv, gate_up):
+        made = layer.__dict__["_ears_side_by_side"] = ((qkv, gate_up), side_by_side(qkv) or qkv,
+                                                       side_by_side(gate_up) or gate_up)
+    return Layer(layer.input_layernorm.weight, made[1], attn.o_proj, layer.post_attention_layernorm.weight, made[2],
+                 mlp.down_proj)
 
 
 class HeadLayers(Decoder):

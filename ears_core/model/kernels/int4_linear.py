@@ -13,6 +13,9 @@ round trip    ``round_trip(w)``: the float weight the kernel computes with for `
               ``s = d`` and ``z = m + 8 d`` rounded to bfloat16 (gguf_q4.py, "scales"). Training a head through it
               (a straight-through estimator: the forward sees the round trip, the gradient passes to ``w``
               as if it were the identity) fits the head to its int4 variant (scripts/train_draft.py --qat).
+side by side  ``side_by_side(parts)``: bias-free ``Int4Linear``s over the same inputs, each with a multiple of 64
+              outputs, as one whose outputs are theirs in order: one kernel call instead of several, the same
+              bits (the kernel packs 64 outputs a block and computes each column alone).
 quantize      ``quantize_linears(module)`` swaps every ``nn.Linear`` under ``module`` (whose shape the kernel
               takes: inputs a multiple of 32, outputs of 16) for an ``Int4Linear`` of its weight. Used for the
               EAGLE head's int4 variant (draft/head_kernels.py): draft side only, so the drafts' distribution q
@@ -26,7 +29,7 @@ from torch import Tensor, nn
 
 from ears_core.model.kernels.gguf_q4 import GROUP, Int4Weight, int4_linear, pack_q4_1
 
-__all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "round_trip", "takes"]
+__all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "round_trip", "side_by_side", "takes"]
 
 
 def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -74,8 +77,24 @@ class Int4Linear(nn.Module):
         y = int4_linear(x.to(torch.bfloat16), self.weight4)
         return y if self.bias is None else y + self.bias
 
+    @classmethod
+    def side_by_side(cls, parts: tuple[nn.Module, ...]) -> "Int4Linear | None":
+        """The parts as one layer (module terms: side by side), or None where they are not such parts."""
+        ok = all(isinstance(p, cls) and p.bias is None and p.out_features % 64 == 0 for p in parts)
+        if not ok or len({p.in_features for p in parts}) != 1:
+            return None
+        one = cls.__new__(cls)
+        nn.Module.__init__(one)
+        one.in_features, one.out_features, one.bias = parts[0].in_features, sum(p.out_features for p in parts), None
+        one.weight4 = Int4Weight(torch.cat([p.weight4.packed for p in parts]),  # (N, K / 2) packed, blocks of 64 rows
+                                 torch.cat([p.weight4.scales_zeros for p in parts], 1), one.out_features, one.in_features)
+        return one
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
+
+
+side_by_side = Int4Linear.side_by_side
 
 
 def quantize_linears(module: nn.Module) -> int:
