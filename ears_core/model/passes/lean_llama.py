@@ -2,56 +2,31 @@
 
 Terms
 -----
-lean step     one target pass with none of the general model's per-call machinery, run by the project's one
-              layer loop (decoder.py) with the ``int4`` linear kind and the ``Exact`` attention policy:
-              every layer's seven linear layers run from Q4_1 blocks on the CPU int4 kernel (kernels/gguf_q4.py),
-              q/k/v fused into one matrix and gate/up into another, bfloat16 activations, ``F.rms_norm``,
-              the rotation as one roll, a multiply and an ``addcmul`` over q, k and v, one
-              scaled-dot-product call over a preallocated ``KVBuffer`` (kv_cache.py), and the output head in bfloat16
-              through a oneDNN-packed weight.
-numerics      the lean target is *the* target wherever it runs (target-only and speculative decoding both
-              call it): the GGUF's own weights (scales rounded to bfloat16) in bfloat16; the float32
-              reference (``EARS_LEAN=0``) computes the same blocks dequantised (docs/benchmarks.md).
-exact rows    row j of a pass over m tokens must equal, bit for bit, a one-token pass at its position, or
-              greedy speculative output parts from target-only output. The int4 kernel and the packed
-              head are row-invariant (up to ``ROW_CAP`` rows a call); the attention is not in bfloat16,
-              so by default it runs in float64 (products of bfloat16 numbers are exact there; the output,
-              rounded back, does not depend on the summation order) over a float64 cache.
-calling       ``model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=k,
-              output_hidden_states=..., attention_mask=..., position_ids=...)`` as the decode loop calls a
-              transformers model: ``attention_mask`` None (causal after the cache) or a (1, 1, m, n + m)
-              additive or boolean mask (a tree pass), ``position_ids`` None (consecutive) or (1, m).
-              ``new_cache()`` makes the cache; ``hidden_states`` has transformers' layout: the embeddings,
-              each layer's output, and the last one after the final norm. Batch 1, CPU only.
+lean step     one target pass through the layer loop (decoder.py) with the ``int4`` linear kind (Q4_1 blocks
+              on the CPU int4 kernel: kernels/gguf_q4.py) and the ``Exact`` attention policy over a
+              ``KVBuffer`` (kv_cache.py); the output head in bfloat16 through a oneDNN-packed weight.
+numerics      the GGUF's own weights (scales rounded to bfloat16) in bfloat16; target-only and speculative
+              decoding both run it. The float reference (``EARS_LEAN=0``) computes the same blocks dequantised.
+exact rows    row j of a pass over m tokens equals, bit for bit, a one-token pass at its position: the int4
+              kernel and the packed head are row-invariant (up to ``ROW_CAP`` rows a call), and the attention
+              runs in float64 (products of bfloat16 numbers are exact there) over a float64 cache.
+calling       transformers' (passes/attention.py): ``attention_mask`` None (causal after the cache) or a
+              (1, 1, m, n + m) tree mask, ``position_ids`` None (consecutive) or (1, m), ``new_cache()`` for
+              the cache, ``hidden_states`` in transformers' layout. Batch 1, CPU only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.passes.attention import one_sequence, visible_positions
+from ears_core.model.passes.attention import PassOutput, one_sequence, visible_positions
 from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, int4_kind, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
-__all__ = ["LeanLlama", "LeanOutput"]
-
-
-@dataclass
-class LeanOutput:
-    """What a pass returns, by transformers' names: logits (1, kept, V); hidden_states or None."""
-
-    logits: Tensor
-    hidden_states: tuple[Tensor, ...] | None
-    past_key_values: KVBuffer
-
-
-def _chunked(fn: Any, x: Tensor) -> Tensor:
-    """fn over the rows of x (r, ...), at most ``ROW_CAP`` at a time (module terms: exact rows)."""
-    return fn(x) if x.shape[0] <= ROW_CAP else torch.cat([fn(c) for c in x.split(ROW_CAP)])
+__all__ = ["LeanLlama"]
 
 
 class LeanLlama(nn.Module):
@@ -118,7 +93,7 @@ class LeanLlama(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
-                output_hidden_states: bool = False, **unused: Any) -> LeanOutput:
+                output_hidden_states: bool = False, **unused: Any) -> PassOutput:
         m = one_sequence(input_ids, "the lean target")
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, KVBuffer):
@@ -132,12 +107,10 @@ class LeanLlama(nn.Module):
         with cache.kv.lock:  # kv_cache.py: threads
             x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
             cache.length = n + m
-        keep = x if not logits_to_keep else x[-logits_to_keep:]
-        logits = _chunked(self._logits, keep)[None]  # (1, kept, V)
-        states = None  # transformers' layout: the embeddings, each layer's output, the last after the final norm
-        if hidden is not None:
-            states = tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
-        return LeanOutput(logits, states, cache)
+        keep = x if not logits_to_keep else x[-logits_to_keep:]  # at most ROW_CAP rows a call (module terms: exact rows)
+        logits = self._logits(keep) if len(keep) <= ROW_CAP else torch.cat([self._logits(c) for c in keep.split(ROW_CAP)])
+        states = None if hidden is None else tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
+        return PassOutput(logits[None], states, cache)  # logits (1, kept, V)
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 20,
