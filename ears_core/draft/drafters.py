@@ -1,29 +1,23 @@
-"""Drafters: anything that proposes the next K tokens.
+"""Drafters: anything that proposes the next K tokens. The decode loop only speaks this protocol, so a draft
+model, a head that reads the target's hidden states (``needs_target_hidden = True``) and n-gram lookup are
+interchangeable.
 
 Terms
 -----
 committed sequence  the prompt plus every token emitted so far
-pending tokens      committed tokens the drafter has not yet run through its model (at least the
-                    last emitted token; after a round where all K drafts stood, also x_K, which
-                    was drafted but never fed back)
-propose(k)          draw k tokens one after another, each from the drafter's own distribution
-                    (after the same temperature / top-k / top-p as the target, via ``probs_fn``)
-                    with the given uniform draws; return the tokens and those distributions
-commit(n, t)        the verifier kept the first n drafts and emitted t: drop the rest from the
-                    drafter's cache (rollback) and remember what is now pending
-
-The decode loop only speaks this protocol, so a separate draft model and a head that reads the
-target's hidden states (EAGLE-style; ``needs_target_hidden = True``) are interchangeable.
-free_positions      (optional, default False) True when a position after the first costs the
-                    drafter no model step (n-gram lookup): the draft-length policy then does not
-                    count a position it looked at and declined as a spent draft step.
-A draft whose head covers part of the vocabulary reports probability 0 elsewhere.
-device confidence   (optional) ``propose(..., confidences=True)`` on a drafter with ``device_confidence =
-                    True``: record each drafted position's confidence as a (k',) tensor in ``confidence_t``
-                    without reading it to the host (the device round reads it with its verdict: decode/device_round.py).
-support             (optional, default None) a (N,) long tensor of the token ids outside which the
-                    drafter's distributions are always 0 (an EAGLE head's ``vocab_ids``): verify()
-                    then computes the exact distortion over those N tokens instead of all V.
+pending tokens      committed tokens the drafter has not yet run through its model (at least the last emitted
+                    token; after a round where all K drafts stood, also x_K, drafted but never fed back)
+propose(k)          draw k tokens one after another, each from the drafter's own distribution (after the
+                    target's temperature / top-k / top-p, ``probs_fn``) with the given uniforms; return the
+                    tokens and those distributions (0 outside the part of the vocabulary a draft covers)
+commit(n, t)        the verifier kept the first n drafts and emitted t: roll the rest back, note what is pending
+free_positions      (optional, default False) True when a position after the first costs no model step (n-gram
+                    lookup): the policy does not count a declined position as a spent draft step.
+device confidence   (optional) ``propose(..., confidences=True)`` on a drafter with ``device_confidence = True``:
+                    each position's confidence as a (k',) tensor in ``confidence_t``, not read to the host (the
+                    device round reads it with its verdict: decode/device_round.py).
+support             (optional, default None) the (N,) token ids outside which the drafter's distributions are 0
+                    (an EAGLE head's ``vocab_ids``): verify() computes the distortion over those N tokens only.
 """
 
 from __future__ import annotations
@@ -192,9 +186,8 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
                      keep=None, level=None):
-        """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
-        the nodes being expanded with a tree mask over the cache: each sees the committed tokens
-        and its own ancestors. -> DraftTree"""
+        """Draft a tree for the next round (``trees.build_tree``), batch 1: each draft pass runs the nodes being
+        expanded with a tree mask over the cache (trees.py: tree pass). -> DraftTree"""
         from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 
         assert self._pending is not None, "prefill() first"
@@ -251,14 +244,9 @@ def ngram_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> tupl
 
 
 class NGramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last ``n`` committed tokens (n
-    from ``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it.
-
-    No model and no training. The proposal is deterministic, so q is one-hot: the ordinary rule
-    then accepts x with probability P_target(x), and a rejection resamples from P_target with x
-    removed. When nothing matches it proposes nothing and the round is a plain target step.
-    Works for batch 1 (the decode loop's batch).
-    """
+    """Prompt lookup (``ngram_lookup``), batch 1. The proposal is deterministic, so q is one-hot: the ordinary
+    rule accepts x with probability P_target(x), and a rejection resamples from P_target with x removed. When
+    nothing matches it proposes nothing and the round is a plain target step."""
 
     needs_target_hidden = False
     free_positions = True  # a later position costs no model step (see ``Drafter``)

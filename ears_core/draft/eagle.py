@@ -2,46 +2,33 @@
 
 Terms
 -----
-feature f_t     the target's last hidden state (after its final norm) at token position t; the
-                target's output head turns f_t into P_target(x_{t+1}).
-head input      z_t = fc([f_t ; E(x_{t+1})]): the feature at t and the embedding of the token
-                that followed it (E is the target's own, frozen, input embedding).
-head            one Llama decoder layer and a norm over the z sequence (causal, with a KV cache);
-                its output at t is a predicted feature f^_{t+1}, so that W f^_{t+1} scores the
-                token x_{t+2} (W: the target's output head, restricted to ``vocab_ids``).
-drafting        after a round the head has consumed true features up to the last committed
-                token; the first draft comes from the head's last output, each further draft
-                feeds back the head's *predicted* feature with the drafted token.
-commit          drop the entries made from predicted features, then queue the target's true
-                features for the kept drafts and the new token; the head consumes the queue in one
-                batched forward when it next drafts (``sync``): rounds that draft nothing cost it nothing.
-confidence      the head's raw (T = 1) probability mass on its top token at a position, known
-                before that position's token is drawn: what the draft-length policy (costs.py)
-                maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
-                before each draw and stops at the first False (a stopping rule: verification
-                stays exact; deciding after the draw would bias the output).
-temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``, softmax at T * tau. A one-layer
-                head is flatter than the target where it is unsure, so a tau < 1 fitted on held-out
-                features (the one maximising the expected first-draft acceptance) makes more drafts stand
-                at T > 0; greedy drafts are unchanged, and the confidence stays the raw T = 1 value.
-vocab_ids       the N most frequent target tokens the head can propose; every other token gets
-                draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
-head dtype      the drafter computes in its head's dtype: its layers, its cache and its rows of the
-                target's output head (``w_sub``); the target's features and embeddings are cast to it,
-                and the logits come back as float32 before any softmax (``head_kernels.py`` measures
-                which dtype drafts faster here).
-draft side      tau, the dtype and the kernels change only q, and q is still exactly the distribution
-                each draft was drawn from: every rule stays as exact (or as distorted) as before.
-
-feature layers  (EAGLE-3's fusion) a head may read several of the target's hidden states at t, not
-                just the last: ``feature_layers`` are indices into the target's ``hidden_states``
-                (0 = embeddings, i = after decoder layer i, -1 or n_layers = after the final
-                norm), the last of them always the final one. Then z_t = fc([f^(1)_t ; .. ;
-                f^(n)_t ; E(x_{t+1})]). The head only predicts the final feature, so an input
-                made from its own prediction (the 2nd and later drafts of a round) has zeros in
-                place of the lower layers; training feeds it the same way.
-
-Only ``fc`` and the decoder layer are trained and shipped; E and W come from the target at load.
+feature f_t     the target's last hidden state (after its final norm) at position t; the target's output head
+                turns it into P_target(x_{t+1}).
+head input      z_t = fc([f_t ; E(x_{t+1})]), E the target's own (frozen) input embedding.
+head            one Llama decoder layer and a norm over the z sequence (causal, with a KV cache); its output at t
+                is a predicted feature f^_{t+1}, and W f^_{t+1} scores x_{t+2} (W: the target's output head,
+                restricted to ``vocab_ids``). Only ``fc`` and the layer are trained and shipped.
+drafting        the first draft of a round comes from the head's last output; each further draft feeds back the
+                head's *predicted* feature with the drafted token.
+commit          drop the entries made from predicted features, then queue the target's true features for the
+                kept drafts and the new token; the head consumes the queue in one forward when it next drafts
+                (``sync``): rounds that draft nothing cost it nothing.
+confidence      the head's raw (T = 1) probability on its top token at a position, known before that token is
+                drawn: ``propose(keep=...)`` asks ``keep(confidence)`` before each draw and stops at the first
+                False (a stopping rule: verification stays exact). The policy maps it to an estimate (costs.py).
+temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``. A one-layer head is flatter than the
+                target where unsure, so a tau < 1 fitted on held-out features makes more drafts stand at T > 0;
+                greedy drafts and the confidence are unchanged.
+vocab_ids       the N most frequent target tokens the head can propose; every other token gets draft probability
+                0 (the rules handle q = 0), which keeps a draft step cheap.
+head dtype      the head's layers, its cache and its rows of the output head (``w_sub``) compute in the head's
+                dtype (head_kernels.py picks it); logits come back as float32 before any softmax.
+draft side      tau, the dtype and the kernels change only q, which is still exactly the distribution each draft
+                was drawn from: every rule stays as exact (or as distorted) as before.
+feature layers  (EAGLE-3's fusion) ``feature_layers``: indices into the target's ``hidden_states`` (0 =
+                embeddings, i = after layer i, -1 = after the final norm, always last) read side by side:
+                z_t = fc([f^(1)_t ; .. ; f^(n)_t ; E(x_{t+1})]). An input made from the head's own prediction
+                (the 2nd and later drafts) has zeros for the lower layers, in training as in drafting.
 """
 
 from __future__ import annotations
@@ -323,10 +310,7 @@ class EagleDrafter:
         """Keep the first ``num_accepted`` proposals and next_token (module terms); target_hidden (B, n + 1, d)."""
         s = self._s
         assert s is not None, "prefill() first"
-        if not isinstance(s.cache, DynamicCache):  # drop the entries made from predicted features
-            s.cache.crop(s.cache_len)
-        else:
-            drop_last_positions(s.cache, s.cache.get_seq_length() - s.cache_len)
+        drop_last_positions(s.cache, s.cache.get_seq_length() - s.cache_len)  # the entries from predicted features
         if target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states (needs_target_hidden = True)")
         proposed = s.proposed if s.proposed is not None else next_token.reshape(-1, 1)[:, :0]

@@ -1,37 +1,28 @@
-"""How an EAGLE-style draft head computes on this machine: its dtype and kernels, measured once.
+"""How an EAGLE-style draft head computes on this machine: its dtype and kernels, measured once
+(terms: eagle.py, head dtype and draft side).
 
 Terms
 -----
-variant       (dtype, packed, int4): the dtype of the head's layers, its cache and its rows of the target's
-              output head (eagle.py, "head dtype"), whether its linear layers run oneDNN-packed weights
-              (model/kernels/packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
-              4-bit blocks of its weights on the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16
-              activations). Draft side only (eagle.py).
-int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
-              of the embedded head stands 5 points less often at T = 0, 1 at T = 0.9: docs/benchmarks.md). Offered where
-              the target is the lean int4 one (its step is short, so the head's share of a round is large)
-              and kept only if its round is at least ``INT4_MIN_GAIN`` cheaper than the best float variant's.
-              Most of those points are the output rows' (3.0 of 4.8 in validation top-1: assets/embedded_draft,
-              version 11): ``EARS_DRAFT_DTYPE=int4-layers`` keeps the rows in bfloat16 (packed), the layers int4.
-candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype only (``int4``: the int4 variant). A float32 target on
-              a CPU with native bfloat16 dot products (AVX512-BF16 or AMX): float32 and bfloat16.
-              Otherwise the target's dtype. Each dtype packed and as loaded where oneDNN is here; then int4
-              where offered (module terms: int4).
-why measure   a draft step reads all of the head's weights from memory (the target's pass has just
-              evicted them), so bfloat16 halves the bytes; but whether its kernels are as fast as
-              float32's for one row depends on the CPU: two machines with native bfloat16 ranked the
-              variants differently (docs/measurements.md), so no rule from CPU flags picks right on both.
-choice        when a pair loads: a drafting round (one catch-up entry and two draft steps, as the
-              decode loop runs them) is timed in each candidate right after a target pass (which
-              evicts the head from the caches, as in the loop), the candidates taking turns, ``REPEATS``
-              times; the lowest median wins, except that the first candidate (the target's dtype, as
-              loaded) is left only for one at least ``MIN_GAIN`` cheaper. The choice is cached per
-              (head shape, candidates, machine) under $EARS_CACHE/kernels (model/measuring/measured.py): a machine
-              measures once.
-default       a load measures nothing (``measure=False``): with no cached choice it takes ``default_variant``
-              (the int4 variant where offered: it won on every lean-target machine measured; else the
-              target's dtype as loaded), and a session measures the choice between requests
-              (``pair.ModelPair.settle``; each drafting round in ``piece()``).
+variant       (dtype, packed, int4): the head dtype, whether its linears run oneDNN-packed weights
+              (model/kernels/packed_linear.py), and whether they and its output rows run from 4-bit blocks on
+              the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16 activations).
+int4          a quarter of the bytes a draft step reads, for a few points of acceptance (docs/benchmarks.md).
+              Offered where the target is the lean int4 one (its step is short, so the head's share is large)
+              and kept only if its round is ``INT4_MIN_GAIN`` cheaper than the best float variant's. Most of the
+              loss is the output rows': ``EARS_DRAFT_DTYPE=int4-layers`` keeps them bfloat16 (packed).
+candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that one only. A float32 target on a CPU with
+              native bfloat16: float32 and bfloat16; else the target's dtype. Each packed and as loaded where
+              oneDNN is here; then int4 where offered.
+why measure   a draft step reads all the head's weights from memory, so bfloat16 halves the bytes; but whether
+              its kernels are as fast for one row depends on the CPU (docs/measurements.md).
+choice        a drafting round (one catch-up entry and two draft steps) timed in each candidate right after a
+              target pass (which evicts the head from the caches, as in the loop), the candidates taking turns
+              ``REPEATS`` times; the lowest median wins, but the first (the target's dtype, as loaded) is left
+              only for one ``MIN_GAIN`` cheaper. Cached per (head shape, candidates, machine)
+              (model/measuring/measured.py).
+default       with no cached choice a load (``measure=False``) takes ``default_variant`` (int4 where offered: it
+              won on every lean-target machine measured; else the first) and a session measures the choice
+              between requests (``pair.ModelPair.settle``; each round in ``piece()``).
 """
 
 from __future__ import annotations

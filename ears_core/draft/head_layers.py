@@ -1,28 +1,19 @@
 """The draft head's decoder layers, run by hand over a preallocated cache: a draft step without the
-general model's per-call machinery.
+general model's per-call machinery, which costs about as much again as its arithmetic (docs/benchmarks.md).
 
 Terms
 -----
 head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body``, a transformers
-              ``LlamaModel``). Training runs it as it is; drafting runs the same weights through the project's
-              one layer loop (model/passes/decoder.py).
-why by hand   a draft step feeds 1-8 rows through one layer, a fraction of a millisecond of arithmetic; the
-              general forward adds about as much again per call (docs/benchmarks.md, "The draft step by hand").
-cache         the head's keys and values: a ``KVBuffer`` (model/passes/kv_cache.py) on a store of its own in the
-              head's dtype; dropping the last n positions (the entries made from predicted features) only
-              lowers ``length``.
-linears       the body's own modules (the ``modules`` linear kind), so the head's packed and int4 variants
-              (draft/head_kernels.py) run as they are swapped in; the attention is the ``Exact`` policy in
-              the head's dtype with its scale, over the visible slice.
-positions     each new row's rotary position (the tree's rows share a depth's position), read from tables
-              of the head's own rotary module.
-mask          (m, length + m) bool, True where a new row may attend; None: causal over the new rows
-              (row i sees every cached entry and new rows 0..i).
+              ``LlamaModel``): training runs it as it is; drafting runs the same weights through the layer loop
+              (model/passes/decoder.py) with the ``modules`` linear kind (so the packed and int4 variants run
+              as swapped in) and the ``Exact`` policy in the head's dtype with its scale.
+cache         a ``KVBuffer`` (model/passes/kv_cache.py) on a store of its own in the head's dtype.
+positions     each new row's rotary position (a tree's rows share a depth's), from tables of the head's own
+              rotary module; mask (m, length + m) bool, True where a new row may attend, None: causal.
 same numbers  the general forward's operations up to the rounding of fused kernels (``F.rms_norm``); a test
               checks agreement with ``LlamaModel``, causal and with a tree mask (eagle.py: draft side).
-supported     default (and other static) rotary embeddings; ``supports(body)`` is False for a
-              dynamic one, whose frequencies change with the length, and the drafter keeps the
-              general forward there.
+supported     ``supports(body)``: False for a dynamic rotary embedding (frequencies change with the length):
+              the drafter keeps the general forward there.
 """
 
 from __future__ import annotations

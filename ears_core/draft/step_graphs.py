@@ -1,21 +1,19 @@
-"""An EAGLE drafter's chain draft step as one captured CUDA graph.
+"""A chain drafter's draft step as one captured CUDA graph (model/cuda/cuda_graphs.py).
 
 Terms
 -----
-draft step    what a chain drafter computes per drafted position (eagle.py): for a later position, the
-              head's pass over fc([its predicted feature ; E(previous draft)]), one row on the head's KV;
-              then the head's logits on its N tokens, the confidence (the largest of their softmax at
-              T = 1), the drawing distribution probs_fn(logits / tau) and the token drawn with the
-              position's uniform. Eagerly that is some twenty small kernels, each launched from Python;
-              captured it is one replay, and where no size policy asks for the confidence the host does
-              not wait between steps.
-first / next  a round's first position reads the head's last output (no head pass); later ones run it.
-key           a graph per (first or next, KV bucket, sampling): ``probs_fn.sampling_key``, which the decode
-              loop sets, names the sampling; a ``probs_fn`` without one keeps the eager step.
-bounded       a bank keeps the graphs of ``MAX_SAMPLINGS`` samplings at most (41 temperatures are one slider
-              away): a new one evicts the graphs of the least recently used (``use_sampling``).
-same numbers  the captured step runs the eager step's operations in its order, so the same drafts with the
-              same probabilities (a CPU test compares them; off CUDA the bank just calls the step).
+draft step    per drafted position (eagle.py): for a later position the model's pass over one row (the head's
+              over fc([its predicted feature ; E(previous draft)])); then the logits, the confidence (the
+              largest of their softmax at T = 1), the drawing distribution and the token drawn with the
+              position's uniform. Eagerly some twenty small kernels launched from Python; captured, one replay,
+              and where no policy asks for the confidence the host does not wait between steps.
+first / next  a round's first position reads the head's last output (no pass); later ones run it.
+key           a graph per (first or next, KV bucket, sampling): ``probs_fn.sampling_key``, set by the decode
+              loop, names the sampling; a ``probs_fn`` without one keeps the eager step.
+bounded       a bank keeps the graphs of ``MAX_SAMPLINGS`` samplings at most (a temperature slider offers 41):
+              a new one evicts the least recently used (``use_sampling``).
+same numbers  the captured step runs the eager step's operations in its order (a CPU test compares them; off
+              CUDA the bank just calls the step).
 """
 
 from __future__ import annotations

@@ -1,54 +1,39 @@
-"""Draft trees (seed 002): many candidate continuations, verified in one target pass.
+"""Draft trees: many candidate continuations, verified in one target pass.
 
 Terms
 -----
-node         a drafted token. Nodes are numbered in creation order, so a parent always precedes its
-             children and siblings appear in the order they are tried.
-parent       the node a node continues; -1 for the children of the root. The root is the last
-             committed token, which the target has not seen yet. depth: 1 for the root's children.
-rank         a node's place among its siblings: rank 0 is tried first, then rank 1, ...
-entry        a row of the target's tree pass: entry 0 is the root, entry i + 1 is node i.
-             P_target at entry e judges e's children; the draft distribution at e proposed them.
-siblings     how a node's children are chosen (``DraftTree.siblings``):
-               sampled  drawn one after another *without replacement* from the parent's draft
-                        distribution q: rank j is drawn from q with ranks < j removed and
-                        renormalised, and that distribution is the node's ``draft_probs``
-                        (rank 0: q itself). verify_tree tests rank j against it, which is what
-                        makes the multi-candidate test exact.
-               fixed    the parent's j-th most likely draft tokens, deterministic; each node's
-                        ``draft_probs`` is one-hot on its token. At T = 0 it is the only choice
-                        (the sampling distribution is one-hot there).
-score        the product of the draft probabilities along a node's path (EAGLE-2), taken from the
-             score distribution (``rank_fn``): tree_decoding passes the raw draft (T = 1), so
-             scores and priorities are in the units of the drafter's calibrated confidence at every
-             temperature, while sampled siblings are drawn from the sampling distribution.
-slot         the promise of a rank-j child of a node before it is drawn, with priority
-             score(parent) * (j-th largest draft probability at the parent). Best-first expansion
-             pops the best slot, draws its token and never removes a node afterwards, so whether a
-             slot exists depends only on draws made before its own. That keeps sampled trees exact;
-             pruning after the draw (EAGLE-2's rerank) would bias which tokens survive. A node's
-             children need its draft distribution: the node waits in the queue with the estimate
-             score(node) * (its parent's top probability) and, when that pops, one draft pass runs
-             every waiting node, so siblings share passes (about one per level). The estimate is
-             exact, and the tree exactly the budget's best nodes by score, when the draft is as
-             confident at every node; otherwise the order is close to best-first.
-estimate     with a ``level`` function (e.g. ``tree_policy.TreeBudget.level``: calibrated per depth,
-             rank 0 and later siblings apart), a slot's chance of standing: its parent's estimate
-             times level(slot probability, depth, rank). It is what a ``keep`` rule is asked with;
-             the order stays by priority (ordering by calibrated estimates measured worse on the
-             held-out prompts: 1.86-1.87 tokens a round at 8 nodes, T = 0, against 2.00).
-spec         budget: the most nodes (the target scores budget + 1 tokens); depth: the deepest
-             level; width: the most children of one node. width = 1 is exactly the chain of
-             ``depth`` drafts (one node per depth).
-draft draws  counter based (sampling.py). In a spec that cannot branch (width 1) the node at depth d
-             uses the chain's draw for output position start + d - 1, so tree and chain decoders
-             draw the same tokens. A branching spec keys every node by (position, round start,
-             ranks along its path): no draw that shaped one round's tree is reused in a later round.
-tree pass    one forward over [root, nodes] on top of the committed cache: position id
-             root_position + depth, and a 4D mask in which each entry sees the committed prefix,
-             its ancestors and itself.
-rearrangement after a round the cache keeps the committed prefix, the root and the accepted path, in
-             that order: exactly what decoding the path as a chain would have left.
+node         a drafted token, numbered in creation order: a parent precedes its children, siblings come in the
+             order they are tried. parent: the node it continues, -1 for the root's children (the root is the
+             last committed token, which the target has not seen yet). depth: 1 for the root's children.
+rank         a node's place among its siblings: rank 0 is tried first.
+entry        a row of the target's tree pass: entry 0 is the root, entry i + 1 is node i. P_target at entry e
+             judges e's children; the draft distribution at e proposed them.
+siblings     how a node's children are chosen (``DraftTree.siblings``): ``sampled``: drawn one after another
+             without replacement from the parent's draft distribution q, rank j from q with ranks < j removed
+             and renormalised (its ``draft_probs``), which verify_tree tests it against: the multi-candidate
+             test stays exact. ``fixed``: the parent's j-th most likely tokens, ``draft_probs`` one-hot; at
+             T = 0 the only choice.
+score        the product of the draft probabilities along a node's path (EAGLE-2), from the score distribution
+             (``rank_fn``: tree_decoding passes the raw draft, T = 1, so scores are in the units of the
+             drafter's calibrated confidence at every temperature).
+slot         the promise of a node's rank-j child before it is drawn, with priority score(parent) * (j-th largest
+             draft probability at the parent). Best-first expansion pops the best slot, draws its token and never
+             removes a node afterwards, so whether a slot exists depends only on earlier draws: sampled trees stay
+             exact (EAGLE-2's rerank after the draw would bias them). A node waits for its children's draft pass
+             with the estimate score(node) * (its parent's top probability); when that pops, one draft pass runs
+             every waiting node, so siblings share passes (about one per level).
+estimate     with a ``level`` function (``tree_budget.TreeBudget.level``), a slot's chance of standing: its
+             parent's estimate times level(slot probability, depth, rank): what a ``keep`` rule is asked with.
+             The order stays by priority (ordering by estimates measured worse: docs/measurements.md).
+spec         budget: the most nodes (the target scores budget + 1 tokens); depth: the deepest level; width: the
+             most children of one node. width = 1 is exactly the chain of ``depth`` drafts.
+draft draws  counter based (sampling.py). In a spec that cannot branch the node at depth d uses the chain's draw
+             for position start + d - 1, so tree and chain decoders draw the same tokens; a branching spec keys
+             every node by (position, round start, ranks along its path): no draw is reused in a later round.
+tree pass    one forward over [root, nodes] on the committed cache: position ids root_position + depth, and a
+             4D mask in which each entry sees the committed prefix, its ancestors and itself.
+rearrangement after a round the cache keeps the committed prefix, the root and the accepted path, in that order:
+             what decoding the path as a chain would have left.
 """
 
 from __future__ import annotations
@@ -120,8 +105,7 @@ class TreeDraws:
         x = 0
         for part in (position, self.start, *ranks):
             x = splitmix64(x ^ (part & MASK64))
-        x = (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
-        return x
+        return (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
 
     def uniform(self, depth: int, ranks: Sequence[int], device: torch.device) -> Tensor:
         """() float32: ``counter_uniforms`` of the node's key, computed on the host (the same value)."""
@@ -129,10 +113,9 @@ class TreeDraws:
 
 
 def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int) -> list[int]:
-    """(N,) counters of the acceptance draws: output position, plus the rank in high bits.
-
-    Rank 0 is the chain's key. Only the children of one node per depth are ever tested, and a
-    tested position is always emitted, so a key is never reused by a later round."""
+    """(N,) counters of the acceptance draws: output position, plus the rank in high bits (rank 0: the chain's
+    key). Only one node's children per depth are tested, and a tested position is always emitted, so a key is
+    never reused by a later round."""
     return [start + d - 1 + (r << 40) for d, r in zip(depths, ranks)]
 
 
@@ -216,16 +199,11 @@ def build_tree(
     greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
     level: LevelFn | None = None,
 ) -> DraftTree:
-    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate).
-
-    root_logits (V_model,): the draft's logits for depth 1. ``expand(ids, tree)`` runs the draft
-    over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
-    ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
-    ranked by ``rank_fn`` (default ``probs_fn``), which scores the slots and paths while tokens are
-    drawn from ``probs_fn``. ``keep(priority, nodes so far, depth)``, asked before each draw, ends the
-    tree at the first False: it sees only what is known before the draw, so sampled trees stay exact;
-    with ``level`` it is asked with the slot's estimate instead of its priority.
-    """
+    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate). root_logits (V_model,): the
+    draft's logits for depth 1; ``expand(ids, tree)``: the draft's logits over nodes ``ids`` of ``tree`` (their
+    ancestors already run). ``greedy`` (T = 0): "auto" means fixed siblings. ``rank_fn`` (default ``probs_fn``)
+    scores slots and paths; tokens are drawn from ``probs_fn``. ``keep(priority, nodes so far, depth)`` (with
+    ``level``: the slot's estimate for its priority), asked before each draw, ends the tree at the first False."""
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
         return b.tree
@@ -338,17 +316,15 @@ class _Builder:
         tree = self.tree
         if self.tokens:
             tree.tokens = torch.stack(self.tokens)  # (N,)
-            tree.draft_probs = _one_hot(tree.tokens, self.vocab) if self.fixed else torch.stack(self.probs)  # (N, V)
+            if self.fixed:  # one-hot on each node's token
+                one_hot = torch.zeros(tree.tokens.shape[0], self.vocab, device=tree.tokens.device)
+                tree.draft_probs = one_hot.scatter_(-1, tree.tokens[:, None], 1.0)  # (N, V)
+            else:
+                tree.draft_probs = torch.stack(self.probs)  # (N, V)
         return tree
 
 
-def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
-    return torch.zeros(tokens.shape[0], vocab, device=tokens.device).scatter_(-1, tokens[:, None], 1.0)  # (N, V)
-
-
 # ----------------------------------------------------------------------------- tree pass
-
-
 def ancestor_matrix(parents: Sequence[int], device: torch.device | None = None) -> Tensor:
     """(N+1, N+1) bool over entries: [a, b] is True iff entry b is entry a or one of its ancestors.
     Entry 0 is the root, an ancestor of every node."""

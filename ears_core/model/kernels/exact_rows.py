@@ -2,31 +2,19 @@
 
 Terms
 -----
-row invariance  a target pass over m new tokens gives each of them, bit for bit, the logits that m
-                one-token passes give. Greedy speculative output equals target-only greedy output only
-                if it holds: the verify pass scores drafts with m = k + 1 rows, target-only decoding
-                with one.
-where it breaks PyTorch's CPU attention (the SDPA flash kernel, and eager attention alike) sums a
-                row's softmax and its weighted values in an order that depends on the number of query
-                rows and on the key length. In float32 the differences (~1e-6) rarely turn an argmax;
-                in bfloat16 an attention output moves by one bfloat16 step (~4e-3 relative), the error
-                grows through the layers and greedy output parts at near-ties (2 of 16 held-out
-                prompts kept target-only's greedy text: docs/benchmarks.md). The linear layers (packed
-                oneDNN kernels, and the planned output head) are row-invariant up to a width (the
-                row cap below).
-exact attention the bfloat16 q, k, v are widened to float64 for the attention alone (one fused
-                scaled-dot-product pass). A product of two bfloat16 numbers is exact in float64 and a sum
-                of a few thousand keeps ~1e-16 relative error, so the output rounded back to bfloat16 no
-                longer depends on the summation order. Speculative and target-only decoding both run it.
-cost            float64 work over the key length: about 3 % of a decode step on a 128-token cache and
-                9 % on a 400-token one (Intel Xeon with AMX; docs/measurements.md).
-rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if
-                every logit is equal.
-row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX: passes of 1 to 32 rows
-                agree bit for bit, 40 rows do not). So a packed layer (packed_linear.py) with a cap of
-                c rows multiplies a longer input c rows at a time, with the kernel it uses for a few
-                rows: a prompt's prefill then rounds each row as a one-token pass would. ``make_rows_exact``
-                keeps the widest cap of ``CAPS`` under which passes of ``CHECKED_WIDTHS`` rows agree.
+row invariance  a pass over m new tokens gives each of them, bit for bit, the logits of m one-token passes:
+                else greedy speculative output (verify passes of k + 1 rows) parts from target-only output.
+where it breaks PyTorch's CPU attention sums in an order that depends on the number of query rows and the key
+                length: in bfloat16 an output moves by one step (~4e-3 relative), enough to flip near-ties
+                (docs/benchmarks.md). The linear layers are row-invariant up to a width (the row cap).
+exact attention q, k, v widened to float64 for the attention alone (one fused SDPA call): products of
+                bfloat16 numbers are exact there, so the output rounded back does not depend on the summation
+                order. Speculative and target-only decoding both run it (its cost: docs/measurements.md).
+rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if every
+                logit is equal.
+row cap         oneDNN blocks many rows differently, so a packed layer (packed_linear.py) with a cap of c rows
+                runs a longer input c rows at a time. ``make_rows_exact`` keeps the widest cap of ``CAPS``
+                under which passes of ``CHECKED_WIDTHS`` rows agree.
 """
 
 from __future__ import annotations
@@ -64,18 +52,14 @@ def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value:
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register() -> None:
+def use_exact_attention(model: nn.Module) -> bool:
+    """Switch a transformers model to exact attention; False (and the model unchanged) when the model
+    does not dispatch its attention through transformers' AttentionInterface."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(EXACT_ATTENTION, exact_attention)
     AttentionMaskInterface.register(EXACT_ATTENTION, eager_mask)  # an additive mask, never skipped
-
-
-def use_exact_attention(model: nn.Module) -> bool:
-    """Switch a transformers model to exact attention; False (and the model unchanged) when the model
-    does not dispatch its attention through transformers' AttentionInterface."""
-    _register()
     setter = getattr(model, "set_attn_implementation", None)
     can_set = getattr(model, "_can_set_attn_implementation", None)
     if setter is None or (can_set is not None and not can_set()):

@@ -1,22 +1,15 @@
-"""Float linear layers re-quantised to Q4_1-style blocks and run on the CPU int4 kernel (gguf_q4.py).
+"""Float linear layers re-quantised to Q4_1-style blocks and run on the CPU int4 kernel (terms: gguf_q4.py).
 
 Terms
 -----
-blocks        ``q4_1_blocks(w)``: per block of 32 consecutive inputs of a row, the minimum ``m`` and the step
-              ``d = (max - min) / 15`` (both rounded to float16, as a GGUF stores them) and codes
-              ``round((w - m) / d)`` clamped to 0..15, so a weight reads back as ``d * c + m``. The lean target
-              reads such blocks from the GGUF; a float model (a test's, or the draft head) makes them here.
-Int4Linear    an ``nn.Module`` with ``nn.Linear``'s calling convention over such blocks: bfloat16 in, bfloat16
-              out, the bias (if any) added in bfloat16. A quarter of the bytes of a bfloat16 weight (plus a
-              scale and zero per 32), which is what a one-row pass on a CPU pays for.
-round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks, ``(c - 8) s + z`` with
-              ``s = d`` and ``z = m + 8 d`` rounded to bfloat16 (gguf_q4.py, "scales"). Training a head through it
-              (a straight-through estimator: the forward sees the round trip, the gradient passes to ``w``
-              as if it were the identity) fits the head to its int4 variant (scripts/train_draft.py --qat).
-quantize      ``quantize_linears(module)`` swaps every ``nn.Linear`` under ``module`` (whose shape the kernel
-              takes: inputs a multiple of 32, outputs of 16) for an ``Int4Linear`` of its weight. Used for the
-              EAGLE head's int4 variant (draft/head_kernels.py): draft side only, so the drafts' distribution q
-              changes a little and every rule stays exactly as lossless (or as distorted) as before.
+blocks        ``q4_1_blocks(w)``: per 32 consecutive inputs of a row, the minimum ``m`` and the step
+              ``d = (max - min) / 15`` (rounded to float16, as a GGUF stores them) and codes ``round((w - m) / d)``
+              clamped to 0..15. The lean target reads such blocks from the GGUF; a float model makes them here.
+Int4Linear    ``nn.Linear``'s calling convention over such blocks: bfloat16 in and out, the bias added in bfloat16.
+round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks. Training a head
+              through it (straight-through) fits it to its int4 variant (scripts/train_draft.py --qat).
+quantize      ``quantize_linears(module)``: every ``nn.Linear`` the kernel takes (inputs a multiple of 32, outputs
+              of 16) becomes an ``Int4Linear``: the EAGLE head's int4 variant (draft/head_kernels.py).
 """
 
 from __future__ import annotations

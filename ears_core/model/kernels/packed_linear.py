@@ -2,32 +2,22 @@
 
 Terms
 -----
-rows          r = the vectors one linear layer multiplies in a call: batch x new positions. A plain
-              decode step has r = 1; a verify pass over k drafts has r = k + 1.
-as loaded     the model's own ``nn.Linear`` (MKL through ``F.linear``), plus the planned output head
-              of ``output_head.py``. For a handful of rows MKL reads each weight matrix once per row, so a
-              pass over a few tokens can cost well over one decode step (docs/measurements.md).
-packed        the same weights reordered once into oneDNN's blocked layout
-              (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
-              ``torch.ops.mkldnn._linear_pointwise``: the cost is nearly flat in r for r <= 8 where oneDNN
-              does well (the figures: docs/measurements.md).
-kernel choice packed or as loaded, for a whole model: when a CPU pair loads, target passes over
-              m in ``MEASURED_M`` new tokens are timed in both modes, interleaved, and packed is kept only
-              if it is at least ``MIN_GAIN`` cheaper summed over m; cached per model shape and machine
-              (measuring/measured.py), so a machine measures once.
-exactness     the same dot products summed in another order: logits agree to float rounding, as they
-              already differ between r = 1 and r = 5 with MKL alone; speculative and target-only
-              decoding run the same kernels.
-scope         CPU, float32 or bfloat16 weights, models with at least ``MIN_ELEMENTS`` linear
-              weights (the tiny test models are left as they are), inference only: a call that
-              needs gradients, or an input on another device or dtype, runs the original layer. A
-              weight changed in place after packing is packed again at its next call.
-row cap       ``max_rows`` (None by default): a call with more rows runs them that many at a time, each chunk
-              through the kernel a few rows get, so a row's result does not depend on how many rows
-              came with it (oneDNN blocks many rows differently). Set on a bfloat16 target by
-              ``exact_rows.make_rows_exact``.
-memory        the packed copy sits beside the original weights (which stay for tying, state dicts
-              and gradients): +1x the linear weights (SmolLM2-135M: +0.5 GB).
+rows          r = the vectors a linear layer multiplies in a call: 1 for a decode step, k + 1 for a verify pass.
+as loaded     the model's own ``nn.Linear`` (MKL through ``F.linear``, which for a few rows reads each weight
+              once per row), plus the planned output head (output_head.py).
+packed        the same weights reordered once into oneDNN's blocked layout (``_reorder_linear_weight``) and
+              multiplied with ``_linear_pointwise``: nearly flat in r for r <= 8 (docs/measurements.md).
+kernel choice packed or as loaded, for a whole model: target passes over m in ``MEASURED_M`` new tokens are
+              timed in both modes, interleaved; packed is kept only if ``MIN_GAIN`` cheaper summed over m.
+              Cached per model shape and machine (measuring/measured.py).
+exactness     the same dot products summed in another order: logits agree to float rounding; speculative and
+              target-only decoding run the same kernels.
+scope         CPU, float32 or bfloat16, at least ``MIN_ELEMENTS`` linear weights; inference only: a call that
+              needs gradients, or an input on another device or dtype, runs the original layer. A weight
+              changed in place is packed again at its next call.
+row cap       ``max_rows`` (None by default): more rows run that many at a time, each chunk through the kernel a
+              few rows get (exact_rows.py: row cap).
+memory        the packed copy sits beside the original weights (kept for tying, state dicts and gradients).
 """
 
 from __future__ import annotations

@@ -2,22 +2,15 @@
 
 Terms
 -----
-pool        torch's CPU kernels run on OpenMP (libgomp in the CPU wheel). The first parallel region a
-            thread runs gives that thread a pool of worker threads, kept until the thread exits.
-throttled   while a process holds more OpenMP threads than it has cores (two pools on 2 cores:
-            2 masters and 2 workers), libgomp's idle workers stop spinning almost at once and sleep,
-            so every later parallel region waits for a wake-up. Decoding in other threads after loading
-            in the main one was measured well below decoding in one thread, and a load in a thread that
-            exits gave the one-thread speed back (docs/measurements.md, docs/history.md).
-passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn returns, so its pool
-            goes with it: ``load_pair`` and ``Session.warm_up`` run their timing passes that way, and
-            a caller may decode in its own thread or in ``runs.Background`` threads at full speed.
-            The caller's torch thread count is carried over (a new thread would start from the default).
-at exit     a daemon thread still inside a torch kernel when the interpreter finalises is killed as it
-            takes the GIL back, and that kills the whole process ("terminate called without an active
-            exception", exit code 134), after the program's own work has ended. ``join_at_exit(thread,
-            stop)`` registers such a thread: at exit ``stop()`` is called and the thread is joined
-            (``EXIT_JOIN_S`` for all of them together), so the process ends with its own exit code.
+pool        the first parallel region a thread runs (torch's CPU kernels: OpenMP) gives it a pool of workers,
+            kept until the thread exits. While a process holds more OpenMP threads than cores, idle workers
+            sleep at once and every later region waits for a wake-up (docs/measurements.md).
+passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn returns, so its pool goes with
+            it (``load_pair`` and ``Session.warm_up`` time their passes that way), with the caller's torch
+            thread count.
+at exit     a daemon thread still inside a torch kernel when the interpreter finalises kills the process
+            (exit code 134). ``join_at_exit(thread, stop)`` registers one: at exit ``stop()`` is called and the
+            thread joined (``EXIT_JOIN_S`` for all together), so the process ends with its own exit code.
 """
 
 from __future__ import annotations

@@ -2,19 +2,17 @@
 
 Terms
 -----
-record       a dataclass under ``Measured`` that states only its candidates and its decision (the int4 row
-             plan, the output head's layouts, packed or loaded linears, the draft head's variant); the base
-             holds what every record shares: ``key`` (the shapes and the machine tag) and ``measured_at``.
-machine tag  what a measurement depends on besides the shapes: dtype, threads, CPU, torch (``machine_tag``).
+record       a dataclass under ``Measured`` stating its candidates and its decision (the int4 row plan, the output
+             head's layouts, packed or loaded linears, the draft head's variant); the base holds ``key`` (the
+             shapes and the ``machine_tag``: dtype, threads, CPU, torch) and ``measured_at``.
 cache        one JSON file per record kind and key, ``$EARS_CACHE/kernels/<KIND>-<key>.json``, written
-             atomically (a reader never sees half a file); a missing, damaged or stale one reads as None.
-interleaved  ``interleaved(candidates, time_one, rounds)``: every round times every candidate, in reversed
-             order every other round, so a slow moment of the machine hits them all; each record keeps the
-             fastest sample of a candidate (another job on the cores only ever adds time) or the median.
-margin       ``keep_first(ms, margin)``: the cheapest candidate, except that the first (the default, as
-             loaded) is left only for one at least ``margin`` cheaper.
-quiet        ``quietly(what, fn)``: fn() while the run queue is watched (timing.RunQueue); a measurement the
-             busy cores spoil raises ``MachineBusy`` and is never cached, to be made again at a later quiet.
+             atomically; a missing, damaged or stale one reads as None.
+interleaved  every round times every candidate, in reversed order every other round, so a slow moment of the
+             machine hits them all; a record keeps a candidate's fastest sample or the median.
+margin       ``keep_first(ms, margin)``: the cheapest candidate, but the first (the default, as loaded) unless
+             one is at least ``margin`` cheaper.
+quiet        ``quietly(what, fn)``: fn() while the run queue is watched (timing.RunQueue); a measurement the busy
+             cores spoil raises ``MachineBusy`` and is never cached.
 MEASURED_M   the pass widths a whole-model comparison times (kernels/packed_linear.py).
 """
 

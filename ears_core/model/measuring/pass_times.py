@@ -3,18 +3,14 @@
 
 Terms
 -----
-pass over m   one forward of m new tokens on a KV cache of ``cache_len`` random tokens, keeping the
-              logits of all m (a verify pass over m - 1 drafts and the token before them).
-step          V(1): the fastest of ``repeats`` one-token passes (another job on the cores only ever
-              adds time).
-paired ratio  a pass over m > 1 tokens is timed right after a one-token pass, and V(m) is the step
-              times the median of those ratios. A 2-vCPU machine runs in spells, fast and slow by up
-              to 1.5x for seconds at a time (docs/measurements.md); the fastest pass of each width
-              alone mixes spells (a step caught in a fast spell, a 7-token pass only in a slow one reads
-              1.5 steps), while the two passes of a pair share a spell, so the curve keeps its shape.
-piece         ``piece()`` (optional) gives a context manager that each forward pass runs in: a measurement
-              made in the background runs pass by pass and stops where ``piece()`` raises
-              (serve/between.py). The exception goes to the caller and nothing is returned.
+pass over m   one forward of m new tokens on a cache of ``cache_len`` random tokens, keeping all m logits.
+step          V(1): the fastest of ``repeats`` one-token passes.
+paired ratio  each pass over m > 1 is timed right after a one-token pass, and V(m) is the step times the median
+              of those ratios: a machine that runs in fast and slow spells (docs/measurements.md) times both
+              passes of a pair in one spell, so the curve keeps its shape. Kept as measured, even where a longer
+              pass is cheaper: the policy must see where 4 drafts cost less than 2.
+piece         ``piece()`` (optional): a context manager each forward runs in; a measurement between requests
+              stops where it raises (serve/between.py), and the exception goes to the caller.
 """
 from __future__ import annotations
 
@@ -66,9 +62,5 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
                 steps.append(one)
                 if wide is not None:
                     ratios[m].append(wide / one)
-    # Kept as measured, even where a longer pass is cheaper than a shorter one: CPU matmul kernels
-    # change with the number of rows (docs/measurements.md, price curves), and the policy must see
-    # where a 4-draft round is cheaper than a 2-draft one. (Forcing the curve up to be non-decreasing
-    # hid exactly that.)
     step = min(steps)
     return [step] + [step * statistics.median(ratios[m]) for m in range(2, max_m + 1)]
