@@ -31,8 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ears_core.model.passes.kv_cache import new_cache
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "scored_vocab",
-           "target_features"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "scored_vocab", "target_features"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -65,17 +64,14 @@ def target_features(out: object, drafter: object) -> Tensor | None:
 
 def layers_side_by_side(hidden_states: tuple[Tensor, ...], layers: tuple[int, ...]) -> Tensor:
     """hidden_states[i] for i in ``layers``, concatenated on the last axis: (B, T, len(layers) * d)."""
-    if len(layers) == 1:
-        return hidden_states[layers[0]]
-    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+    return hidden_states[layers[0]] if len(layers) == 1 else torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def model_vocab_size(model: PreTrainedModel) -> int:
     """Rows of the model's output head (may exceed the tokenizer's length by padding)."""
     head = model.get_output_embeddings()
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
+    has_rows = head is not None and hasattr(head, "weight")
+    return int(head.weight.shape[0]) if has_rows else int(model.config.get_text_config().vocab_size)
 
 
 def scored_vocab(model: PreTrainedModel) -> int:
@@ -146,8 +142,8 @@ class ModelDrafter:
                 conf_t, pr, tok = steps.step(self._cache, inp[:, 0], uniforms[:, i], probs_fn)
             else:
                 logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
-                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1) if scored else None
-                conf_t = raw.max(dim=-1).values.mean() if raw is not None else None  # at T = 1
+                conf_t = (torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1).max(dim=-1).values.mean()
+                          if scored else None)  # at T = 1
             self._cache_len += inp.shape[1]
             if confidences:
                 confs.append(conf_t.reshape(()))

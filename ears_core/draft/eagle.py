@@ -2,33 +2,28 @@
 
 Terms
 -----
-feature f_t     the target's last hidden state (after its final norm) at position t; the target's output head
-                turns it into P_target(x_{t+1}).
-head input      z_t = fc([f_t ; E(x_{t+1})]), E the target's own (frozen) input embedding.
-head            one Llama decoder layer and a norm over the z sequence (causal, with a KV cache); its output at t
-                is a predicted feature f^_{t+1}, and W f^_{t+1} scores x_{t+2} (W: the target's output head,
-                restricted to ``vocab_ids``). Only ``fc`` and the layer are trained and shipped.
-drafting        the first draft of a round comes from the head's last output; each further draft feeds back the
+feature f_t     the target's last hidden state (after its final norm) at position t.
+head            z_t = fc([f_t ; E(x_{t+1})]) (E the target's frozen input embedding) through one Llama decoder
+                layer and a norm, causal with a KV cache: its output at t is a predicted feature f^_{t+1}, and
+                W f^_{t+1} scores x_{t+2} (W the target's output head on ``vocab_ids``). Only ``fc`` and the layer
+                are trained and shipped.
+drafting        a round's first draft comes from the head's last output; each further draft feeds back the
                 head's *predicted* feature with the drafted token.
-commit          drop the entries made from predicted features, then queue the target's true features for the
-                kept drafts and the new token; the head consumes the queue in one forward when it next drafts
-                (``sync``): rounds that draft nothing cost it nothing.
-confidence      the head's raw (T = 1) probability on its top token at a position, known before that token is
-                drawn: ``propose(keep=...)`` asks ``keep(confidence)`` before each draw and stops at the first
-                False (a stopping rule: verification stays exact). The policy maps it to an estimate (costs.py).
-temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``. A one-layer head is flatter than the
-                target where unsure, so a tau < 1 fitted on held-out features makes more drafts stand at T > 0;
-                greedy drafts and the confidence are unchanged.
+commit          drop the entries made from predicted features and queue the target's true features for the kept
+                drafts and the new token; the head consumes the queue in one forward when it next drafts (``sync``).
+confidence      the head's raw (T = 1) probability on its top token, known before the draw: ``propose(keep=...)``
+                asks ``keep(confidence)`` before each draw and stops at the first False (verification stays exact).
+temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``; a tau < 1 fitted on held-out features
+                sharpens a head flatter than the target. Greedy drafts and the confidence are unchanged.
 vocab_ids       the N most frequent target tokens the head can propose; every other token gets draft probability
                 0 (the rules handle q = 0), which keeps a draft step cheap.
-head dtype      the head's layers, its cache and its rows of the output head (``w_sub``) compute in the head's
-                dtype (head_kernels.py picks it); logits come back as float32 before any softmax.
-draft side      tau, the dtype and the kernels change only q, which is still exactly the distribution each draft
-                was drawn from: every rule stays as exact (or as distorted) as before.
-feature layers  (EAGLE-3's fusion) ``feature_layers``: indices into the target's ``hidden_states`` (0 =
-                embeddings, i = after layer i, -1 = after the final norm, always last) read side by side:
-                z_t = fc([f^(1)_t ; .. ; f^(n)_t ; E(x_{t+1})]). An input made from the head's own prediction
-                (the 2nd and later drafts) has zeros for the lower layers, in training as in drafting.
+head dtype      the head's layers, cache and rows of the output head (``w_sub``) compute in the head's dtype
+                (head_kernels.py picks it); logits come back as float32 before any softmax.
+draft side      tau, the dtype and the kernels change only q, still exactly the distribution each draft was drawn
+                from: every rule stays as exact (or as distorted) as before.
+feature layers  (EAGLE-3) ``feature_layers``: indices into the target's ``hidden_states`` (0 = embeddings, i = after
+                layer i, -1 = after the final norm, always last) read side by side into fc. An input made from the
+                head's own prediction has zeros for the lower layers, in training as in drafting.
 """
 
 from __future__ import annotations
@@ -149,16 +144,13 @@ class EagleDrafter:
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
         self.vocab_ids = head.vocab_ids.to(w.device).sort().values  # (N,) ascending (the head's order is free)
         self.support = self.vocab_ids  # the drafter's q is 0 outside these tokens (drafters.py)
-        # A chain's draft step samples on the head's N tokens and widens to V once per round: the same
-        # draws as over V (ascending ids: the same inverse CDF; the same argmax on ties), without V-sized
-        # work per step. Only when every head token is a real token (else the V path, as trees use).
+        # A chain's draft step samples on the head's N tokens and widens to V once per round: the same draws as over V
+        # (ascending ids: the same inverse CDF and argmax on ties). Only when every head token is a real token.
         self._n_space = bool(len(self.vocab_ids)) and int(self.vocab_ids[-1]) < self.vocab_size
         self.dtype = next(head.parameters()).dtype  # the head dtype (module terms)
         self.w_sub = w.detach()[self.vocab_ids].to(self.dtype)  # (N, d): the target's head on the draft's tokens
         self.sub_head = nn.Linear(self.w_sub.shape[1], self.w_sub.shape[0], bias=False, device="meta")  # feats -> (N,)
         self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
-        self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
-        self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
         self.by_hand = supports(head.body)  # the head's layers run by hand (head_layers.py); False: its general forward
         self._layers: Any = None  # HeadLayers (or a GraphedHead on CUDA), built at prefill once dtype and kernels are set
@@ -215,9 +207,8 @@ class EagleDrafter:
         cache = self._s.cache
         if not isinstance(cache, DynamicCache):  # a KVBuffer: the head's own, or on a graphed head's store
             return self._layers(z, cache, positions, mask)
-        extra = {}
-        if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
-            extra = {"attention_mask": additive_mask(mask, z.dtype), "position_ids": positions[None]}
+        # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
+        extra = {} if mask is None else {"attention_mask": additive_mask(mask, z.dtype), "position_ids": positions[None]}
         return self.head.body(inputs_embeds=z, past_key_values=cache, use_cache=True, **extra).last_hidden_state
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
@@ -239,8 +230,7 @@ class EagleDrafter:
         self._s = _State(cache, 0, None, None)
         t = input_ids.shape[1]
         if target_hidden is not None and t >= 2:  # entries (f_j, x_{j+1}) for j = 0 .. T-2
-            out = self._head(target_hidden[:, : t - 1], input_ids[:, 1:t])
-            self._s.next_feat = out[:, -1]
+            self._s.next_feat = self._head(target_hidden[:, : t - 1], input_ids[:, 1:t])[:, -1]
             self._s.cache_len = t - 1
 
     @torch.inference_mode()
@@ -301,8 +291,7 @@ class EagleDrafter:
         feats = torch.cat([h for h, _ in s.pending], dim=1)  # (B, n, d)
         tokens = torch.cat([t for _, t in s.pending], dim=1)  # (B, n)
         s.pending = []
-        out = self._head(feats, tokens)  # entries (f_L+j, x_L+j+1)
-        s.next_feat = out[:, -1]
+        s.next_feat = self._head(feats, tokens)[:, -1]  # entries (f_L+j, x_L+j+1)
         s.cache_len += tokens.shape[1]
 
     @torch.inference_mode()

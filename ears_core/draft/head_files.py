@@ -3,12 +3,10 @@ drafts fastest here (draft/head_kernels.py).
 
 Terms
 -----
-head folder   ``head.json`` and ``head.safetensors``, as scripts/train_draft.py writes them (optionally
-              ``calibration.json``, scripts/calibrate_draft.py); the embedded target's ships in
-              ``assets/embedded_draft/`` (``EMBEDDED_DRAFT_DIR``).
-provisional   with nothing measured on this machine yet, the head loads in the default variant and is marked
-              ``kernel_provisional``; ``load_head_draft(..., measure=True)`` times the variants and caches
-              the choice (pair.py: ``ModelPair.settle``).
+head folder   ``head.json`` and ``head.safetensors`` (scripts/train_draft.py), optionally ``calibration.json``
+              (scripts/calibrate_draft.py); the embedded target's ships in ``EMBEDDED_DRAFT_DIR``.
+provisional   with nothing measured here yet the head loads in the default variant, marked ``kernel_provisional``;
+              ``load_head_draft(..., measure=True)`` times the variants and caches the choice.
 """
 
 from __future__ import annotations

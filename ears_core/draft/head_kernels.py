@@ -4,25 +4,20 @@
 Terms
 -----
 variant       (dtype, packed, int4): the head dtype, whether its linears run oneDNN-packed weights
-              (model/kernels/packed_linear.py), and whether they and its output rows run from 4-bit blocks on
-              the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16 activations).
+              (model/kernels/packed_linear.py), and whether they and its output rows run on the int4 kernel
+              (model/kernels/int4_linear.py; bfloat16 activations).
 int4          a quarter of the bytes a draft step reads, for a few points of acceptance (docs/benchmarks.md).
-              Offered where the target is the lean int4 one (its step is short, so the head's share is large)
-              and kept only if its round is ``INT4_MIN_GAIN`` cheaper than the best float variant's. Most of the
-              loss is the output rows': ``EARS_DRAFT_DTYPE=int4-layers`` keeps them bfloat16 (packed).
-candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that one only. A float32 target on a CPU with
-              native bfloat16: float32 and bfloat16; else the target's dtype. Each packed and as loaded where
-              oneDNN is here; then int4 where offered.
-why measure   a draft step reads all the head's weights from memory, so bfloat16 halves the bytes; but whether
-              its kernels are as fast for one row depends on the CPU (docs/measurements.md).
-choice        a drafting round (one catch-up entry and two draft steps) timed in each candidate right after a
-              target pass (which evicts the head from the caches, as in the loop), the candidates taking turns
-              ``REPEATS`` times; the lowest median wins, but the first (the target's dtype, as loaded) is left
-              only for one ``MIN_GAIN`` cheaper. Cached per (head shape, candidates, machine)
-              (model/measuring/measured.py).
+              Offered where the target is the lean int4 one, kept only if ``INT4_MIN_GAIN`` cheaper than the best
+              float variant. ``EARS_DRAFT_DTYPE=int4-layers`` keeps the output rows bfloat16 (packed).
+candidates    ``EARS_DRAFT_DTYPE`` set: that one only. A float32 target on a CPU with native bfloat16: float32
+              and bfloat16; else the target's dtype. Each packed and as loaded where oneDNN is here; then int4.
+choice        a drafting round (one catch-up entry, two draft steps) timed in each candidate right after a target
+              pass (which evicts the head from the caches), the candidates taking turns ``REPEATS`` times: the
+              lowest median wins, but the first (as loaded) is left only for one ``MIN_GAIN`` cheaper. Which
+              wins depends on the CPU (docs/measurements.md). Cached per (head shape, candidates, machine).
 default       with no cached choice a load (``measure=False``) takes ``default_variant`` (int4 where offered: it
-              won on every lean-target machine measured; else the first) and a session measures the choice
-              between requests (``pair.ModelPair.settle``; each round in ``piece()``).
+              won on every lean-target machine measured) and a session measures between requests
+              (``pair.ModelPair.settle``; each round in ``piece()``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,16 @@
-"""The draft head's decoder layers, run by hand over a preallocated cache: a draft step without the
-general model's per-call machinery, which costs about as much again as its arithmetic (docs/benchmarks.md).
+"""The draft head's decoder layers (``DraftHead.body``) run by hand over a preallocated cache: a draft step
+without the general model's per-call machinery, which costs about as much again as its arithmetic
+(docs/benchmarks.md). Training runs the body as it is.
 
 Terms
 -----
-head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body``, a transformers
-              ``LlamaModel``): training runs it as it is; drafting runs the same weights through the layer loop
-              (model/passes/decoder.py) with the ``modules`` linear kind (so the packed and int4 variants run
-              as swapped in) and the ``Exact`` policy in the head's dtype with its scale.
-cache         a ``KVBuffer`` (model/passes/kv_cache.py) on a store of its own in the head's dtype.
-positions     each new row's rotary position (a tree's rows share a depth's), from tables of the head's own
-              rotary module; mask (m, length + m) bool, True where a new row may attend, None: causal.
+by hand       the layer loop (model/passes/decoder.py) with the ``modules`` linear kind (the packed and int4
+              variants run as swapped in) and the ``Exact`` policy in the head's dtype with its scale, over a
+              ``KVBuffer`` on a store of its own; rotary positions from tables of the head's own rotary module.
 same numbers  the general forward's operations up to the rounding of fused kernels (``F.rms_norm``); a test
-              checks agreement with ``LlamaModel``, causal and with a tree mask (eagle.py: draft side).
-supported     ``supports(body)``: False for a dynamic rotary embedding (frequencies change with the length):
-              the drafter keeps the general forward there.
+              checks agreement with ``LlamaModel``, causal and with a tree mask.
+supported     ``supports(body)``: False for a dynamic rotary embedding (frequencies change with the length): the
+              drafter keeps the general forward there.
 """
 
 from __future__ import annotations
@@ -36,14 +33,14 @@ def supports(body: nn.Module) -> bool:
 
 
 def _layer(layer: nn.Module) -> Layer:
-    """A head decoder layer as the pass's Layer over the layer's own modules (module terms: linears)."""
+    """A head decoder layer as the pass's Layer over the layer's own modules (module terms: by hand)."""
     attn, mlp = layer.self_attn, layer.mlp
     return Layer(layer.input_layernorm.weight, (attn.q_proj, attn.k_proj, attn.v_proj), attn.o_proj,
                  layer.post_attention_layernorm.weight, (mlp.gate_proj, mlp.up_proj), mlp.down_proj)
 
 
 class HeadLayers(Decoder):
-    """Runs a head body's layers over new rows on a ``KVBuffer`` (module terms: cache)."""
+    """Runs a head body's layers over new rows on a ``KVBuffer`` (module terms: by hand)."""
 
     def __init__(self, body: nn.Module) -> None:
         if not supports(body):

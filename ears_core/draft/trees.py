@@ -174,24 +174,11 @@ class _Dist:
 
 
 def _top(s: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
-    """(m, V) -> per row the k largest values, descending, and their tokens, in the order of a
-    stable sort (equal values: the lower token first, as argmax picks): one ``topk`` for all rows,
-    one read to the host. It takes k + 1 so that a tie at the k-th place is ordered too."""
+    """(m, V) -> per row the k largest values, descending, and their tokens, ties lower token first (as argmax
+    picks): one ``topk`` of k + 1 (so a tie at the k-th place is ordered too) and one read to the host."""
     vals, ids = s.topk(min(k + 1, s.shape[-1]), dim=-1)  # (m, k+1)
     rows = [sorted(zip(v, i), key=lambda t: (-t[0], t[1]))[:k] for v, i in zip(vals.tolist(), ids.tolist())]
     return [[v for v, _ in r] for r in rows], [[i for _, i in r] for r in rows]
-
-
-def _prepare(q: Tensor, kmax: int, s: Tensor | None = None) -> list[_Dist]:
-    """Rows of draft distributions (m, V), ready for drawing children; ``s`` (default q) scores
-    their slots. A sampled node has no more slots than q has tokens with mass (drawing without
-    replacement would run out)."""
-    score = q if s is None else s
-    vals, ids = _top(score, kmax)
-    if s is None:
-        return [_Dist(q[j], q[j], vals[j], ids[j], []) for j in range(q.shape[0])]
-    mass = (q > 0).sum(dim=-1).tolist()  # (m,) tokens q can still draw
-    return [_Dist(q[j], s[j], vals[j][: mass[j]], ids[j][: mass[j]], []) for j in range(q.shape[0])]
 
 
 def build_tree(
@@ -242,11 +229,16 @@ class _Builder:
         self.heap: list[tuple[float, int, int, int, float]] = []
         self.order = 0
 
-    def prepare(self, logits: Tensor) -> list[_Dist]:  # (m, V_model) -> one _Dist per row
-        s = self.score_fn(logits)  # (m, V)
-        if self.fixed or self.score_fn is self.probs_fn:
-            return _prepare(s, self.kmax)
-        return _prepare(self.probs_fn(logits), self.kmax, s)
+    def prepare(self, logits: Tensor) -> list[_Dist]:
+        """(m, V_model) -> one _Dist per row. A sampled node has no more slots than q has tokens with mass
+        (drawing without replacement would run out)."""
+        s, one = self.score_fn(logits), self.fixed or self.score_fn is self.probs_fn  # (m, V); one: s draws too
+        q = s if one else self.probs_fn(logits)  # (m, V)
+        vals, ids = _top(s, self.kmax)
+        if one:
+            return [_Dist(s[j], s[j], vals[j], ids[j], []) for j in range(s.shape[0])]
+        mass = (q > 0).sum(dim=-1).tolist()  # (m,) tokens q can still draw
+        return [_Dist(q[j], s[j], vals[j][: mass[j]], ids[j][: mass[j]], []) for j in range(q.shape[0])]
 
     def push(self, priority: float, node: int, rank: int, estimate: float = 0.0) -> None:
         if priority > 0:
@@ -295,11 +287,9 @@ class _Builder:
         node = tree.size
         s_tok = float(d.s[tok])
         score = (1.0 if parent < 0 else tree.scores[parent]) * s_tok
-        tree.parents.append(parent)
-        tree.depths.append(depth)
-        tree.ranks.append(rank)
-        tree.scores.append(score)
-        tree.priorities.append(priority)
+        for column, value in ((tree.parents, parent), (tree.depths, depth), (tree.ranks, rank), (tree.scores, score),
+                              (tree.priorities, priority)):
+            column.append(value)
         if self.level is not None:
             self.values.append(self.value(parent) * self.level(s_tok, depth, rank))
         self.tokens.append(torch.tensor(tok, device=self.dev))
@@ -307,20 +297,15 @@ class _Builder:
             self.probs.append(q_node)
         if rank + 1 < len(d.top_p):
             self.slot(parent, rank + 1, depth)
-        if tree.depths[node] < self.spec.depth:
-            # its best child's promise, estimated with the parent's confidence (exact when the
-            # draft is as sure at every node); when it pops, one pass runs every waiting node
+        if tree.depths[node] < self.spec.depth:  # its best child's promise, the parent's confidence (module terms: slot)
             self.push(score * d.top_p[0], node, -1)
 
     def finish(self) -> DraftTree:
         tree = self.tree
         if self.tokens:
             tree.tokens = torch.stack(self.tokens)  # (N,)
-            if self.fixed:  # one-hot on each node's token
-                one_hot = torch.zeros(tree.tokens.shape[0], self.vocab, device=tree.tokens.device)
-                tree.draft_probs = one_hot.scatter_(-1, tree.tokens[:, None], 1.0)  # (N, V)
-            else:
-                tree.draft_probs = torch.stack(self.probs)  # (N, V)
+            tree.draft_probs = (torch.zeros(tree.tokens.shape[0], self.vocab, device=tree.tokens.device)  # (N, V)
+                                .scatter_(-1, tree.tokens[:, None], 1.0) if self.fixed else torch.stack(self.probs))
         return tree
 
 

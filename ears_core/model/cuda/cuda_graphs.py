@@ -50,7 +50,6 @@ class GraphBank:
         self.graphs: dict[Any, tuple[Any, Any]] = {}
         self.pool: Any = None
         self.capture_s = 0.0  # seconds spent capturing, warm-ups included
-        self.replays = 0
         self.failed: str | None = None  # why capture stopped here (module terms: fallback), None while it runs
 
     def run(self, key: Any, fn: Callable[[], Any]) -> Any:
@@ -70,7 +69,6 @@ class GraphBank:
             finally:
                 self.capture_s += time.perf_counter() - t0
         hit[0].replay()
-        self.replays += 1
         return hit[1]
 
     def _capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:

@@ -1,15 +1,13 @@
-"""Models whose decode passes replay captured CUDA graphs: a causal LM (target or draft) and an EAGLE head's body.
+"""Models whose decode passes replay captured CUDA graphs: a causal LM (target or draft), ``GraphedLM``, with
+transformers' calling convention (passes/attention.py), and an EAGLE head's body, ``GraphedHead``.
 
 Terms
 -----
 captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens (a step, a chain's verify pass, a draft
                step): its inputs are copied into the width's static buffers, the graph for (m, bucket) replays
-               (cuda_graphs.py), and the outputs are copied out (the decode loop may keep features across passes).
+               (cuda_graphs.py), and the outputs are copied out (the decode loop may keep features).
 eager pass     everything else (a prompt, a tree pass, a wider pass) runs the same static pass
                (passes/static_decoder.py) without a graph: the same kernels, so the same numbers.
-GraphedLM      wraps a transformers causal LM with its calling convention (passes/attention.py); ``model`` is the
-               wrapped LM, whose own forward still runs (eagerly) on the same weights.
-GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
 lazy           a GraphedLM builds its static pass (the fused weights, the KV store) at its first pass: on ZeroGPU
                that runs in the worker that holds the GPU, not in the app's process, whose "cuda" is a stand-in.
 inference      every pass runs under ``torch.inference_mode``: the static buffers it updates in place are
@@ -27,7 +25,7 @@ from torch import Tensor, nn
 from ears_core.model.passes.attention import PassOutput, avoid_replanning_attention, one_sequence, visible_positions
 from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
-from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask
+from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask, supports
 
 __all__ = ["GraphedLM", "GraphedHead", "MAX_WIDTH", "CAPACITY"]
 
@@ -182,9 +180,8 @@ class GraphedLM(nn.Module):
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
                                                        output_hidden_states)
             keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
-            states_out = None
-            if output_hidden_states:
-                states_out = tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
+            states_out = (tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
+                          if output_hidden_states else None)
             return PassOutput(keep[None].clone(), states_out, cache)
 
     @torch.inference_mode()
@@ -226,8 +223,6 @@ class GraphedHead:
 def graphed_or_eager(model: nn.Module) -> nn.Module:
     """``model`` as a GraphedLM where passes on its device are captured (``EARS_CUDA_GRAPHS``) and the static
     pass can run it; else ``model`` itself, with ``ears_eager_reason`` saying why where capture was wanted."""
-    from ears_core.model.passes.static_decoder import supports
-
     dev = next(model.parameters()).device
     if not graphs_wanted(dev):
         return model

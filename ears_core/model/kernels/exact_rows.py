@@ -2,19 +2,16 @@
 
 Terms
 -----
-row invariance  a pass over m new tokens gives each of them, bit for bit, the logits of m one-token passes:
-                else greedy speculative output (verify passes of k + 1 rows) parts from target-only output.
-where it breaks PyTorch's CPU attention sums in an order that depends on the number of query rows and the key
-                length: in bfloat16 an output moves by one step (~4e-3 relative), enough to flip near-ties
-                (docs/benchmarks.md). The linear layers are row-invariant up to a width (the row cap).
-exact attention q, k, v widened to float64 for the attention alone (one fused SDPA call): products of
-                bfloat16 numbers are exact there, so the output rounded back does not depend on the summation
-                order. Speculative and target-only decoding both run it (its cost: docs/measurements.md).
-rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if every
-                logit is equal.
+row invariance  a pass over m new tokens gives each, bit for bit, the logits of m one-token passes: else greedy
+                speculative output (verify passes of k + 1 rows) parts from target-only output at near-ties.
+                PyTorch's CPU attention sums in an order that depends on the query rows and the key length,
+                which in bfloat16 moves an output by a step (docs/measurements.md).
+exact attention q, k, v widened to float64 for the attention alone (one fused SDPA call): bfloat16 products are
+                exact there, so the output rounded back does not depend on the summation order.
+rows_agree      after a short prompt, one pass over w tokens against w one-token passes: every logit equal.
 row cap         oneDNN blocks many rows differently, so a packed layer (packed_linear.py) with a cap of c rows
-                runs a longer input c rows at a time. ``make_rows_exact`` keeps the widest cap of ``CAPS``
-                under which passes of ``CHECKED_WIDTHS`` rows agree.
+                runs a longer input c rows at a time; ``make_rows_exact`` keeps the widest cap of ``CAPS`` under
+                which passes of ``CHECKED_WIDTHS`` rows agree.
 """
 
 from __future__ import annotations

@@ -2,17 +2,15 @@
 
 Terms
 -----
-output projection  logits = h W^T, W (V, d) the output embedding: in a small LM the largest matrix, read
-                   once per forward.
-rows               r = the hidden states projected in one call: 1 for a decode step, k + 1 for a verify pass.
-layout             three ways to compute the same product, whose speed for small r changes with r and the
-                   machine (docs/measurements.md): ``linear`` F.linear(h, W), ``wx`` (W @ h^T)^T, ``xw`` h @ W^T
-                   with W^T kept contiguous (a copy).
-plan               the fastest layout per r = 1 .. max_rows, by interleaved timed calls, cached per (shape, dtype,
-                   threads, CPU) (measuring/measured.py); more rows use ``linear``.
-exactness          the same dot products summed in another order: logits agree to float rounding.
-                   Speculative and target-only decoding run the same planned head.
-scope              CPU, floating dtypes, V x d >= ``MIN_ELEMENTS``; inference only (W^T is not updated).
+rows        r = the hidden states projected in one call: 1 for a decode step, k + 1 for a verify pass.
+layout      three ways to compute h W^T (W (V, d), the output embedding: a small LM's largest matrix), whose
+            speed for small r changes with r and the machine (docs/measurements.md): ``linear`` F.linear(h, W),
+            ``wx`` (W @ h^T)^T, ``xw`` h @ W^T with W^T kept contiguous (a copy).
+plan        the fastest layout per r = 1 .. max_rows, by interleaved timed calls, cached (measuring/measured.py);
+            more rows use ``linear``.
+exactness   the same dot products summed in another order: logits agree to float rounding; speculative and
+            target-only decoding run the same kernels.
+scope       CPU, floating dtypes, V x d >= ``MIN_ELEMENTS``; inference only (W^T is not updated).
 """
 
 from __future__ import annotations

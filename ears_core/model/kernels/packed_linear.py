@@ -1,23 +1,18 @@
-"""Prepacked (oneDNN) linear layers for CPU inference, chosen by measuring the whole model.
+"""Prepacked (oneDNN) linear layers for CPU inference, chosen by measuring the whole model (terms: rows and
+exactness, output_head.py).
 
 Terms
 -----
-rows          r = the vectors a linear layer multiplies in a call: 1 for a decode step, k + 1 for a verify pass.
-as loaded     the model's own ``nn.Linear`` (MKL through ``F.linear``, which for a few rows reads each weight
-              once per row), plus the planned output head (output_head.py).
-packed        the same weights reordered once into oneDNN's blocked layout (``_reorder_linear_weight``) and
-              multiplied with ``_linear_pointwise``: nearly flat in r for r <= 8 (docs/measurements.md).
-kernel choice packed or as loaded, for a whole model: target passes over m in ``MEASURED_M`` new tokens are
-              timed in both modes, interleaved; packed is kept only if ``MIN_GAIN`` cheaper summed over m.
-              Cached per model shape and machine (measuring/measured.py).
-exactness     the same dot products summed in another order: logits agree to float rounding; speculative and
-              target-only decoding run the same kernels.
-scope         CPU, float32 or bfloat16, at least ``MIN_ELEMENTS`` linear weights; inference only: a call that
-              needs gradients, or an input on another device or dtype, runs the original layer. A weight
-              changed in place is packed again at its next call.
-row cap       ``max_rows`` (None by default): more rows run that many at a time, each chunk through the kernel a
-              few rows get (exact_rows.py: row cap).
-memory        the packed copy sits beside the original weights (kept for tying, state dicts and gradients).
+as loaded     the model's own ``nn.Linear`` (MKL, which for a few rows reads each weight once per row) and the
+              planned output head (output_head.py).
+packed        the same weights reordered once into oneDNN's blocked layout: nearly flat in r for r <= 8
+              (docs/measurements.md). The packed copy sits beside the original weights (kept for tying).
+kernel choice packed or as loaded, for a whole model: passes over m in ``MEASURED_M`` tokens timed in both
+              modes, interleaved; packed kept only if ``MIN_GAIN`` cheaper; cached (measuring/measured.py).
+scope         CPU, float32 or bfloat16, at least ``MIN_ELEMENTS`` linear weights; a call that needs gradients,
+              or an input on another device or dtype, runs the original layer; a weight changed in place is
+              packed again at its next call.
+row cap       ``max_rows`` (None by default): more rows run that many at a time (exact_rows.py: row cap).
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved
 from ears_core.model.kernels.output_head import PlannedLinear
 from ears_core.model.measuring.pass_times import measure_pass_ms
 
-__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
-           "pack_linears", "set_packed", "unpack_linears"]
+__all__ = ["PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like", "pack_linears",
+           "set_packed"]
 
 MIN_ELEMENTS = 1 << 24  # linear weights below this (16M, 64 MB in float32) are not worth a measurement
 MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be kept
@@ -89,20 +84,14 @@ class PackedLinear(nn.Module):
 
 def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, layer) for every plain linear layer: ``nn.Linear`` or the planned head."""
-    found = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if type(child) is nn.Linear or type(child) is PlannedLinear:
-                found.append((parent, name, child))
-    return found
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if type(child) is nn.Linear or type(child) is PlannedLinear]
 
 
 def pack_layer(layer: nn.Module) -> nn.Module:
     """``PackedLinear(layer)`` for a CPU float32 / bfloat16 linear layer when oneDNN is here, else ``layer``."""
     w = layer.weight
-    if available() and w.device.type == "cpu" and w.dtype in _DTYPES:
-        return PackedLinear(layer)
-    return layer
+    return PackedLinear(layer) if available() and w.device.type == "cpu" and w.dtype in _DTYPES else layer
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -121,12 +110,10 @@ def pack_linears(model: nn.Module) -> int:
 def set_packed(model: nn.Module, active: bool) -> None:
     """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode for the price
     profile's key (policy/costs.py: profile_key)."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, PackedLinear):
-            m.active = active
-            n += 1
-    model.ears_kernels = "packed" if active and n else ""
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    for m in packed:
+        m.active = active
+    model.ears_kernels = "packed" if active and packed else ""
 
 
 def is_packed(model: nn.Module) -> bool:
@@ -191,16 +178,13 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
     return choice
 
 
-def unpack_linears(model: nn.Module) -> int:
-    """Put back the layers ``pack_linears`` replaced; how many."""
-    n = 0
+def unpack_linears(model: nn.Module) -> None:
+    """Put back the layers ``pack_linears`` replaced."""
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if isinstance(child, PackedLinear):
                 setattr(parent, name, child._inner[0])
-                n += 1
     model.ears_kernels = ""
-    return n
 
 
 def pack_like(target: nn.Module, other: Any) -> int:

@@ -63,12 +63,9 @@ def _cache_is_valid(folder: Path, gguf: Path | None) -> bool:
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-    """Convert the embedded GGUF to a safetensors folder once; return the folder.
-
-    The conversion is written to a temporary sibling folder, checked (the reloaded copy must give
-    the same logits and greedy tokens as the GGUF load), then renamed into place, so an
-    interrupted run never leaves a half cache. A valid cache is reused even if the package is gone.
-    """
+    """Convert the embedded GGUF to a safetensors folder once; the folder. Written to a temporary sibling, checked
+    (the reloaded copy gives the GGUF load's logits and greedy tokens), then renamed into place: an interrupted run
+    leaves no half cache. A valid cache is reused even if the package is gone."""
     folder = cache_root(cache_dir) / CACHE_SUBDIR
     try:
         gguf = find_embedded_gguf()

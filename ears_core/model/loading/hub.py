@@ -53,10 +53,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(exc).lower()
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
 def folder_or_hub_id(spec: str, role: str) -> tuple[str, bool]:
     """(folder or hub id, is_local_folder) for a spec naming a folder or a hub id."""
     path = Path(spec).expanduser()
@@ -71,7 +67,7 @@ def folder_or_hub_id(spec: str, role: str) -> tuple[str, bool]:
 def _call(what: str, loader: Callable[..., Any], spec: str, source: str, local: bool,
           allow_download: bool, **kwargs: Any) -> Any:
     """loader(source, **kwargs), never downloading unless allowed; errors name the fix."""
-    offline = _offline()
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
     if not local:
         kwargs["local_files_only"] = offline or not allow_download
     try:

@@ -32,8 +32,7 @@ from torch import Tensor, nn
 
 from ears_core.model.kernels.gguf_q4 import GROUP
 
-__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "int4_kind", "int4_rows",
-           "modules", "rotation_tables"]
+__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "int4_kind", "modules", "rotation_tables"]
 
 ROW_CAP = 16  # rows per int4 kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
 
@@ -71,9 +70,7 @@ def int4_rows(x: Tensor, w: Any, bias: None = None) -> Tensor:
 
 def int4_kind(m: int, plan: dict[int, tuple[int, ...]]) -> Callable[..., Tensor]:
     """The int4 linear kind for passes over m rows: one kernel call, or the planned chunks (module terms)."""
-    sizes = plan.get(m) if plan else None
-    if sizes is None and m > ROW_CAP:
-        sizes = ROW_CAP
+    sizes = (plan.get(m) if plan else None) or (ROW_CAP if m > ROW_CAP else None)
     if sizes is None or (not isinstance(sizes, int) and len(sizes) == 1):
         return int4_rows
     return lambda x, w, bias=None: torch.cat([int4_rows(c, w) for c in x.split(sizes)])

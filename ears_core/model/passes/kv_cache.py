@@ -3,19 +3,17 @@
 Terms
 -----
 KV store   ``KVStore``: one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or values, key/value head,
-           position, width), the cache that holds it, and the graph banks that read it (cuda/cuda_graphs.py).
+           position, width), the cache that holds it and the graph banks that read it (cuda/cuda_graphs.py).
            It grows (doubling C) only past its capacity, and then every bank drops its graphs.
-KV buffer  ``KVBuffer``: one generation's cache on a store, its ``length``, with transformers' cache names. The
-           lean target's and the draft head's caches each have a store of their own; a graphed model's caches
-           share its store. When another cache takes the tensor, the holder's filled positions are copied aside
-           and back when it is used again, so any number of caches coexist. Which positions a pass reads is
-           the attention policy's (decoder.py).
+KV buffer  ``KVBuffer``: one generation's cache on a store, its ``length``, with transformers' cache names. A
+           graphed model's caches share its store; when another cache takes the tensor, the holder's filled
+           positions are copied aside and back when it is used again, so any number of caches coexist.
 threads    a pass, with the copy of its outputs, and an edit hold the store's ``lock``: decodes in several
            threads on one store (two visitors of the app) take turns pass by pass.
-crop       drop the last n positions of every layer (a chain round whose drafts did not all stand): ``narrow``
-           views of a ``DynamicLayer`` (what ``DynamicCache.crop`` makes); a ``KVBuffer`` only lowers its length.
-keep       keep chosen positions in a chosen order (a tree round keeps its accepted path). Only full-attention
-           (dynamic) layers can be rearranged; another kind (sliding window) is cropped by its own ``crop``.
+crop       drop the last n positions of every layer (a chain round's drafts that did not stand): ``narrow``
+           views of a ``DynamicLayer``; a ``KVBuffer`` only lowers its length.
+keep       keep chosen positions in a chosen order (a tree round's accepted path); only full-attention
+           (dynamic) layers can be rearranged.
 """
 
 from __future__ import annotations

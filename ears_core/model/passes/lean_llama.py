@@ -35,9 +35,8 @@ class LeanLlama(nn.Module):
     def __init__(self, config: Any, layers: list[Layer], embedding: Tensor, final_norm: Tensor,
                  attn_dtype: torch.dtype = torch.float64) -> None:
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         from transformers import GenerationConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         self.config = config
         self.generation_config = GenerationConfig.from_model_config(config)  # end-of-sequence ids, as transformers'

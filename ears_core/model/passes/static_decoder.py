@@ -4,23 +4,20 @@ can capture.
 Terms
 -----
 static pass   ``run(x, pos, slots, mask, kv, hidden)``: the layer loop (decoder.py) with the ``dense`` linear
-              kind and the ``Folded`` attention policy. Every shape is fixed by its arguments' shapes and nothing
-              reads a value on the host: the cache length enters as data (``pos`` (m,) the rotary positions,
-              ``slots`` (m,) where the new keys and values go, ``mask`` the additive (G m, C) mask over the C
-              slots of kv (L, 2, Hkv, C, D), hiding stale slots), so one replay serves every cache length up to C.
-fused         q/k/v run as one matrix and gate/up as another (biases as one vector): each transformers
-              Parameter keeps its identity and its ``.data`` becomes a slice of the fused tensor, so nothing is
-              held twice (even where something outside holds the Parameters: ZeroGPU's ``spaces`` packing) and
-              the model's own eager forward computes with the same numbers.
-numerics      the model's dtype; ``F.rms_norm``, Qwen3's q/k norm, SDPA with the model's scale. Not bit for bit
-              transformers' forward (another kernel order); on a captured target, target-only and speculative
-              decoding both run it.
-fixed rope    a rotary embedding whose frequencies and ``attention_scaling`` do not depend on the context
-              length, so one (P, D) table is what transformers computes at each position: default, linear,
-              llama3, yarn. Not dynamic nor longrope (factors picked by the context length).
-supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES``, no sliding window, SiLU,
-              no bias on the output or MLP projections, a fixed rope over the whole head, one device. Anything
-              else keeps transformers' forward; ``supports`` returns the reason, naming the model.
+              kind and the ``Folded`` attention policy. Shapes are fixed by the arguments' shapes and nothing
+              reads a value on the host: ``pos`` (m,) the rotary positions, ``slots`` (m,) where the new keys and
+              values go, ``mask`` the additive (G m, C) mask over kv (L, 2, Hkv, C, D), hiding stale slots: one
+              replay serves every cache length up to C.
+fused         q/k/v as one matrix and gate/up as another: each transformers Parameter keeps its identity and its
+              ``.data`` becomes a slice of the fused tensor, so nothing is held twice (even where something else
+              holds the Parameters: ZeroGPU's packing) and the model's own eager forward computes the same.
+numerics      the model's dtype; not bit for bit transformers' forward (another kernel order), but target-only
+              and speculative decoding of a captured target both run it.
+fixed rope    a rotary embedding whose frequencies and scaling do not depend on the context length, so one
+              (P, D) table holds what transformers computes at each position: default, linear, llama3, yarn.
+supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES``, no sliding window,
+              SiLU, no bias on the output or MLP projections, a fixed rope over the whole head, one device;
+              anything else keeps transformers' forward, and ``supports`` says why.
 """
 
 from __future__ import annotations
