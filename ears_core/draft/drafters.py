@@ -1,23 +1,18 @@
-"""Drafters: anything that proposes the next K tokens. The decode loop only speaks this protocol, so a draft
-model, a head that reads the target's hidden states (``needs_target_hidden = True``) and n-gram lookup are
-interchangeable.
+"""Drafters: anything that proposes the next K tokens. The decode loop speaks only this protocol, so a draft
+model, a head on the target's hidden states (``needs_target_hidden``) and n-gram lookup are interchangeable.
 
 Terms
 -----
-committed sequence  the prompt plus every token emitted so far
-pending tokens      committed tokens the drafter has not yet run through its model (at least the last emitted
-                    token; after a round where all K drafts stood, also x_K, drafted but never fed back)
-propose(k)          draw k tokens one after another, each from the drafter's own distribution (after the
-                    target's temperature / top-k / top-p, ``probs_fn``) with the given uniforms; return the
-                    tokens and those distributions (0 outside the part of the vocabulary a draft covers)
-commit(n, t)        the verifier kept the first n drafts and emitted t: roll the rest back, note what is pending
-free_positions      (optional, default False) True when a position after the first costs no model step (n-gram
-                    lookup): the policy does not count a declined position as a spent draft step.
-device confidence   (optional) ``propose(..., confidences=True)`` on a drafter with ``device_confidence = True``:
-                    each position's confidence as a (k',) tensor in ``confidence_t``, not read to the host (the
-                    device round reads it with its verdict: decode/device_round.py).
-support             (optional, default None) the (N,) token ids outside which the drafter's distributions are 0
-                    (an EAGLE head's ``vocab_ids``): verify() computes the distortion over those N tokens only.
+pending tokens      committed tokens (the prompt and every token emitted) the drafter has not yet run through its
+                    model: at least the last emitted token; after a round whose K drafts all stood, also x_K.
+propose(k)          draw k tokens one after another from the drafter's own distribution (after the target's
+                    sampling, ``probs_fn``) with the given uniforms: the tokens and those distributions.
+commit(n, t)        the verifier kept the first n drafts and emitted t: roll the rest back.
+free_positions      (optional) a position after the first costs no model step (n-gram lookup).
+device confidence   (optional, ``device_confidence``) ``propose(..., confidences=True)`` keeps each position's
+                    confidence as a (k',) tensor in ``confidence_t``, unread (decode/device_round.py reads it).
+support             (optional) the (N,) token ids outside which the drafter's distributions are 0 (an EAGLE
+                    head's ``vocab_ids``): verify() computes the distortion over those N tokens only.
 """
 
 from __future__ import annotations
@@ -75,8 +70,7 @@ def model_vocab_size(model: PreTrainedModel) -> int:
 
 
 def scored_vocab(model: PreTrainedModel) -> int:
-    """The ids a model scores for its tokenizer: ``ears_vocab_size`` where ``load_pair`` set it (the pair's
-    ``len(tokenizer)``; Qwen2.5's heads carry 271-399 padding rows past it), else its head's rows."""
+    """The ids a model scores: ``ears_vocab_size`` if ``load_pair`` set it (``len(tokenizer)``), else its head's rows."""
     known = getattr(model, "ears_vocab_size", None)
     return int(known) if known is not None else model_vocab_size(model)
 
@@ -182,8 +176,7 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
                      keep=None, level=None):
-        """Draft a tree for the next round (``trees.build_tree``), batch 1: each draft pass runs the nodes being
-        expanded with a tree mask over the cache (trees.py: tree pass). -> DraftTree"""
+        """Draft a tree for the next round (``trees.build_tree``; trees.py: tree pass), batch 1 -> DraftTree."""
         from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 
         assert self._pending is not None, "prefill() first"
@@ -240,9 +233,8 @@ def ngram_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> tupl
 
 
 class NGramDrafter:
-    """Prompt lookup (``ngram_lookup``), batch 1. The proposal is deterministic, so q is one-hot: the ordinary
-    rule accepts x with probability P_target(x), and a rejection resamples from P_target with x removed. When
-    nothing matches it proposes nothing and the round is a plain target step."""
+    """Prompt lookup (``ngram_lookup``), batch 1: a deterministic proposal, so q is one-hot. Where nothing matches
+    it proposes nothing, and the round is a plain target step."""
 
     needs_target_hidden = False
     free_positions = True  # a later position costs no model step (see ``Drafter``)
@@ -265,8 +257,7 @@ class NGramDrafter:
 
     def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """The continuation of the longest matching n-gram; its confidence is n / max_ngram for
-        every token (known before the proposal: it is a function of the committed sequence)."""
+        """The continuation of the longest matching n-gram; each token's confidence n / max_ngram (known before)."""
         found, n = ngram_lookup(self._seq, k, self.max_ngram, self.min_ngram)
         self.confidence = []
         if keep is not None:

@@ -2,28 +2,23 @@
 
 Terms
 -----
-feature f_t     the target's last hidden state (after its final norm) at position t.
-head            z_t = fc([f_t ; E(x_{t+1})]) (E the target's frozen input embedding) through one Llama decoder
-                layer and a norm, causal with a KV cache: its output at t is a predicted feature f^_{t+1}, and
-                W f^_{t+1} scores x_{t+2} (W the target's output head on ``vocab_ids``). Only ``fc`` and the layer
-                are trained and shipped.
-drafting        a round's first draft comes from the head's last output; each further draft feeds back the
-                head's *predicted* feature with the drafted token.
+head            z_t = fc([f_t ; E(x_{t+1})]) (f_t the target's last hidden state after its final norm, E its
+                frozen input embedding) through one Llama decoder layer and a norm, causal with a KV cache: its
+                output at t predicts f_{t+1}, and W f^_{t+1} scores x_{t+2} (W the target's output head on
+                ``vocab_ids``, its N most frequent tokens; q is 0 elsewhere). Only ``fc`` and the layer ship.
+drafting        a round's first draft comes from the head's last output; each further one feeds back the head's
+                *predicted* feature with the drafted token.
 commit          drop the entries made from predicted features and queue the target's true features for the kept
-                drafts and the new token; the head consumes the queue in one forward when it next drafts (``sync``).
-confidence      the head's raw (T = 1) probability on its top token, known before the draw: ``propose(keep=...)``
-                asks ``keep(confidence)`` before each draw and stops at the first False (verification stays exact).
-temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``; a tau < 1 fitted on held-out features
-                sharpens a head flatter than the target. Greedy drafts and the confidence are unchanged.
-vocab_ids       the N most frequent target tokens the head can propose; every other token gets draft probability
-                0 (the rules handle q = 0), which keeps a draft step cheap.
-head dtype      the head's layers, cache and rows of the output head (``w_sub``) compute in the head's dtype
-                (head_kernels.py picks it); logits come back as float32 before any softmax.
-draft side      tau, the dtype and the kernels change only q, still exactly the distribution each draft was drawn
-                from: every rule stays as exact (or as distorted) as before.
-feature layers  (EAGLE-3) ``feature_layers``: indices into the target's ``hidden_states`` (0 = embeddings, i = after
-                layer i, -1 = after the final norm, always last) read side by side into fc. An input made from the
-                head's own prediction has zeros for the lower layers, in training as in drafting.
+                drafts and the new token, consumed in one forward when the head next drafts.
+confidence      the head's raw (T = 1) probability on its top token: ``keep(confidence)``, asked before each draw,
+                stops at the first False (verification stays exact).
+temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``; greedy drafts and the confidence are
+                unchanged.
+head dtype      the head's layers, cache and rows of the output head (``w_sub``) compute in it (head_kernels.py);
+                logits come back as float32. Like tau and the kernels it changes only q, still exactly the
+                distribution each draft was drawn from (draft side): every rule stays as exact as before.
+feature layers  (EAGLE-3) indices into the target's ``hidden_states`` (-1, after the final norm, last) read side by
+                side into fc; an input from the head's prediction has zeros for the lower layers.
 """
 
 from __future__ import annotations
@@ -78,8 +73,7 @@ class DraftHead(nn.Module):
     def inputs(self, feats: Tensor, tok_emb: Tensor) -> Tensor:
         """z = fc([features ; E(x)]): feats (..., n*d) true features of every feature layer, or
         (..., d) a predicted final feature (the lower layers then read as zeros) -> (..., d)."""
-        d = self.config.hidden_size
-        missing = len(self.feature_layers) * d - feats.shape[-1]
+        missing = len(self.feature_layers) * self.config.hidden_size - feats.shape[-1]
         if missing:
             feats = torch.cat([feats.new_zeros(*feats.shape[:-1], missing), feats], dim=-1)
         return self.fc(torch.cat([feats, tok_emb], dim=-1))
@@ -91,7 +85,6 @@ class DraftHead(nn.Module):
                         attention_mask=attention_mask)
         return out.last_hidden_state  # (B, T, d) predicted next (final) features
 
-    # ------------------------------------------------------------------ files
     def save(self, folder: str | Path, meta: dict[str, Any] | None = None) -> None:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -175,9 +168,8 @@ class EagleDrafter:
         return pack_linears(self.head) + int(self.sub_head is not rows)
 
     def quantize_kernels(self, rows: bool = True) -> int:
-        """Run the head's layers, and its output rows unless ``rows`` is False (they are then oneDNN-packed
-        bfloat16), from 4-bit blocks on the CPU int4 kernel (model/kernels/int4_linear.py; head_kernels.py's
-        int4 variants); the head must be bfloat16."""
+        """Run the head's layers, and its output rows unless ``rows`` is False (then oneDNN-packed bfloat16), on the
+        CPU int4 kernel (model/kernels/int4_linear.py); the head must be bfloat16."""
         from ears_core.model.kernels.int4_linear import Int4Linear, quantize_linears, takes
         from ears_core.model.kernels.packed_linear import pack_layer
 

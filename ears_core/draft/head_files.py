@@ -20,8 +20,7 @@ import torch
 from ears_core.draft.head_kernels import Variant, candidates, choose_head_variant
 from ears_core.model.loading.hub import ModelLoadError
 
-__all__ = ["EMBEDDED_DRAFT_DIR", "embedded_draft_available", "embedded_draft_dir", "head_drafter", "is_head_dir",
-           "load_head_draft"]
+__all__ = ["EMBEDDED_DRAFT_DIR", "embedded_draft_available", "embedded_draft_dir", "is_head_dir", "load_head_draft"]
 
 EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "embedded_draft"
 
@@ -43,9 +42,7 @@ def embedded_draft_dir() -> Path:
 
 
 def is_head_dir(spec: Any) -> bool:
-    """Whether a draft spec is a folder holding an EAGLE-style head (head.json, as
-    scripts/train_draft.py writes): a head trained on the target's hidden states, e.g. one to try
-    before shipping it as the embedded draft."""
+    """Whether a draft spec is a folder holding an EAGLE-style head (module terms: head folder)."""
     return spec is not None and (Path(str(spec)).expanduser() / "head.json").is_file()
 
 
@@ -69,9 +66,8 @@ def head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: in
     """The head in ``folder`` as a drafter in one variant: its dtype, its layers packed or as loaded."""
     from ears_core.draft.eagle import DraftHead, EagleDrafter
 
-    device = target_model.get_input_embeddings().weight.device
-    head = DraftHead.load(folder, dtype=variant.torch_dtype).to(device)
-    width = target_model.get_input_embeddings().weight.shape[1]
+    emb = target_model.get_input_embeddings().weight  # (V, d)
+    head, width = DraftHead.load(folder, dtype=variant.torch_dtype).to(emb.device), emb.shape[1]
     if head.config.hidden_size != width:
         raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "
                              f"states are {width}: a head only drafts for the target it was trained on")

@@ -1,16 +1,13 @@
 """The draft head's decoder layers (``DraftHead.body``) run by hand over a preallocated cache: a draft step
-without the general model's per-call machinery, which costs about as much again as its arithmetic
-(docs/benchmarks.md). Training runs the body as it is.
+without the general model's per-call machinery, about as costly as its arithmetic (docs/benchmarks.md).
 
 Terms
 -----
 by hand       the layer loop (model/passes/decoder.py) with the ``modules`` linear kind (the packed and int4
-              variants run as swapped in) and the ``Exact`` policy in the head's dtype with its scale, over a
-              ``KVBuffer`` on a store of its own; rotary positions from tables of the head's own rotary module.
-same numbers  the general forward's operations up to the rounding of fused kernels (``F.rms_norm``); a test
-              checks agreement with ``LlamaModel``, causal and with a tree mask.
-supported     ``supports(body)``: False for a dynamic rotary embedding (frequencies change with the length): the
-              drafter keeps the general forward there.
+              variants as swapped in) and the ``Exact`` policy in the head's dtype, over a ``KVBuffer`` of its own;
+              rotary tables from the head's rotary module. The general forward's operations up to the rounding of
+              fused kernels (a test compares them, causal and with a tree mask).
+supported     ``supports(body)``: False for a dynamic rotary embedding: the drafter keeps the general forward.
 """
 
 from __future__ import annotations
@@ -83,9 +80,8 @@ class HeadLayers(Decoder):
 
 
 def head_layers(head: nn.Module, want_graphs: bool) -> object:
-    """The layers a drafter runs an EAGLE head's body with: a ``GraphedHead`` (model/cuda/graphed.py; built once per
-    head, shared by the drafters of every generation) where passes are captured and ``want_graphs``; else
-    ``HeadLayers``."""
+    """A ``GraphedHead`` (model/cuda/graphed.py; one per head, shared by every generation's drafter) where passes are
+    captured and ``want_graphs``; else ``HeadLayers``."""
     from ears_core.model.cuda.cuda_graphs import graphs_wanted
     from ears_core.model.cuda.graphed import GraphedHead
 

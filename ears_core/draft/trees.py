@@ -2,38 +2,29 @@
 
 Terms
 -----
-node         a drafted token, numbered in creation order: a parent precedes its children, siblings come in the
-             order they are tried. parent: the node it continues, -1 for the root's children (the root is the
-             last committed token, which the target has not seen yet). depth: 1 for the root's children.
-rank         a node's place among its siblings: rank 0 is tried first.
-entry        a row of the target's tree pass: entry 0 is the root, entry i + 1 is node i. P_target at entry e
-             judges e's children; the draft distribution at e proposed them.
-siblings     how a node's children are chosen (``DraftTree.siblings``): ``sampled``: drawn one after another
-             without replacement from the parent's draft distribution q, rank j from q with ranks < j removed
-             and renormalised (its ``draft_probs``), which verify_tree tests it against: the multi-candidate
-             test stays exact. ``fixed``: the parent's j-th most likely tokens, ``draft_probs`` one-hot; at
-             T = 0 the only choice.
-score        the product of the draft probabilities along a node's path (EAGLE-2), from the score distribution
-             (``rank_fn``: tree_decoding passes the raw draft, T = 1, so scores are in the units of the
-             drafter's calibrated confidence at every temperature).
-slot         the promise of a node's rank-j child before it is drawn, with priority score(parent) * (j-th largest
-             draft probability at the parent). Best-first expansion pops the best slot, draws its token and never
-             removes a node afterwards, so whether a slot exists depends only on earlier draws: sampled trees stay
-             exact (EAGLE-2's rerank after the draw would bias them). A node waits for its children's draft pass
-             with the estimate score(node) * (its parent's top probability); when that pops, one draft pass runs
-             every waiting node, so siblings share passes (about one per level).
+node         a drafted token, numbered in creation order (a parent precedes its children); parent -1: a child of
+             the root, the last committed token. depth: 1 for the root's children. rank: its place among its
+             siblings, 0 tried first.
+entry        a row of the tree pass: entry 0 is the root, entry i + 1 is node i; P_target at entry e judges
+             e's children, which the draft distribution at e proposed.
+siblings     ``sampled``: drawn without replacement from the parent's draft distribution q, rank j from q with
+             ranks < j removed and renormalised (its ``draft_probs``, which verify_tree tests it against: exact).
+             ``fixed``: the parent's j-th most likely tokens, ``draft_probs`` one-hot (the only choice at T = 0).
+score        the product of the draft probabilities along a node's path (EAGLE-2), from ``rank_fn`` (the raw
+             draft at T = 1: the drafter's calibrated confidence at every temperature).
+slot         the promise of a node's rank-j child, with priority score(parent) * (j-th largest draft probability at
+             the parent). Best-first expansion pops the best slot, draws its token and never removes a node, so
+             whether a slot exists depends only on earlier draws: sampled trees stay exact. A node's children
+             wait for one draft pass over every waiting node, with the estimate score(node) * (parent's top p).
 estimate     with a ``level`` function (``tree_budget.TreeBudget.level``), a slot's chance of standing: its
-             parent's estimate times level(slot probability, depth, rank): what a ``keep`` rule is asked with.
-             The order stays by priority (ordering by estimates measured worse: docs/measurements.md).
-spec         budget: the most nodes (the target scores budget + 1 tokens); depth: the deepest level; width: the
-             most children of one node. width = 1 is exactly the chain of ``depth`` drafts.
-draft draws  counter based (sampling.py). In a spec that cannot branch the node at depth d uses the chain's draw
-             for position start + d - 1, so tree and chain decoders draw the same tokens; a branching spec keys
-             every node by (position, round start, ranks along its path): no draw is reused in a later round.
-tree pass    one forward over [root, nodes] on the committed cache: position ids root_position + depth, and a
-             4D mask in which each entry sees the committed prefix, its ancestors and itself.
-rearrangement after a round the cache keeps the committed prefix, the root and the accepted path, in that order:
-             what decoding the path as a chain would have left.
+             parent's estimate times level(slot probability, depth, rank), what ``keep`` is asked with. The order
+             stays by priority (docs/measurements.md).
+spec         budget: the most nodes; depth: the deepest level; width: the most children of one node (1: the chain).
+draft draws  counter based (sampling.py): in a spec that cannot branch, node d uses the chain's draw for position
+             start + d - 1; a branching spec keys every node by (position, round start, ranks along its path).
+tree pass    one forward over [root, nodes] on the committed cache: position ids root_position + depth, a 4D mask
+             in which each entry sees the prefix, its ancestors and itself. After it the cache keeps the prefix,
+             the root and the accepted path, in that order.
 """
 
 from __future__ import annotations
@@ -47,10 +38,8 @@ from torch import Tensor
 
 from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
-__all__ = [
-    "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-    "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility",
-]
+__all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
+           "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 # expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
@@ -113,9 +102,8 @@ class TreeDraws:
 
 
 def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int) -> list[int]:
-    """(N,) counters of the acceptance draws: output position, plus the rank in high bits (rank 0: the chain's
-    key). Only one node's children per depth are tested, and a tested position is always emitted, so a key is
-    never reused by a later round."""
+    """(N,) counters of the acceptance draws: output position plus the rank in high bits (rank 0: the chain's key).
+    One node's children per depth are tested and a tested position is emitted, so no later round reuses a key."""
     return [start + d - 1 + (r << 40) for d, r in zip(depths, ranks)]
 
 
@@ -209,9 +197,8 @@ def build_tree(
 
 
 class _Builder:
-    """The state of one best-first expansion (build_tree): the tree so far, each expanded node's
-    prepared distribution, and the heap of promised slots (-priority, order, node, rank, estimate);
-    rank -1 marks a node whose children are promised but not yet computed."""
+    """One best-first expansion (build_tree): the tree so far, each expanded node's prepared distribution, and the
+    heap of slots (-priority, order, node, rank, estimate); rank -1: a node whose children await a draft pass."""
 
     def __init__(self, root_logits: Tensor, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, greedy: bool,
                  rank_fn: ProbsFn | None, level: LevelFn | None) -> None:
@@ -230,8 +217,7 @@ class _Builder:
         self.order = 0
 
     def prepare(self, logits: Tensor) -> list[_Dist]:
-        """(m, V_model) -> one _Dist per row. A sampled node has no more slots than q has tokens with mass
-        (drawing without replacement would run out)."""
+        """(m, V_model) -> one _Dist per row; a sampled node has no more slots than q has tokens with mass."""
         s, one = self.score_fn(logits), self.fixed or self.score_fn is self.probs_fn  # (m, V); one: s draws too
         q = s if one else self.probs_fn(logits)  # (m, V)
         vals, ids = _top(s, self.kmax)
@@ -311,8 +297,7 @@ class _Builder:
 
 # ----------------------------------------------------------------------------- tree pass
 def ancestor_matrix(parents: Sequence[int], device: torch.device | None = None) -> Tensor:
-    """(N+1, N+1) bool over entries: [a, b] is True iff entry b is entry a or one of its ancestors.
-    Entry 0 is the root, an ancestor of every node."""
+    """(N+1, N+1) bool over entries: [a, b] True iff entry b is entry a or one of its ancestors (the root: all)."""
     n = len(parents)
     anc = torch.eye(n + 1, dtype=torch.bool)
     anc[:, 0] = True
@@ -326,9 +311,8 @@ def tree_attention_mask(
     parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int], dtype: torch.dtype,
     device: torch.device,
 ) -> Tensor:
-    """(1, 1, R, prefix_len + C) additive float mask: 0 where an entry may attend, the dtype's
-    minimum elsewhere. Keys are the prefix (visible to all) then entries ``cols`` in cache order;
-    queries are entries ``rows``. Pass it with explicit position ids and the cache."""
+    """(1, 1, R, prefix_len + C) additive mask (``tree_visibility``): keys the prefix (visible to all), then entries
+    ``cols`` in cache order; queries entries ``rows``. Pass it with explicit position ids and the cache."""
     return additive_mask(tree_visibility(parents, prefix_len, rows, cols), dtype).to(device)
 
 

@@ -3,15 +3,12 @@
 Terms
 -----
 graph bank    ``GraphBank``: one CUDA graph per key (a pass's width and KV bucket), captured on first use and
-              replayed after: one launch for all of a pass's kernels. Capture first runs the function once on a
-              side stream (torch's warm-up), which computes exactly what the replay computes (the same cache
-              slots written with the same values), so capturing mid-generation changes nothing. Off CUDA, or
-              switched off, ``run`` just calls. When the store grows its banks are cleared.
-bucket        the KV slots a pass attends over: the smallest power of two >= 256 that holds the cache after
-              the pass, at most the capacity.
+              replayed after (one launch for all a pass's kernels). The warm-up run before capture computes
+              exactly what the replay does, so capturing mid-generation changes nothing. Off CUDA ``run`` calls.
+bucket        the KV slots a pass attends over: the smallest power of two >= 256 holding the cache after the pass.
 switch        ``EARS_CUDA_GRAPHS``: 1 (the default) captures on CUDA, 0 keeps every pass eager.
-fallback      a capture that fails (a device or driver that refuses it) turns capture off for that bank: the
-              pass runs eagerly then and after, with the same kernels, and ``failed`` says why.
+fallback      a capture that fails turns capture off for that bank (eager from then on, the same kernels), and
+              ``failed`` says why.
 """
 
 from __future__ import annotations
@@ -53,8 +50,7 @@ class GraphBank:
         self.failed: str | None = None  # why capture stopped here (module terms: fallback), None while it runs
 
     def run(self, key: Any, fn: Callable[[], Any]) -> Any:
-        """fn's outputs, from the graph captured for ``key`` (captured now if new); fn() reads and writes
-        only buffers that outlive the graph."""
+        """fn's outputs from the graph for ``key`` (captured now if new); fn() touches only buffers that outlive it."""
         if not self.capture:
             return fn()
         hit = self.graphs.get(key)

@@ -3,15 +3,12 @@ transformers' calling convention (passes/attention.py), and an EAGLE head's body
 
 Terms
 -----
-captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens (a step, a chain's verify pass, a draft
-               step): its inputs are copied into the width's static buffers, the graph for (m, bucket) replays
-               (cuda_graphs.py), and the outputs are copied out (the decode loop may keep features).
-eager pass     everything else (a prompt, a tree pass, a wider pass) runs the same static pass
-               (passes/static_decoder.py) without a graph: the same kernels, so the same numbers.
-lazy           a GraphedLM builds its static pass (the fused weights, the KV store) at its first pass: on ZeroGPU
-               that runs in the worker that holds the GPU, not in the app's process, whose "cuda" is a stand-in.
-inference      every pass runs under ``torch.inference_mode``: the static buffers it updates in place are
-               inference tensors once made there.
+captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens: its inputs copied into the width's static
+               buffers, the graph for (m, bucket) replayed (cuda_graphs.py), the outputs copied out.
+eager pass     anything else (a prompt, a tree pass) runs the same static pass (passes/static_decoder.py) without a
+               graph: the same kernels, so the same numbers.
+lazy           a GraphedLM builds its static pass at its first pass: on ZeroGPU that runs in the worker that holds
+               the GPU, not in the app's process, whose "cuda" is a stand-in.
 """
 
 from __future__ import annotations
@@ -63,9 +60,8 @@ class _Runner:
     def run(self, cache: KVBuffer, x: Tensor, positions: Tensor | None = None,
             seen: Tensor | None = None, keep: int = 0, want_hidden: bool = True) -> tuple[Any, Tensor | None]:
         """One pass over the m rows ``x`` at the cache's end -> (body outputs, hidden (L + 1, m, d) or None).
-        positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal. An eager pass
-        (a prompt) computes logits for its last ``keep`` rows only (0: all) and hidden states only when
-        ``want_hidden``: a 4,000-token prompt on a 152k vocabulary would otherwise hold gigabytes of logits."""
+        positions (m,) and seen (m, length + m) bool: a tree pass; None: causal. An eager pass (a prompt) keeps the
+        logits of its last ``keep`` rows (0: all) and hidden states if ``want_hidden`` (a long prompt's are big)."""
         m, n = int(x.shape[0]), cache.length
         s = self.static
         if n + m > s.max_positions:
@@ -166,7 +162,7 @@ class GraphedLM(nn.Module):
     def new_cache(self) -> KVBuffer:
         return KVBuffer(self.runner.kv)
 
-    @torch.inference_mode()  # the static buffers are updated in place: inference tensors (module terms)
+    @torch.inference_mode()  # the static buffers it updates in place are inference tensors once made there
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> PassOutput:

@@ -3,15 +3,13 @@
 Terms
 -----
 row invariance  a pass over m new tokens gives each, bit for bit, the logits of m one-token passes: else greedy
-                speculative output (verify passes of k + 1 rows) parts from target-only output at near-ties.
-                PyTorch's CPU attention sums in an order that depends on the query rows and the key length,
-                which in bfloat16 moves an output by a step (docs/measurements.md).
+                speculative output parts from target-only output at near-ties. PyTorch's CPU attention sums in
+                an order that depends on the rows and keys, which in bfloat16 moves an output by a step.
 exact attention q, k, v widened to float64 for the attention alone (one fused SDPA call): bfloat16 products are
                 exact there, so the output rounded back does not depend on the summation order.
-rows_agree      after a short prompt, one pass over w tokens against w one-token passes: every logit equal.
 row cap         oneDNN blocks many rows differently, so a packed layer (packed_linear.py) with a cap of c rows
-                runs a longer input c rows at a time; ``make_rows_exact`` keeps the widest cap of ``CAPS`` under
-                which passes of ``CHECKED_WIDTHS`` rows agree.
+                runs longer inputs c rows at a time: ``make_rows_exact`` keeps the widest cap of ``CAPS`` under
+                which passes of ``CHECKED_WIDTHS`` rows agree (``rows_agree``).
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CAPS", "CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree",
-           "use_exact_attention"]
+__all__ = ["CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree"]
 
 EXACT_ATTENTION = "ears_float64"  # the name under which transformers' AttentionInterface knows it
 CAPS = (32, 16, 8)  # row caps tried, widest first (module terms)
@@ -33,9 +30,8 @@ CHECKED_WIDTHS = (2, 9, 17, 40)  # pass widths checked: a chain's and a tree's v
 def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value: Tensor,
                     attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: object) -> tuple[Tensor, None]:
-    """transformers' attention-function signature: query (B, H, m, D), key and value (B, Hkv, n, D)
-    with H a multiple of Hkv (grouped queries), attention_mask (B, 1, m, >= n) additive or None
-    -> output (B, m, H, D) in the query's dtype, no attention weights."""
+    """transformers' attention function: query (B, H, m, D), key and value (B, Hkv, n, D), attention_mask
+    (B, 1, m, >= n) additive or None -> output (B, m, H, D) in the query's dtype, no attention weights."""
     h, d = query.shape[1], query.shape[-1]
     kv_heads, n = key.shape[1], key.shape[-2]
     mask = None
@@ -67,8 +63,7 @@ def use_exact_attention(model: nn.Module) -> bool:
 
 @torch.no_grad()
 def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int = 24, seed: int = 0) -> bool:
-    """Whether, after a ``prompt_len``-token prompt of random ids, a pass over w new tokens gives bit for
-    bit the logits of w one-token passes, for every w in ``widths`` (see the module's terms)."""
+    """Row invariance (module terms) after a ``prompt_len``-token random prompt, for every pass width in ``widths``."""
     from ears_core.model.passes.kv_cache import new_cache
 
     gen = torch.Generator().manual_seed(seed)

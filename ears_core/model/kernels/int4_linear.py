@@ -2,14 +2,12 @@
 
 Terms
 -----
-blocks        ``q4_1_blocks(w)``: per 32 consecutive inputs of a row, the minimum ``m`` and the step
-              ``d = (max - min) / 15`` (rounded to float16, as a GGUF stores them) and codes ``round((w - m) / d)``
-              clamped to 0..15. The lean target reads such blocks from the GGUF; a float model makes them here.
-Int4Linear    ``nn.Linear``'s calling convention over such blocks: bfloat16 in and out, the bias added in bfloat16.
-round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks. Training a head
-              through it (straight-through) fits it to its int4 variant (scripts/train_draft.py --qat).
+blocks        ``q4_1_blocks(w)``: per 32 inputs of a row, the minimum ``m`` and the step ``d = (max - min) / 15``
+              (rounded to float16, as a GGUF stores them) and codes ``round((w - m) / d)`` clamped to 0..15.
+round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks (a head trained
+              through it fits its int4 variant: scripts/train_draft.py --qat).
 quantize      ``quantize_linears(module)``: every ``nn.Linear`` the kernel takes (inputs a multiple of 32, outputs
-              of 16) becomes an ``Int4Linear``: the EAGLE head's int4 variant (draft/head_kernels.py).
+              of 16) becomes an ``Int4Linear`` (bfloat16 in and out): the draft head's int4 variant.
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ __all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "round_trip", "takes
 
 
 def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A float weight (N, K) -> codes (N, K) uint8, d and m (N, K / 32) float32 holding float16 values
-    (module terms: blocks)."""
+    """A float weight (N, K) -> codes (N, K) uint8, d and m (N, K / 32) float32 (module terms: blocks)."""
     n, k = w.shape
     if k % GROUP:
         raise ValueError(f"Q4_1 blocks need inputs in multiples of {GROUP}, not {k}")
@@ -60,8 +57,7 @@ class Int4Linear(nn.Module):
                              f"{layer.in_features} -> {layer.out_features}")
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.weight4: Int4Weight = pack_q4_1(*q4_1_blocks(layer.weight))
-        bias = layer.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.bias = None if layer.bias is None else nn.Parameter(layer.bias.detach().to(torch.bfloat16), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:  # (..., K) -> (..., N) bfloat16
         y = int4_linear(x.to(torch.bfloat16), self.weight4)

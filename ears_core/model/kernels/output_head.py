@@ -3,11 +3,9 @@
 Terms
 -----
 rows        r = the hidden states projected in one call: 1 for a decode step, k + 1 for a verify pass.
-layout      three ways to compute h W^T (W (V, d), the output embedding: a small LM's largest matrix), whose
-            speed for small r changes with r and the machine (docs/measurements.md): ``linear`` F.linear(h, W),
-            ``wx`` (W @ h^T)^T, ``xw`` h @ W^T with W^T kept contiguous (a copy).
-plan        the fastest layout per r = 1 .. max_rows, by interleaved timed calls, cached (measuring/measured.py);
-            more rows use ``linear``.
+layout      ``linear`` F.linear(h, W), ``wx`` (W @ h^T)^T or ``xw`` h @ W^T with W^T kept contiguous: for small r
+            their speed changes with r and the machine (docs/measurements.md). The plan: the fastest per r up
+            to max_rows (more: ``linear``), timed interleaved and cached (measuring/measured.py).
 exactness   the same dot products summed in another order: logits agree to float rounding; speculative and
             target-only decoding run the same kernels.
 scope       CPU, floating dtypes, V x d >= ``MIN_ELEMENTS``; inference only (W^T is not updated).
@@ -104,15 +102,12 @@ def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
 
 def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
                          refresh: bool = False) -> HeadPlan | None:
-    """Give ``model`` a planned output projection (module terms: scope); the plan (cached, or measured in about
-    a second and cached), or None if left as is."""
+    """Give ``model`` a planned output projection (module terms: scope); the plan (cached or measured), or None."""
     head = model.get_output_embeddings()
     if isinstance(head, PlannedLinear):
         return head.plan
-    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
-        return None
-    w = head.weight
-    if w.device.type != "cpu" or not w.dtype.is_floating_point or w.numel() < MIN_ELEMENTS:
+    w = head.weight if type(head) is torch.nn.Linear else None  # a plain linear layer only
+    if w is None or w.device.type != "cpu" or not w.dtype.is_floating_point or w.numel() < MIN_ELEMENTS:
         return None
     key = f"{w.shape[0]}x{w.shape[1]}|{machine_tag(w.dtype)}"
     plan = HeadPlan.cached(key, cache_dir, refresh,  # an old file: measured again

@@ -3,12 +3,10 @@ exactness, output_head.py).
 
 Terms
 -----
-as loaded     the model's own ``nn.Linear`` (MKL, which for a few rows reads each weight once per row) and the
-              planned output head (output_head.py).
-packed        the same weights reordered once into oneDNN's blocked layout: nearly flat in r for r <= 8
-              (docs/measurements.md). The packed copy sits beside the original weights (kept for tying).
-kernel choice packed or as loaded, for a whole model: passes over m in ``MEASURED_M`` tokens timed in both
-              modes, interleaved; packed kept only if ``MIN_GAIN`` cheaper; cached (measuring/measured.py).
+packed        the weights reordered once into oneDNN's blocked layout, beside the originals (kept for tying):
+              nearly flat in r for r <= 8, where MKL's ``F.linear`` reads each weight once per row.
+kernel choice packed or as loaded (with the planned head: output_head.py), for a whole model: passes over m in
+              ``MEASURED_M`` tokens timed in both modes, interleaved; packed kept only if ``MIN_GAIN`` cheaper.
 scope         CPU, float32 or bfloat16, at least ``MIN_ELEMENTS`` linear weights; a call that needs gradients,
               or an input on another device or dtype, runs the original layer; a weight changed in place is
               packed again at its next call.
@@ -43,9 +41,8 @@ def available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Runs a linear layer with a oneDNN-packed copy of its weight while ``active`` (module terms: packed,
-    scope). ``weight``/``bias`` are the original Parameters (tied embeddings stay tied); the layer it
-    replaced is kept outside the module tree and runs where the packed path does not apply."""
+    """A linear layer run with a oneDNN-packed copy of its weight while ``active`` (module terms: packed, scope).
+    ``weight``/``bias`` are the original Parameters; the replaced layer, kept outside the tree, runs otherwise."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -108,8 +105,7 @@ def pack_linears(model: nn.Module) -> int:
 
 
 def set_packed(model: nn.Module, active: bool) -> None:
-    """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode for the price
-    profile's key (policy/costs.py: profile_key)."""
+    """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode (policy/costs.py)."""
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
     for m in packed:
         m.active = active
@@ -139,8 +135,7 @@ def _key(model: nn.Module) -> str:
 
 @torch.inference_mode()
 def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
-    """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms, the modes
-    taking turns round by round (measuring/measured.py: interleaved)."""
+    """Per mode (packed, as loaded), the fastest pass over m in ``MEASURED_M`` tokens in ms, the modes interleaved."""
     def curve(mode: str) -> list[float]:  # V(1) .. V(max m)
         set_packed(model, mode == "packed")
         return measure_pass_ms(model, max_m=max(MEASURED_M), cache_len=cache_len, repeats=2)

@@ -2,15 +2,12 @@
 
 Terms
 -----
-pool        the first parallel region a thread runs (torch's CPU kernels: OpenMP) gives it a pool of workers,
-            kept until the thread exits. While a process holds more OpenMP threads than cores, idle workers
-            sleep at once and every later region waits for a wake-up (docs/measurements.md).
-passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn returns, so its pool goes with
-            it (``load_pair`` and ``Session.warm_up`` time their passes that way), with the caller's torch
-            thread count.
-at exit     a daemon thread still inside a torch kernel when the interpreter finalises kills the process
-            (exit code 134). ``join_at_exit(thread, stop)`` registers one: at exit ``stop()`` is called and the
-            thread joined (``EXIT_JOIN_S`` for all together), so the process ends with its own exit code.
+pool        the first parallel region a thread runs gives it a pool of OpenMP workers until it exits; while a
+            process holds more OpenMP threads than cores, every region waits for a wake-up (docs/measurements.md).
+passing     ``in_passing_thread(fn)`` runs fn in a new thread, with the caller's torch thread count, that ends
+            (and its pool with it) when fn returns.
+at exit     a daemon thread inside a torch kernel when the interpreter finalises kills the process (exit code 134):
+            ``join_at_exit(thread, stop)`` has ``stop()`` called and the thread joined at exit (``EXIT_JOIN_S``).
 """
 
 from __future__ import annotations
@@ -32,8 +29,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 def join_at_exit(thread: threading.Thread, stop: Callable[[], Any] | None = None) -> threading.Thread:
-    """Register a (daemon) thread that runs torch work, to be stopped with ``stop()`` and joined at
-    interpreter exit (module terms); returns the thread."""
+    """Register a daemon thread running torch work to be stopped and joined at exit (module terms); the thread."""
     with _LIVE_LOCK:
         _LIVE[thread] = stop
     return thread
@@ -55,8 +51,7 @@ def _join_live_threads(timeout: float | None = None) -> int:
 
 
 def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """fn(*args, **kwargs) in a thread that exits when it returns (module terms); its result, or its
-    exception re-raised here."""
+    """fn(*args, **kwargs) in a passing thread (module terms); its result, or its exception re-raised here."""
     threads = torch.get_num_threads()
     box: dict[str, Any] = {}
 

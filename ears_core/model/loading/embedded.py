@@ -114,8 +114,7 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
 
 
 def _write_blocks(folder: Path, gguf: Path) -> None:
-    """The lean target's blocks file in the prepared folder (lean_target.py: blocks file), where it can be
-    written: a load then reads no GGUF."""
+    """The lean target's blocks file in the prepared folder (lean_target.py: blocks file), where it can be written."""
     from ears_core.model.loading.lean_target import blocks_file
 
     try:

@@ -43,9 +43,8 @@ def describe_device(model: torch.nn.Module) -> str:
         dtype += f", eager: {failed}" if failed else ", captured CUDA graphs"
     elif getattr(model, "ears_eager_reason", None):
         dtype += f", eager: {model.ears_eager_reason}"
-    if dev.type == "cuda":
-        return f"{dev} {torch.cuda.get_device_name(dev)} ({dtype})"
-    return f"{dev} ({dtype})"
+    name = f" {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""
+    return f"{dev}{name} ({dtype})"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -129,8 +128,7 @@ def check_tokenizers(target_tok: Any, draft_tok: Any) -> int:
 
 
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; else oneDNN emulates it, slower
-    than float32)."""
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; else emulated, slower than float32)."""
     cpu = getattr(torch, "cpu", None)
     checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(bool(check()) for check in checks if check is not None)

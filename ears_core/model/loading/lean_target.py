@@ -2,17 +2,13 @@
 
 Terms
 -----
-from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and minimums (q and k un-permuted as
-               transformers' loader does); the norms in bfloat16; the token embedding (Q8_0, tied to the output
-               head) dequantised to bfloat16. Repacking is quick enough not to be cached (docs/measurements.md).
+from the GGUF  every layer's seven linears keep their Q4_1 blocks (q and k un-permuted as transformers' loader
+               does); the norms in bfloat16; the token embedding (Q8_0, tied to the output head) in bfloat16.
 blocks file    ``lean/blocks.safetensors`` in the prepared folder: the GGUF tensors the lean target reads, raw,
-               each one's GGUF type in the metadata: a memory map, where reading the GGUF parses its vocabulary
-               first (3 s). In a subfolder, so loaders that take every top-level ``*.safetensors`` as weights
-               (vLLM's) never see it. Preparing the folder writes it (embedded.py), and remakes it for another GGUF.
-from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float Llama's weights, so any Llama can run
-               lean; the tests compare it with transformers' forward over the same blocks dequantised.
-supported      this torch has the int4 kernel and the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX):
-               elsewhere the kernel takes a slow reference path and the float target stays.
+               each one's GGUF type in the metadata: a memory map, where the GGUF parses its vocabulary first
+               (3 s). In a subfolder: loaders that take a folder's ``*.safetensors`` (vLLM) never see it.
+from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float Llama's weights: any Llama runs lean.
+supported      the int4 kernel is here and the CPU multiplies bfloat16 natively (else the kernel is slow).
 """
 
 from __future__ import annotations

@@ -2,17 +2,12 @@
 
 Terms
 -----
-lean path     ``LeanLlama`` from the GGUF's own 4-bit blocks (lean_target.py): the default where
-              ``lean_target.supported``; it beat the float target on every CPU measured (docs/benchmarks.md), so a
-              load takes it without timing the float target first.
-float path    transformers' model from the prepared cache in float32 or bfloat16, with the project's CPU kernels
-              (model/kernels/): the reference, and the target wherever the lean path is not supported.
-EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path. A dtype
-              asked for (``dtype=`` or ``EARS_DTYPE``) means the float path in that dtype.
-exact rows    the lean target must pass ``rows_agree`` at every load (kernels/exact_rows.py), else the float
-              path runs.
-row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set: the
-              load measures nothing; a session measures it between requests.
+lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.supported``, untimed (it beat the
+              float target on every CPU measured: docs/benchmarks.md); it must pass ``rows_agree`` at every load.
+float path    transformers' model from the prepared cache with the project's CPU kernels: the reference.
+EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path, as is
+              a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
+row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set.
 """
 
 from __future__ import annotations

@@ -2,14 +2,12 @@
 
 Terms
 -----
-width cost   c(w): one call of every int4 matrix of a layer on w rows, the fastest of a few interleaved timings.
-             The kernel takes rows in blocks of four, so 5 rows can cost as much as 8 and more than 3 + 2.
-plan         for each width m = 1 .. ``MAX_PLANNED``, the chunk sizes with the least summed cost (dynamic
-             programming over c(1) .. c(``MEASURED``)); wider passes run in chunks of ``decoder.ROW_CAP``. The
-             kernel is row-invariant, so any split gives the same bits: the plan changes the price, never the output.
-cache        measured once per (CPU, threads, torch) and kept under ``$EARS_CACHE/kernels`` (measured.py).
-default      until then (a cold start measures nothing: ``measure=False``) the plan from ``DEFAULT_COST``, an
-             Intel Xeon's (docs/measurements.md); a session measures this machine's between requests.
+width cost   c(w): one call of every int4 matrix of a layer on w rows (the kernel takes rows in fours, so 5 rows
+             can cost more than 3 + 2), the fastest of a few interleaved timings.
+plan         per width m = 1 .. ``MAX_PLANNED``, the chunks with the least summed cost over c(1) .. c(``MEASURED``);
+             wider passes run in chunks of ``decoder.ROW_CAP``. The kernel is row-invariant: any split gives the
+             same bits. Cached per machine (measured.py).
+default      until measured (a cold start measures nothing) the plan from ``DEFAULT_COST``, an Intel Xeon's.
 """
 
 from __future__ import annotations
@@ -53,8 +51,8 @@ def best_chunks(cost: list[float], widths: int = MAX_PLANNED) -> list[list[int]]
 @torch.inference_mode()
 def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: int = 20,
                    piece: Callable[[], Any] | None = None) -> list[float]:
-    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost), the widths taking turns
-    (measured.py: interleaved); each round in ``piece()`` (a measurement between requests: serve/between.py)."""
+    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost), interleaved (measured.py),
+    each round in ``piece()`` (a measurement between requests: serve/between.py)."""
     from ears_core.model.kernels.gguf_q4 import int4_linear
 
     layer = model.layers[0]

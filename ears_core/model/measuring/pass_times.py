@@ -3,14 +3,12 @@
 
 Terms
 -----
-pass over m   one forward of m new tokens on a cache of ``cache_len`` random tokens, keeping all m logits.
-step          V(1): the fastest of ``repeats`` one-token passes.
-paired ratio  each pass over m > 1 is timed right after a one-token pass, and V(m) is the step times the median
-              of those ratios: a machine that runs in fast and slow spells (docs/measurements.md) times both
-              passes of a pair in one spell, so the curve keeps its shape. Kept as measured, even where a longer
-              pass is cheaper: the policy must see where 4 drafts cost less than 2.
+step          V(1): the fastest of ``repeats`` one-token passes on a cache of ``cache_len`` random tokens.
+paired ratio  each pass over m > 1 (all m logits kept) is timed right after a one-token pass; V(m) is the step
+              times the median ratio, so a machine's fast and slow spells (docs/measurements.md) hit both passes
+              of a pair. Kept as measured, even where a longer pass is cheaper.
 piece         ``piece()`` (optional): a context manager each forward runs in; a measurement between requests
-              stops where it raises (serve/between.py), and the exception goes to the caller.
+              stops where it raises (serve/between.py).
 """
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ __all__ = ["measure_pass_ms"]
 @torch.inference_mode()
 def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int = 64, repeats: int = 5,
                     vocab: int | None = None, piece: Callable[[], Any] | None = None) -> list[float]:
-    """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes over m = 2..max_m new tokens priced
-    by paired ratios, each pass inside ``piece()`` when given (module terms)."""
+    """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes priced by paired ratios (module terms)."""
     from ears_core.model.passes.attention import avoid_replanning_attention
     from ears_core.model.passes.kv_cache import new_cache
     from ears_core.timing import StepClock

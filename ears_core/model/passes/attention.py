@@ -3,14 +3,12 @@ a CUDA target runs.
 
 Terms
 -----
-re-planning   cuDNN's attention backend (``enable_cudnn_sdp``) builds a plan, tens of milliseconds, for every
-              new (query, key) length, and speculative decoding meets one every round; without it PyTorch picks
-              FlashAttention or the memory-efficient kernel, which need none (docs/gpu.md). A process-wide
-              switch, set by the decode loop and the target-only baseline alike: both keep the same numerics.
-one sequence  ``one_sequence``: the hand-run passes decode batch 1; anything else is refused, naming the model.
-visible       ``visible_positions``: what a hand-run pass reads from transformers' ``attention_mask``: a tree
-              pass's (1, 1, m, L) mask, additive or bool; or a (B, T) padding mask, which must be all ones.
-output        ``PassOutput``: a pass's result by transformers' names.
+re-planning   cuDNN's attention backend builds a plan (tens of ms) for every new (query, key) length, and
+              speculative decoding meets one every round: off, PyTorch picks a kernel that needs none
+              (docs/gpu.md). A process-wide switch, set alike for speculative and target-only decoding.
+one sequence  the hand-run passes decode batch 1; anything else is refused, naming the model.
+visible       what a hand-run pass reads from ``attention_mask``: a tree pass's (1, 1, m, L) mask, additive or
+              bool; or a (B, T) padding mask, which must be all ones.
 """
 
 from __future__ import annotations

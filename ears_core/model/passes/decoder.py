@@ -3,22 +3,18 @@ draft head's layers all run ``Decoder.run``; what differs between them is data.
 
 Terms
 -----
-layer        ``Layer``: one decoder layer's weights: norms (d,), q/k/v stacked (one bias or None), o, gate/up
-             stacked, down, and Qwen3's per-head q/k norms (D,) or None.
-linear kind  ``lin(x, w, bias)``: ``dense`` (out, in) tensors through ``F.linear`` (the static pass);
-             ``int4_kind`` ``Int4Weight`` blocks on the CPU int4 kernel, rows split as the row plan says
-             (measuring/lean_plan.py), at most ``ROW_CAP`` a call (the lean target); ``modules`` the module's
-             own linears, a tuple run side by side (the draft head's, packed or int4: draft/head_kernels.py).
-rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables (``rotation_tables``). ``all_heads``: the
-             tables cover q, k and v heads (v with cos 1, sin 0: the same bits), one ``addcmul`` over the fused
-             output (the lean target's); else q and k only, after the q/k norm.
-attention    the policy ``attend(q, new, views)``, made per pass, q (m, H, D), new (2, Hkv, m, D):
-             ``Exact`` writes the new keys and values at [start, end) and attends over [0, end) in ``dtype``
-             with a bool mask (float64: exact products, so a row does not depend on the pass width);
-             ``Folded`` writes at ``slots`` (data) and attends over the whole bucket with an additive (G m, C)
-             mask, the H query heads folded onto the Hkv heads: nothing read on the host, so a CUDA graph can
-             capture it (cuda/cuda_graphs.py).
-KV buffer    ``KVBuffer`` (kv_cache.py) over an (L, 2, Hkv, C, D) tensor from ``new_kv``.
+layer        ``Layer``: one decoder layer's weights, q/k/v and gate/up stacked.
+linear kind  ``lin(x, w, bias)``: ``dense`` (out, in) tensors through ``F.linear`` (the static pass); ``int4_kind``
+             ``Int4Weight`` blocks on the CPU int4 kernel, rows split by the row plan (measuring/lean_plan.py), at
+             most ``ROW_CAP`` a call (the lean target); ``modules`` the module's own linears, a tuple run side by
+             side (the draft head's, packed or int4).
+rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables; ``all_heads``: over q, k and v heads (v with
+             cos 1, sin 0: the same bits) in one ``addcmul``; else q and k only, after the q/k norm.
+attention    the policy ``attend(q, new, views)`` made per pass: ``Exact`` writes the new keys and values at
+             [start, end) and attends over [0, end) in ``dtype`` with a bool mask (float64: a row does not depend
+             on the pass width); ``Folded`` writes at ``slots`` and attends over the whole bucket with an additive
+             (G m, C) mask, the query heads folded onto the key/value heads: nothing read on the host, so a CUDA
+             graph can capture it.
 """
 
 from __future__ import annotations
@@ -145,12 +141,11 @@ class Decoder:
         self.max_positions = int(cos.shape[0])
 
     def new_kv(self, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> Tensor:
-        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (module terms: KV buffer)."""
+        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (kv_cache.py: KV buffer)."""
         return torch.zeros(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=dtype, device=device)
 
     def angles(self, pos: Tensor | None, start: int = 0, m: int = 0) -> tuple[Tensor, Tensor]:
-        """The rotation tables (m, 1 or H + 2 Hkv, D) at positions ``pos`` (m,), or at start .. start + m - 1
-        (views) when None."""
+        """The rotation tables (m, 1 or H + 2 Hkv, D) at ``pos`` (m,), or (views) at start .. start + m - 1."""
         if pos is None:
             cos, sin = self.cos[start: start + m], self.sin[start: start + m]
         else:
@@ -172,9 +167,8 @@ class Decoder:
 
     def run(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Callable[..., Tensor], views: Any,
             lin: Callable[..., Tensor], hidden: Tensor | None = None) -> Tensor:
-        """The layers over x (m, d) -> the final-normed states (m, d). cos, sin from ``angles``; ``attend``
-        the pass's attention policy, given each layer's entry of ``views``; ``lin`` the linear kind;
-        hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
+        """The layers over x (m, d) -> the final-normed states (m, d). cos, sin from ``angles``; ``attend`` gets each
+        layer's entry of ``views``; hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
         m, shape, eps = x.shape[0], (self.hidden,), self.eps
         if hidden is not None:
             hidden[0].copy_(x)

@@ -2,18 +2,15 @@
 
 Terms
 -----
-KV store   ``KVStore``: one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or values, key/value head,
-           position, width), the cache that holds it and the graph banks that read it (cuda/cuda_graphs.py).
-           It grows (doubling C) only past its capacity, and then every bank drops its graphs.
-KV buffer  ``KVBuffer``: one generation's cache on a store, its ``length``, with transformers' cache names. A
-           graphed model's caches share its store; when another cache takes the tensor, the holder's filled
-           positions are copied aside and back when it is used again, so any number of caches coexist.
+KV store   ``KVStore``: one preallocated (L, 2, Hkv, C, D) tensor, the cache that holds it and the graph banks
+           that read it (cuda/cuda_graphs.py); past its capacity it doubles C and every bank drops its graphs.
+KV buffer  ``KVBuffer``: one generation's cache on a store, its ``length``, with transformers' cache names. When
+           another cache takes the tensor (a graphed model's caches share its store), the holder's positions are
+           copied aside and back when it is used again, so any number of caches coexist.
 threads    a pass, with the copy of its outputs, and an edit hold the store's ``lock``: decodes in several
-           threads on one store (two visitors of the app) take turns pass by pass.
-crop       drop the last n positions of every layer (a chain round's drafts that did not stand): ``narrow``
-           views of a ``DynamicLayer``; a ``KVBuffer`` only lowers its length.
-keep       keep chosen positions in a chosen order (a tree round's accepted path); only full-attention
-           (dynamic) layers can be rearranged.
+           threads on one store take turns pass by pass.
+crop, keep drop the last n positions (a chain round's drafts that did not stand: ``narrow`` views; a ``KVBuffer``
+           lowers its length), or keep chosen positions in a chosen order (a tree round's accepted path).
 """
 
 from __future__ import annotations
@@ -28,8 +25,8 @@ from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["KVBuffer", "KVStore", "cache_device", "doubled_capacity", "drop_last_positions",
-           "keep_tail_positions", "new_cache"]
+__all__ = ["KVBuffer", "KVStore", "cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions",
+           "new_cache"]
 
 
 def doubled_capacity(capacity: int, need: int) -> int:
@@ -77,8 +74,7 @@ class KVStore:
             return self.buf
 
     def views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Per layer: keys and values (2, Hkv, C, D), keys (1, Hkv, C, D), values (1, Hkv, C, D): views of the
-        buffer, made once per allocation (a pass slices them instead of indexing the buffer anew)."""
+        """Per layer, views made once per allocation: keys and values (2, Hkv, C, D), keys, values (1, Hkv, C, D)."""
         if self._views is None:
             self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
         return self._views
@@ -132,7 +128,7 @@ class KVBuffer:
         with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
             buf = self.reserve()
             n = int(keep.numel())
-            buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps are safe
+            buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps safe
             self.length = start + n
 
     def __deepcopy__(self, memo: dict) -> "KVBuffer":

@@ -1,18 +1,14 @@
-"""The lean target: a Llama decoder run by hand from 4-bit weights, with transformers' calling convention.
+"""The lean target: a Llama decoder run by hand from 4-bit weights, with transformers' calling convention
+(passes/attention.py; batch 1, CPU only).
 
 Terms
 -----
-lean step     one target pass through the layer loop (decoder.py) with the ``int4`` linear kind (Q4_1 blocks
-              on the CPU int4 kernel: kernels/gguf_q4.py) and the ``Exact`` attention policy over a
-              ``KVBuffer`` (kv_cache.py); the output head in bfloat16 through a oneDNN-packed weight.
-numerics      the GGUF's own weights (scales rounded to bfloat16) in bfloat16; target-only and speculative
-              decoding both run it. The float reference (``EARS_LEAN=0``) computes the same blocks dequantised.
+lean step     the layer loop (decoder.py) with the ``int4`` linear kind (the GGUF's Q4_1 blocks, scales in
+              bfloat16: kernels/gguf_q4.py) and the ``Exact`` policy over a ``KVBuffer``; the output head in
+              bfloat16 through a oneDNN-packed weight. Target-only and speculative decoding both run it.
 exact rows    row j of a pass over m tokens equals, bit for bit, a one-token pass at its position: the int4
               kernel and the packed head are row-invariant (up to ``ROW_CAP`` rows a call), and the attention
-              runs in float64 (products of bfloat16 numbers are exact there) over a float64 cache.
-calling       transformers' (passes/attention.py): ``attention_mask`` None (causal after the cache) or a
-              (1, 1, m, n + m) tree mask, ``position_ids`` None (consecutive) or (1, m), ``new_cache()`` for
-              the cache, ``hidden_states`` in transformers' layout. Batch 1, CPU only.
+              runs in float64 over a float64 cache.
 """
 
 from __future__ import annotations
@@ -59,7 +55,6 @@ class LeanLlama(nn.Module):
         self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (measuring/lean_plan.py)
         self.ears_kernels = "lean-int4"
 
-    # -------------------------------------------------------------------- transformers' accessors
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
@@ -78,7 +73,6 @@ class LeanLlama(nn.Module):
         """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
         return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype)))
 
-    # -------------------------------------------------------------------- the pass
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
         return torch.ops.mkldnn._linear_pointwise(h, self._head_packed, None, "none", [], "")
 
@@ -106,8 +100,9 @@ class LeanLlama(nn.Module):
         with cache.kv.lock:  # kv_cache.py: threads
             x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
             cache.length = n + m
-        keep = x if not logits_to_keep else x[-logits_to_keep:]  # at most ROW_CAP rows a call (module terms: exact rows)
-        logits = self._logits(keep) if len(keep) <= ROW_CAP else torch.cat([self._logits(c) for c in keep.split(ROW_CAP)])
+        keep = x if not logits_to_keep else x[-logits_to_keep:]
+        chunks = keep.split(ROW_CAP)  # at most ROW_CAP rows a call (module terms: exact rows)
+        logits = self._logits(keep) if len(chunks) == 1 else torch.cat([self._logits(c) for c in chunks])
         states = None if hidden is None else tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
         return PassOutput(logits[None], states, cache)  # logits (1, kept, V)
 
@@ -115,9 +110,8 @@ class LeanLlama(nn.Module):
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 20,
                  do_sample: bool = False, temperature: float = 1.0, eos_token_id: int | list[int] | None = None,
                  **unused: Any) -> Tensor:
-        """transformers' ``generate`` for the common case: greedy or plain sampling (torch's global generator),
-        one sequence, stopping at an end-of-sequence token -> (1, T + new) ids. Other options (top-k, top-p,
-        assistant models) are not taken: ``ears_core.autoregressive`` and ``generate`` are the full decoders."""
+        """transformers' ``generate`` for greedy or plain sampling (torch's global generator), one sequence, to an
+        end-of-sequence token -> (1, T + new) ids; ``ears_core.autoregressive`` and ``generate`` do the rest."""
         if any(unused.get(key) for key in ("assistant_model", "prompt_lookup_num_tokens", "num_beams")):
             raise ValueError("the lean target's generate() decodes plainly; use ears_core.generate for speculative decoding")
         eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id

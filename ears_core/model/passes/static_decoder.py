@@ -3,21 +3,16 @@ can capture.
 
 Terms
 -----
-static pass   ``run(x, pos, slots, mask, kv, hidden)``: the layer loop (decoder.py) with the ``dense`` linear
-              kind and the ``Folded`` attention policy. Shapes are fixed by the arguments' shapes and nothing
-              reads a value on the host: ``pos`` (m,) the rotary positions, ``slots`` (m,) where the new keys and
-              values go, ``mask`` the additive (G m, C) mask over kv (L, 2, Hkv, C, D), hiding stale slots: one
-              replay serves every cache length up to C.
-fused         q/k/v as one matrix and gate/up as another: each transformers Parameter keeps its identity and its
+static pass   the layer loop (decoder.py) with the ``dense`` linear kind and the ``Folded`` policy: nothing read on
+              the host, the cache length entering as data, so one replay serves every cache length up to C. Not
+              bit for bit transformers' forward, but both decodings of a captured target run it.
+fused         q/k/v as one matrix, gate/up as another: each transformers Parameter keeps its identity and its
               ``.data`` becomes a slice of the fused tensor, so nothing is held twice (even where something else
-              holds the Parameters: ZeroGPU's packing) and the model's own eager forward computes the same.
-numerics      the model's dtype; not bit for bit transformers' forward (another kernel order), but target-only
-              and speculative decoding of a captured target both run it.
-fixed rope    a rotary embedding whose frequencies and scaling do not depend on the context length, so one
-              (P, D) table holds what transformers computes at each position: default, linear, llama3, yarn.
-supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES``, no sliding window,
-              SiLU, no bias on the output or MLP projections, a fixed rope over the whole head, one device;
-              anything else keeps transformers' forward, and ``supports`` says why.
+              holds the Parameters: ZeroGPU's packing) and the model's own forward computes the same.
+fixed rope    frequencies and scaling that do not depend on the context length: one (P, D) table serves.
+supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES``, no sliding window, SiLU,
+              no bias on the output or MLP projections, a fixed rope over the whole head, one device; else it
+              keeps transformers' forward, and ``supports`` says why.
 """
 
 from __future__ import annotations
