@@ -268,9 +268,8 @@ class NGramDrafter:
             found = found[: len(self.confidence)]
         self._proposed = found
         tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
-        probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)
-        probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)  # (1, k', V) one-hot
-        return tokens, probs
+        probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)  # (1, k', V) one-hot
+        return tokens, probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         self._seq += self._proposed[:num_accepted] + [int(next_token.reshape(-1)[0])]

@@ -46,13 +46,12 @@ __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
 def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
     """A Llama config for the head: the target's widths, ``layers`` decoder layers, no vocabulary."""
     c = target_config
-    return LlamaConfig(
-        vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=layers, bos_token_id=None, eos_token_id=None, pad_token_id=None, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=getattr(c, "head_dim", None),
-        rms_norm_eps=c.rms_norm_eps, rope_parameters=getattr(c, "rope_parameters", None),
-        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False,
-    )
+    return LlamaConfig(vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                       num_hidden_layers=layers, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                       num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                       head_dim=getattr(c, "head_dim", None), rms_norm_eps=c.rms_norm_eps,
+                       rope_parameters=getattr(c, "rope_parameters", None),
+                       max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False)
 
 
 class DraftHead(nn.Module):

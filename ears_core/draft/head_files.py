@@ -33,11 +33,9 @@ def embedded_draft_available() -> bool:
 def embedded_draft_dir() -> Path:
     """The shipped draft: an EAGLE-style head (head.json + head.safetensors) for the embedded target."""
     if not embedded_draft_available():
-        raise ModelLoadError(
-            f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
-            "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
-            "target's tokenizer; or train it with scripts/draft_data.py and scripts/train_draft.py"
-        )
+        raise ModelLoadError(f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
+                             "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
+                             "target's tokenizer; or train it with scripts/draft_data.py and scripts/train_draft.py")
     return EMBEDDED_DRAFT_DIR
 
 

@@ -45,9 +45,8 @@ class HeadLayers(Decoder):
                              "run it through its own forward instead")
         attn = body.layers[0].self_attn
         self.dtype, self.device = body.norm.weight.dtype, body.norm.weight.device
-        positions = int(getattr(body.config, "max_position_embeddings", 8192))
         self.rotary, self.head_dim, self.scaling = body.rotary_emb, int(attn.head_dim), float(attn.scaling)
-        cos, sin = self._tables(positions)
+        cos, sin = self._tables(int(getattr(body.config, "max_position_embeddings", 8192)))
         super().__init__([_layer(l) for l in body.layers], body.norm.weight, body.config, cos, sin,
                          float(body.norm.variance_epsilon))
         self.head_dim = int(attn.head_dim)

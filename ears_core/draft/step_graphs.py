@@ -6,8 +6,7 @@ draft step    per drafted position: for a later position the model's pass over o
               then the logits, the confidence, the drawing distribution and the token drawn with the position's
               uniform. Eagerly some twenty small kernels; captured, one replay.
 first / next  a round's first position reads the head's last output (no pass); later ones run it.
-key           a graph per (first or next, KV bucket, sampling): ``probs_fn.sampling_key``, set by the decode
-              loop; a ``probs_fn`` without one keeps the eager step.
+key           a graph per (first or next, KV bucket, ``probs_fn.sampling_key``); without a key the step runs eagerly.
 bounded       a bank keeps the graphs of ``MAX_SAMPLINGS`` samplings at most, evicting the least recently used.
 same numbers  the captured step runs the eager step's operations in its order (off CUDA the bank just calls).
 """

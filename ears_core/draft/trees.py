@@ -175,10 +175,9 @@ def build_tree(
     level: LevelFn | None = None,
 ) -> DraftTree:
     """Best-first expansion up to ``spec`` (module terms: slot, score, estimate). root_logits (V_model,): the
-    draft's logits for depth 1; ``expand(ids, tree)``: the draft's logits over nodes ``ids`` of ``tree`` (their
-    ancestors already run). ``greedy`` (T = 0): "auto" means fixed siblings. ``rank_fn`` (default ``probs_fn``)
-    scores slots and paths; tokens are drawn from ``probs_fn``. ``keep(priority, nodes so far, depth)`` (with
-    ``level``: the slot's estimate for its priority), asked before each draw, ends the tree at the first False."""
+    draft's logits for depth 1; ``expand(ids, tree)``: its logits over nodes ``ids`` (their ancestors already run).
+    ``greedy`` (T = 0): "auto" means fixed siblings. ``rank_fn`` (default ``probs_fn``) scores, ``probs_fn`` draws.
+    ``keep(priority (with ``level``: estimate), nodes so far, depth)``, asked before each draw: False ends it."""
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
         return b.tree
@@ -339,9 +338,8 @@ def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequen
 
 def draft_pass(tree: DraftTree, ids: list[int], slots: list[int], prefix_len: int, device: torch.device
                ) -> tuple[Tensor | None, Tensor | None]:
-    """A drafter's pass over nodes ``ids`` after the nodes ``slots`` it has in its cache (in cache order), on a
-    prefix of ``prefix_len`` entries: (visibility (m, prefix_len + len(slots) + m) bool, positions (m,) long),
-    or (None, None) where the pass is the chain's next node (an ordinary causal pass)."""
+    """A drafter's pass over nodes ``ids`` after its cached nodes ``slots`` (cache order), on ``prefix_len`` entries:
+    (visibility (m, prefix_len + len(slots) + m) bool, positions (m,)), or (None, None) for the chain's next node."""
     if ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots))):
         return None, None
     rows = [i + 1 for i in ids]

@@ -2,9 +2,8 @@
 
 Terms
 -----
-row invariance  a pass over m new tokens gives each, bit for bit, the logits of m one-token passes: else greedy
-                speculative output parts from target-only output at near-ties. PyTorch's CPU attention sums in
-                an order that depends on the rows and keys, which in bfloat16 moves an output by a step.
+row invariance  a pass over m new tokens gives each, bit for bit, the logits of m one-token passes (else greedy
+                speculative output parts from target-only output): PyTorch's CPU attention does not in bfloat16.
 exact attention q, k, v widened to float64 for the attention alone (one fused SDPA call): bfloat16 products are
                 exact there, so the output rounded back does not depend on the summation order.
 row cap         oneDNN blocks many rows differently, so a packed layer (packed_linear.py) with a cap of c rows

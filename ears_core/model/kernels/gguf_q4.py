@@ -3,15 +3,13 @@
 Terms
 -----
 Q4_1 block    32 weights of a row: a float16 scale ``d`` and minimum ``m``, 32 codes ``c`` in 0..15 (byte j: code
-              j in its low nibble, j + 16 in its high one), 20 bytes; a weight is ``d * c + m``.
+              j in its low nibble, j + 16 in its high one), 20 bytes; a weight is ``d * c + m``. ``attn_q`` and
+              ``attn_k`` rows follow llama.cpp's rotary order, un-permuted as transformers' GGUF loader does.
 int4 group    what ``_weight_int4pack_mm_for_cpu`` multiplies with: per ``GROUP`` of 32 inputs, codes in 0..15, a
               scale ``s`` and a zero ``z``, a weight ``(c - 8) * s + z``: a Q4_1 block with ``s = d``,
-              ``z = m + 8 d`` (the GGUF's own codes, nothing re-quantised).
+              ``z = m + 8 d`` (the GGUF's own codes). A row's result does not depend on how many rows come with it.
 scales        ``s`` and ``z`` rounded to bfloat16 (float32 ones take a path ~25x slower): a layer's output moves
               by about 4e-3 relative against the float32 dequantised weights (docs/benchmarks.md).
-rows          a row's result does not depend on how many rows come with it (checked at 1..17).
-permutation   llama.cpp stores ``attn_q``/``attn_k`` rows in its rotary order; the blocks follow the row
-              permutation transformers' GGUF loader applies to the float weights.
 Q8_0 block    32 int8 codes and a float16 scale (34 bytes): the token embedding, dequantised to bfloat16.
 """
 

@@ -5,11 +5,9 @@ Terms
 record       a dataclass under ``Measured`` (the int4 row plan, the output head's layouts, packed linears, the
              draft head's variant) with ``key`` (the shapes and the ``machine_tag``) and ``measured_at``; cached as
              ``$EARS_CACHE/kernels/<KIND>-<key>.json``, written atomically; a missing or stale one reads as None.
-interleaved  every round times every candidate, in reversed order every other round, so a slow moment of the
-             machine hits them all.
+interleaved  every round times every candidate, reversed every other round: a slow moment hits them all.
 margin       ``keep_first(ms, margin)``: the cheapest, but the first (the default) unless one is ``margin`` cheaper.
-quiet        ``quietly(what, fn)``: fn() while the run queue is watched (timing.RunQueue); a measurement the busy
-             cores spoil raises ``MachineBusy`` and is never cached.
+quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores raise ``MachineBusy`` (never cached).
 """
 
 from __future__ import annotations

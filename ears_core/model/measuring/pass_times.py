@@ -7,8 +7,7 @@ step          V(1): the fastest of ``repeats`` one-token passes on a cache of ``
 paired ratio  each pass over m > 1 (all m logits kept) is timed right after a one-token pass; V(m) is the step
               times the median ratio, so a machine's fast and slow spells (docs/measurements.md) hit both passes
               of a pair. Kept as measured, even where a longer pass is cheaper.
-piece         ``piece()`` (optional): a context manager each forward runs in; a measurement between requests
-              stops where it raises (serve/between.py).
+piece         ``piece()`` (optional): a context manager each forward runs in (serve/between.py).
 """
 from __future__ import annotations
 

@@ -3,9 +3,8 @@ a CUDA target runs.
 
 Terms
 -----
-re-planning   cuDNN's attention backend builds a plan (tens of ms) for every new (query, key) length, and
-              speculative decoding meets one every round: off, PyTorch picks a kernel that needs none
-              (docs/gpu.md). A process-wide switch, set alike for speculative and target-only decoding.
+re-planning   cuDNN's attention plans (tens of ms) each new (query, key) length, as speculative decoding meets every
+              round: off (process-wide, for both decodings), PyTorch picks a kernel needing none (docs/gpu.md).
 one sequence  the hand-run passes decode batch 1; anything else is refused, naming the model.
 visible       what a hand-run pass reads from ``attention_mask``: a tree pass's (1, 1, m, L) mask, additive or
               bool; or a (B, T) padding mask, which must be all ones.

@@ -98,8 +98,7 @@ class KVBuffer:
         self.length -= n
 
     def crop(self, max_length: int) -> None:
-        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first
-        max_length (at most the cached positions: more raises ValueError)."""
+        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
         if max_length > self.length:
             raise ValueError(f"cannot crop a cache of {self.length} positions to {max_length}")
         self.length = self.length + max_length if max_length < 0 else max_length

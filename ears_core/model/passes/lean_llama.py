@@ -76,14 +76,6 @@ class LeanLlama(nn.Module):
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
         return torch.ops.mkldnn._linear_pointwise(h, self._head_packed, None, "none", [], "")
 
-    @staticmethod
-    def _mask(attention_mask: Tensor | None, m: int, n: int) -> Tensor | None:
-        """A (1, 1, m, n + m) bool mask, True where a row may attend; None for one row and no mask."""
-        seen = visible_positions(attention_mask, "the lean target")
-        if seen is None:
-            return None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None]
-        return seen[..., : n + m]
-
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> PassOutput:
@@ -94,7 +86,10 @@ class LeanLlama(nn.Module):
                             "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         n, d = cache.length, self.decoder
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
-        attend = Exact(n, n + m, self._mask(attention_mask, m, n), self.attn_dtype)
+        seen = visible_positions(attention_mask, "the lean target")  # (1, 1, m, >= n + m) bool, True: may attend
+        mask = (seen[..., : n + m] if seen is not None  # else causal after the cache; no mask for one row
+                else None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None])
+        attend = Exact(n, n + m, mask, self.attn_dtype)
         x = self.embed(input_ids[0])  # (m, d)
         hidden = x.new_empty(len(self.layers) + 1, m, d.hidden) if output_hidden_states else None
         with cache.kv.lock:  # kv_cache.py: threads
