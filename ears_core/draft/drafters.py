@@ -1,29 +1,18 @@
-"""Drafters: anything that proposes the next K tokens.
+"""Drafters: anything that proposes the next K tokens. The decode loop speaks only this protocol, so a draft
+model, a head on the target's hidden states (``needs_target_hidden``) and n-gram lookup are interchangeable.
 
 Terms
 -----
-committed sequence  the prompt plus every token emitted so far
-pending tokens      committed tokens the drafter has not yet run through its model (at least the
-                    last emitted token; after a round where all K drafts stood, also x_K, which
-                    was drafted but never fed back)
-propose(k)          draw k tokens one after another, each from the drafter's own distribution
-                    (after the same temperature / top-k / top-p as the target, via ``probs_fn``)
-                    with the given uniform draws; return the tokens and those distributions
-commit(n, t)        the verifier kept the first n drafts and emitted t: drop the rest from the
-                    drafter's cache (rollback) and remember what is now pending
-
-The decode loop only speaks this protocol, so a separate draft model and a head that reads the
-target's hidden states (EAGLE-style; ``needs_target_hidden = True``) are interchangeable.
-free_positions      (optional, default False) True when a position after the first costs the
-                    drafter no model step (n-gram lookup): the draft-length policy then does not
-                    count a position it looked at and declined as a spent draft step.
-A draft whose head covers part of the vocabulary reports probability 0 elsewhere.
-device confidence   (optional) ``propose(..., confidences=True)`` on a drafter with ``device_confidence =
-                    True``: record each drafted position's confidence as a (k',) tensor in ``confidence_t``
-                    without reading it to the host (the device round reads it with its verdict: decode/device_round.py).
-support             (optional, default None) a (N,) long tensor of the token ids outside which the
-                    drafter's distributions are always 0 (an EAGLE head's ``vocab_ids``): verify()
-                    then computes the exact distortion over those N tokens instead of all V.
+pending tokens      committed tokens (the prompt and every token emitted) the drafter has not yet run through its
+                    model: at least the last emitted token; after a round whose K drafts all stood, also x_K.
+propose(k)          draw k tokens one after another from the drafter's own distribution (after the target's
+                    sampling, ``probs_fn``) with the given uniforms: the tokens and those distributions.
+commit(n, t)        the verifier kept the first n drafts and emitted t: roll the rest back.
+free_positions      (optional) a position after the first costs no model step (n-gram lookup).
+device confidence   (optional, ``device_confidence``) ``propose(..., confidences=True)`` keeps each position's
+                    confidence as a (k',) tensor in ``confidence_t``, unread (decode/device_round.py reads it).
+support             (optional) the (N,) token ids outside which the drafter's distributions are 0 (an EAGLE
+                    head's ``vocab_ids``): verify() computes the distortion over those N tokens only.
 """
 
 from __future__ import annotations
@@ -37,8 +26,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ears_core.model.passes.kv_cache import new_cache
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "ngram_lookup", "scored_vocab",
-           "target_features"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "scored_vocab", "target_features"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 
@@ -71,22 +59,18 @@ def target_features(out: object, drafter: object) -> Tensor | None:
 
 def layers_side_by_side(hidden_states: tuple[Tensor, ...], layers: tuple[int, ...]) -> Tensor:
     """hidden_states[i] for i in ``layers``, concatenated on the last axis: (B, T, len(layers) * d)."""
-    if len(layers) == 1:
-        return hidden_states[layers[0]]
-    return torch.cat([hidden_states[i] for i in layers], dim=-1)
+    return hidden_states[layers[0]] if len(layers) == 1 else torch.cat([hidden_states[i] for i in layers], dim=-1)
 
 
 def model_vocab_size(model: PreTrainedModel) -> int:
     """Rows of the model's output head (may exceed the tokenizer's length by padding)."""
     head = model.get_output_embeddings()
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.get_text_config().vocab_size)
+    has_rows = head is not None and hasattr(head, "weight")
+    return int(head.weight.shape[0]) if has_rows else int(model.config.get_text_config().vocab_size)
 
 
 def scored_vocab(model: PreTrainedModel) -> int:
-    """The ids a model scores for its tokenizer: ``ears_vocab_size`` where ``load_pair`` set it (the pair's
-    ``len(tokenizer)``; Qwen2.5's heads carry 271-399 padding rows past it), else its head's rows."""
+    """The ids a model scores: ``ears_vocab_size`` if ``load_pair`` set it (``len(tokenizer)``), else its head's rows."""
     known = getattr(model, "ears_vocab_size", None)
     return int(known) if known is not None else model_vocab_size(model)
 
@@ -152,8 +136,8 @@ class ModelDrafter:
                 conf_t, pr, tok = steps.step(self._cache, inp[:, 0], uniforms[:, i], probs_fn)
             else:
                 logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
-                raw = torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1) if scored else None
-                conf_t = raw.max(dim=-1).values.mean() if raw is not None else None  # at T = 1
+                conf_t = (torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1).max(dim=-1).values.mean()
+                          if scored else None)  # at T = 1
             self._cache_len += inp.shape[1]
             if confidences:
                 confs.append(conf_t.reshape(()))
@@ -192,9 +176,7 @@ class ModelDrafter:
     @torch.inference_mode()
     def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
                      keep=None, level=None):
-        """Draft a tree for the next round (``trees.build_tree``), batch 1. Every draft pass runs
-        the nodes being expanded with a tree mask over the cache: each sees the committed tokens
-        and its own ancestors. -> DraftTree"""
+        """Draft a tree for the next round (``trees.build_tree``; trees.py: tree pass), batch 1 -> DraftTree."""
         from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 
         assert self._pending is not None, "prefill() first"
@@ -251,14 +233,8 @@ def ngram_lookup(seq: list[int], k: int, max_ngram: int, min_ngram: int) -> tupl
 
 
 class NGramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the last ``n`` committed tokens (n
-    from ``max_ngram`` down to ``min_ngram``) and propose the tokens that followed it.
-
-    No model and no training. The proposal is deterministic, so q is one-hot: the ordinary rule
-    then accepts x with probability P_target(x), and a rejection resamples from P_target with x
-    removed. When nothing matches it proposes nothing and the round is a plain target step.
-    Works for batch 1 (the decode loop's batch).
-    """
+    """Prompt lookup (``ngram_lookup``), batch 1: a deterministic proposal, so q is one-hot. Where nothing matches
+    it proposes nothing, and the round is a plain target step."""
 
     needs_target_hidden = False
     free_positions = True  # a later position costs no model step (see ``Drafter``)
@@ -281,8 +257,7 @@ class NGramDrafter:
 
     def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
                 ) -> tuple[Tensor, Tensor]:
-        """The continuation of the longest matching n-gram; its confidence is n / max_ngram for
-        every token (known before the proposal: it is a function of the committed sequence)."""
+        """The continuation of the longest matching n-gram; each token's confidence n / max_ngram (known before)."""
         found, n = ngram_lookup(self._seq, k, self.max_ngram, self.min_ngram)
         self.confidence = []
         if keep is not None:
@@ -293,9 +268,8 @@ class NGramDrafter:
             found = found[: len(self.confidence)]
         self._proposed = found
         tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
-        probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)
-        probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)  # (1, k', V) one-hot
-        return tokens, probs
+        probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)  # (1, k', V) one-hot
+        return tokens, probs.scatter_(-1, tokens.unsqueeze(-1), 1.0)
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         self._seq += self._proposed[:num_accepted] + [int(next_token.reshape(-1)[0])]

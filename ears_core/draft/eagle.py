@@ -2,46 +2,23 @@
 
 Terms
 -----
-feature f_t     the target's last hidden state (after its final norm) at token position t; the
-                target's output head turns f_t into P_target(x_{t+1}).
-head input      z_t = fc([f_t ; E(x_{t+1})]): the feature at t and the embedding of the token
-                that followed it (E is the target's own, frozen, input embedding).
-head            one Llama decoder layer and a norm over the z sequence (causal, with a KV cache);
-                its output at t is a predicted feature f^_{t+1}, so that W f^_{t+1} scores the
-                token x_{t+2} (W: the target's output head, restricted to ``vocab_ids``).
-drafting        after a round the head has consumed true features up to the last committed
-                token; the first draft comes from the head's last output, each further draft
-                feeds back the head's *predicted* feature with the drafted token.
-commit          drop the entries made from predicted features, then queue the target's true
-                features for the kept drafts and the new token; the head consumes the queue in one
-                batched forward when it next drafts (``sync``): rounds that draft nothing cost it nothing.
-confidence      the head's raw (T = 1) probability mass on its top token at a position, known
-                before that position's token is drawn: what the draft-length policy (costs.py)
-                maps to an acceptance estimate. ``propose(keep=...)`` asks ``keep(confidence)``
-                before each draw and stops at the first False (a stopping rule: verification
-                stays exact; deciding after the draw would bias the output).
-temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``, softmax at T * tau. A one-layer
-                head is flatter than the target where it is unsure, so a tau < 1 fitted on held-out
-                features (the one maximising the expected first-draft acceptance) makes more drafts stand
-                at T > 0; greedy drafts are unchanged, and the confidence stays the raw T = 1 value.
-vocab_ids       the N most frequent target tokens the head can propose; every other token gets
-                draft probability 0 (the rules handle q = 0), which keeps a draft step cheap.
-head dtype      the drafter computes in its head's dtype: its layers, its cache and its rows of the
-                target's output head (``w_sub``); the target's features and embeddings are cast to it,
-                and the logits come back as float32 before any softmax (``head_kernels.py`` measures
-                which dtype drafts faster here).
-draft side      tau, the dtype and the kernels change only q, and q is still exactly the distribution
-                each draft was drawn from: every rule stays as exact (or as distorted) as before.
-
-feature layers  (EAGLE-3's fusion) a head may read several of the target's hidden states at t, not
-                just the last: ``feature_layers`` are indices into the target's ``hidden_states``
-                (0 = embeddings, i = after decoder layer i, -1 or n_layers = after the final
-                norm), the last of them always the final one. Then z_t = fc([f^(1)_t ; .. ;
-                f^(n)_t ; E(x_{t+1})]). The head only predicts the final feature, so an input
-                made from its own prediction (the 2nd and later drafts of a round) has zeros in
-                place of the lower layers; training feeds it the same way.
-
-Only ``fc`` and the decoder layer are trained and shipped; E and W come from the target at load.
+head            z_t = fc([f_t ; E(x_{t+1})]) (f_t the target's last hidden state after its final norm, E its
+                frozen input embedding) through one Llama decoder layer and a norm, causal with a KV cache: its
+                output at t predicts f_{t+1}, and W f^_{t+1} scores x_{t+2} (W the target's output head on
+                ``vocab_ids``, its N most frequent tokens; q is 0 elsewhere). Only ``fc`` and the layer ship.
+drafting        a round's first draft comes from the head's last output; each further one feeds back the head's
+                *predicted* feature with the drafted token.
+commit          drop the entries made from predicted features and queue the target's true features for the kept
+                drafts and the new token, consumed in one forward when the head next drafts.
+confidence      the head's raw (T = 1) probability on its top token: ``keep(confidence)``, asked before each draw,
+                stops at the first False (verification stays exact).
+temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``; greedy drafts and the confidence are
+                unchanged.
+head dtype      the head's layers, cache and rows of the output head (``w_sub``) compute in it (head_kernels.py);
+                logits come back as float32. Like tau and the kernels it changes only q, still exactly the
+                distribution each draft was drawn from (draft side): every rule stays as exact as before.
+feature layers  (EAGLE-3) indices into the target's ``hidden_states`` (-1, after the final norm, last) read side by
+                side into fc; an input from the head's prediction has zeros for the lower layers.
 """
 
 from __future__ import annotations
@@ -69,13 +46,12 @@ __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
 def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
     """A Llama config for the head: the target's widths, ``layers`` decoder layers, no vocabulary."""
     c = target_config
-    return LlamaConfig(
-        vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=layers, bos_token_id=None, eos_token_id=None, pad_token_id=None, num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads, head_dim=getattr(c, "head_dim", None),
-        rms_norm_eps=c.rms_norm_eps, rope_parameters=getattr(c, "rope_parameters", None),
-        max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False,
-    )
+    return LlamaConfig(vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                       num_hidden_layers=layers, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                       num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                       head_dim=getattr(c, "head_dim", None), rms_norm_eps=c.rms_norm_eps,
+                       rope_parameters=getattr(c, "rope_parameters", None),
+                       max_position_embeddings=c.max_position_embeddings, tie_word_embeddings=False)
 
 
 class DraftHead(nn.Module):
@@ -96,8 +72,7 @@ class DraftHead(nn.Module):
     def inputs(self, feats: Tensor, tok_emb: Tensor) -> Tensor:
         """z = fc([features ; E(x)]): feats (..., n*d) true features of every feature layer, or
         (..., d) a predicted final feature (the lower layers then read as zeros) -> (..., d)."""
-        d = self.config.hidden_size
-        missing = len(self.feature_layers) * d - feats.shape[-1]
+        missing = len(self.feature_layers) * self.config.hidden_size - feats.shape[-1]
         if missing:
             feats = torch.cat([feats.new_zeros(*feats.shape[:-1], missing), feats], dim=-1)
         return self.fc(torch.cat([feats, tok_emb], dim=-1))
@@ -109,7 +84,6 @@ class DraftHead(nn.Module):
                         attention_mask=attention_mask)
         return out.last_hidden_state  # (B, T, d) predicted next (final) features
 
-    # ------------------------------------------------------------------ files
     def save(self, folder: str | Path, meta: dict[str, Any] | None = None) -> None:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -162,16 +136,13 @@ class EagleDrafter:
         self.vocab_size = vocab_size if vocab_size is not None else int(w.shape[0])
         self.vocab_ids = head.vocab_ids.to(w.device).sort().values  # (N,) ascending (the head's order is free)
         self.support = self.vocab_ids  # the drafter's q is 0 outside these tokens (drafters.py)
-        # A chain's draft step samples on the head's N tokens and widens to V once per round: the same
-        # draws as over V (ascending ids: the same inverse CDF; the same argmax on ties), without V-sized
-        # work per step. Only when every head token is a real token (else the V path, as trees use).
+        # A chain's draft step samples on the head's N tokens and widens to V once per round: the same draws as over V
+        # (ascending ids: the same inverse CDF and argmax on ties). Only when every head token is a real token.
         self._n_space = bool(len(self.vocab_ids)) and int(self.vocab_ids[-1]) < self.vocab_size
         self.dtype = next(head.parameters()).dtype  # the head dtype (module terms)
         self.w_sub = w.detach()[self.vocab_ids].to(self.dtype)  # (N, d): the target's head on the draft's tokens
         self.sub_head = nn.Linear(self.w_sub.shape[1], self.w_sub.shape[0], bias=False, device="meta")  # feats -> (N,)
         self.sub_head.weight = nn.Parameter(self.w_sub, requires_grad=False)  # the same tensor, not a copy
-        self._slot = torch.zeros(self.vocab_size, dtype=torch.long, device=w.device)  # (V,) token -> index in N
-        self._slot[self.vocab_ids] = torch.arange(len(self.vocab_ids), device=w.device)
         self.tau = float(head.temperature_scale)  # drafts drawn at T * tau
         self.by_hand = supports(head.body)  # the head's layers run by hand (head_layers.py); False: its general forward
         self._layers: Any = None  # HeadLayers (or a GraphedHead on CUDA), built at prefill once dtype and kernels are set
@@ -196,9 +167,8 @@ class EagleDrafter:
         return pack_linears(self.head) + int(self.sub_head is not rows)
 
     def quantize_kernels(self, rows: bool = True) -> int:
-        """Run the head's layers, and its output rows unless ``rows`` is False (they are then oneDNN-packed
-        bfloat16), from 4-bit blocks on the CPU int4 kernel (model/kernels/int4_linear.py; head_kernels.py's
-        int4 variants); the head must be bfloat16."""
+        """Run the head's layers, and its output rows unless ``rows`` is False (then oneDNN-packed bfloat16), on the
+        CPU int4 kernel (model/kernels/int4_linear.py); the head must be bfloat16."""
         from ears_core.model.kernels.int4_linear import Int4Linear, quantize_linears, takes
         from ears_core.model.kernels.packed_linear import pack_layer
 
@@ -228,9 +198,8 @@ class EagleDrafter:
         cache = self._s.cache
         if not isinstance(cache, DynamicCache):  # a KVBuffer: the head's own, or on a graphed head's store
             return self._layers(z, cache, positions, mask)
-        extra = {}
-        if mask is not None:  # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
-            extra = {"attention_mask": additive_mask(mask, z.dtype), "position_ids": positions[None]}
+        # the general forward's additive (1, 1, m, L + m) mask and (1, m) positions
+        extra = {} if mask is None else {"attention_mask": additive_mask(mask, z.dtype), "position_ids": positions[None]}
         return self.head.body(inputs_embeds=z, past_key_values=cache, use_cache=True, **extra).last_hidden_state
 
     def _head(self, feats: Tensor, tokens: Tensor) -> Tensor:
@@ -252,8 +221,7 @@ class EagleDrafter:
         self._s = _State(cache, 0, None, None)
         t = input_ids.shape[1]
         if target_hidden is not None and t >= 2:  # entries (f_j, x_{j+1}) for j = 0 .. T-2
-            out = self._head(target_hidden[:, : t - 1], input_ids[:, 1:t])
-            self._s.next_feat = out[:, -1]
+            self._s.next_feat = self._head(target_hidden[:, : t - 1], input_ids[:, 1:t])[:, -1]
             self._s.cache_len = t - 1
 
     @torch.inference_mode()
@@ -314,8 +282,7 @@ class EagleDrafter:
         feats = torch.cat([h for h, _ in s.pending], dim=1)  # (B, n, d)
         tokens = torch.cat([t for _, t in s.pending], dim=1)  # (B, n)
         s.pending = []
-        out = self._head(feats, tokens)  # entries (f_L+j, x_L+j+1)
-        s.next_feat = out[:, -1]
+        s.next_feat = self._head(feats, tokens)[:, -1]  # entries (f_L+j, x_L+j+1)
         s.cache_len += tokens.shape[1]
 
     @torch.inference_mode()
@@ -323,10 +290,7 @@ class EagleDrafter:
         """Keep the first ``num_accepted`` proposals and next_token (module terms); target_hidden (B, n + 1, d)."""
         s = self._s
         assert s is not None, "prefill() first"
-        if not isinstance(s.cache, DynamicCache):  # drop the entries made from predicted features
-            s.cache.crop(s.cache_len)
-        else:
-            drop_last_positions(s.cache, s.cache.get_seq_length() - s.cache_len)
+        drop_last_positions(s.cache, s.cache.get_seq_length() - s.cache_len)  # the entries from predicted features
         if target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states (needs_target_hidden = True)")
         proposed = s.proposed if s.proposed is not None else next_token.reshape(-1, 1)[:, :0]

@@ -3,12 +3,10 @@ drafts fastest here (draft/head_kernels.py).
 
 Terms
 -----
-head folder   ``head.json`` and ``head.safetensors``, as scripts/train_draft.py writes them (optionally
-              ``calibration.json``, scripts/calibrate_draft.py); the embedded target's ships in
-              ``assets/embedded_draft/`` (``EMBEDDED_DRAFT_DIR``).
-provisional   with nothing measured on this machine yet, the head loads in the default variant and is marked
-              ``kernel_provisional``; ``load_head_draft(..., measure=True)`` times the variants and caches
-              the choice (pair.py: ``ModelPair.settle``).
+head folder   ``head.json`` and ``head.safetensors`` (scripts/train_draft.py), optionally ``calibration.json``
+              (scripts/calibrate_draft.py); the embedded target's ships in ``EMBEDDED_DRAFT_DIR``.
+provisional   with nothing measured here yet the head loads in the default variant, marked ``kernel_provisional``;
+              ``load_head_draft(..., measure=True)`` times the variants and caches the choice.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ import torch
 from ears_core.draft.head_kernels import Variant, candidates, choose_head_variant
 from ears_core.model.loading.hub import ModelLoadError
 
-__all__ = ["EMBEDDED_DRAFT_DIR", "embedded_draft_available", "embedded_draft_dir", "head_drafter", "is_head_dir",
-           "load_head_draft"]
+__all__ = ["EMBEDDED_DRAFT_DIR", "embedded_draft_available", "embedded_draft_dir", "is_head_dir", "load_head_draft"]
 
 EMBEDDED_DRAFT_DIR = Path(__file__).resolve().parent.parent.parent / "assets" / "embedded_draft"
 
@@ -36,18 +33,14 @@ def embedded_draft_available() -> bool:
 def embedded_draft_dir() -> Path:
     """The shipped draft: an EAGLE-style head (head.json + head.safetensors) for the embedded target."""
     if not embedded_draft_available():
-        raise ModelLoadError(
-            f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
-            "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
-            "target's tokenizer; or train it with scripts/draft_data.py and scripts/train_draft.py"
-        )
+        raise ModelLoadError(f"the embedded draft is not built yet ({EMBEDDED_DRAFT_DIR} has no head.json): use "
+                             "draft=None for target-only decoding, NGramDrafter, or a draft id / folder sharing the "
+                             "target's tokenizer; or train it with scripts/draft_data.py and scripts/train_draft.py")
     return EMBEDDED_DRAFT_DIR
 
 
 def is_head_dir(spec: Any) -> bool:
-    """Whether a draft spec is a folder holding an EAGLE-style head (head.json, as
-    scripts/train_draft.py writes): a head trained on the target's hidden states, e.g. one to try
-    before shipping it as the embedded draft."""
+    """Whether a draft spec is a folder holding an EAGLE-style head (module terms: head folder)."""
     return spec is not None and (Path(str(spec)).expanduser() / "head.json").is_file()
 
 
@@ -71,9 +64,8 @@ def head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: in
     """The head in ``folder`` as a drafter in one variant: its dtype, its layers packed or as loaded."""
     from ears_core.draft.eagle import DraftHead, EagleDrafter
 
-    device = target_model.get_input_embeddings().weight.device
-    head = DraftHead.load(folder, dtype=variant.torch_dtype).to(device)
-    width = target_model.get_input_embeddings().weight.shape[1]
+    emb = target_model.get_input_embeddings().weight  # (V, d)
+    head, width = DraftHead.load(folder, dtype=variant.torch_dtype).to(emb.device), emb.shape[1]
     if head.config.hidden_size != width:
         raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "
                              f"states are {width}: a head only drafts for the target it was trained on")

@@ -1,37 +1,19 @@
-"""How an EAGLE-style draft head computes on this machine: its dtype and kernels, measured once.
+"""How an EAGLE-style draft head computes on this machine: its dtype and kernels, measured once
+(terms: eagle.py, head dtype).
 
 Terms
 -----
-variant       (dtype, packed, int4): the dtype of the head's layers, its cache and its rows of the target's
-              output head (eagle.py, "head dtype"), whether its linear layers run oneDNN-packed weights
-              (model/kernels/packed_linear.py), and whether they (and its rows of the output head) run from Q4_1-style
-              4-bit blocks of its weights on the CPU int4 kernel (model/kernels/int4_linear.py; bfloat16
-              activations). Draft side only (eagle.py).
-int4          a quarter of the bytes a draft step reads, for a few points of acceptance (the first draft
-              of the embedded head stands 5 points less often at T = 0, 1 at T = 0.9: docs/benchmarks.md). Offered where
-              the target is the lean int4 one (its step is short, so the head's share of a round is large)
-              and kept only if its round is at least ``INT4_MIN_GAIN`` cheaper than the best float variant's.
-              Most of those points are the output rows' (3.0 of 4.8 in validation top-1: assets/embedded_draft,
-              version 11): ``EARS_DRAFT_DTYPE=int4-layers`` keeps the rows in bfloat16 (packed), the layers int4.
-candidates    the variants worth timing. ``EARS_DRAFT_DTYPE`` set: that dtype only (``int4``: the int4 variant). A float32 target on
-              a CPU with native bfloat16 dot products (AVX512-BF16 or AMX): float32 and bfloat16.
-              Otherwise the target's dtype. Each dtype packed and as loaded where oneDNN is here; then int4
-              where offered (module terms: int4).
-why measure   a draft step reads all of the head's weights from memory (the target's pass has just
-              evicted them), so bfloat16 halves the bytes; but whether its kernels are as fast as
-              float32's for one row depends on the CPU: two machines with native bfloat16 ranked the
-              variants differently (docs/measurements.md), so no rule from CPU flags picks right on both.
-choice        when a pair loads: a drafting round (one catch-up entry and two draft steps, as the
-              decode loop runs them) is timed in each candidate right after a target pass (which
-              evicts the head from the caches, as in the loop), the candidates taking turns, ``REPEATS``
-              times; the lowest median wins, except that the first candidate (the target's dtype, as
-              loaded) is left only for one at least ``MIN_GAIN`` cheaper. The choice is cached per
-              (head shape, candidates, machine) under $EARS_CACHE/kernels (model/measuring/measured.py): a machine
-              measures once.
-default       a load measures nothing (``measure=False``): with no cached choice it takes ``default_variant``
-              (the int4 variant where offered: it won on every lean-target machine measured; else the
-              target's dtype as loaded), and a session measures the choice between requests
-              (``pair.ModelPair.settle``; each drafting round in ``piece()``).
+variant       (dtype, packed, int4): the head dtype, oneDNN-packed linears (model/kernels/packed_linear.py), and
+              int4 linears and output rows (model/kernels/int4_linear.py; ``int4-layers``: rows kept bfloat16):
+              a quarter of the bytes for a few points of acceptance (docs/benchmarks.md), offered with the lean
+              int4 target and kept only if ``INT4_MIN_GAIN`` cheaper than the best float variant.
+candidates    ``EARS_DRAFT_DTYPE`` set: that one. Else float32 and bfloat16 for a float32 target on a CPU with
+              native bfloat16, or the target's dtype; each packed and as loaded where oneDNN is here; then int4.
+choice        a drafting round timed in each candidate after a target pass, the candidates taking turns
+              ``REPEATS`` times: the lowest median, but the first (as loaded) unless one is ``MIN_GAIN`` cheaper
+              (the winner depends on the CPU: docs/measurements.md); cached.
+default       with nothing cached a load takes ``default_variant`` (int4 where offered) and a session measures
+              between requests (``pair.ModelPair.settle``).
 """
 
 from __future__ import annotations
@@ -55,7 +37,7 @@ REPEATS = 7
 MIN_GAIN = 0.03  # another variant must be >= 3 % cheaper than the target's dtype as loaded
 INT4_MIN_GAIN = 0.2  # the int4 variant must be >= 20 % cheaper than the best float one (it drafts a little worse)
 INT4 = "int4"  # EARS_DRAFT_DTYPE's name for the int4 variant
-INT4_LAYERS = "int4-layers"  # ... and for its twin whose output rows stay bfloat16 (module terms: int4)
+INT4_LAYERS = "int4-layers"  # ... and for its twin whose output rows stay bfloat16 (module terms: variant)
 
 
 @dataclass(frozen=True)
@@ -101,9 +83,8 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str, str] | None = None,
                bf16: bool | None = None, packing: bool | None = None, int4: bool = False) -> list[Variant]:
-    """The variants to time (module terms), the default first. ``bf16``/``packing``: whether this CPU
-    has native bfloat16 and oneDNN packing (None: ask torch); ``int4``: offer the int4 variant (the
-    target is the lean one). A ValueError names a bad override."""
+    """The variants to time (module terms), the default first. ``bf16``/``packing``: whether this CPU has native
+    bfloat16 and oneDNN (None: ask torch); ``int4``: offer int4. A ValueError names a bad override."""
     choice = (os.environ if env is None else env).get("EARS_DRAFT_DTYPE", "").strip().lower()
     if choice and choice not in (*DRAFT_DTYPES, INT4, INT4_LAYERS):
         raise ValueError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
@@ -136,8 +117,7 @@ def _key(head: Any, variants: list[Variant]) -> str:
 
 @torch.inference_mode()
 def time_round(target: torch.nn.Module, drafter: Any, vocab_size: int, *, cache_len: int = 64) -> float:
-    """ms of one drafting round of ``drafter`` right after a target pass: the catch-up forward over one
-    committed entry, then two drafts (their head step, logits over its tokens, softmax and draw)."""
+    """ms of one drafting round of ``drafter`` right after a target pass (module terms: choice)."""
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab_size, (1, cache_len), generator=gen)  # (1, T)
     width = len(drafter.feature_layers) * drafter.head.config.hidden_size
@@ -159,7 +139,7 @@ def time_round(target: torch.nn.Module, drafter: Any, vocab_size: int, *, cache_
 
 
 def _pick(variants: list[Variant], ms: dict[Variant, float]) -> tuple[str, bool, bool]:
-    """(dtype, packed, int4) of the variant kept (module terms: choice, int4)."""
+    """(dtype, packed, int4) of the variant kept (module terms: choice, variant)."""
     best = keep_first({v: ms[v] for v in variants if not v.int4}, MIN_GAIN)
     quick = [v for v in variants if v.int4 and ms[v] <= (1 - INT4_MIN_GAIN) * ms[best]]
     best = quick[0] if quick else best
@@ -175,10 +155,9 @@ def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any],
                         vocab_size: int, *, cache_dir: str | os.PathLike | None = None,
                         timer: Callable[[Any], float] | None = None, measure: bool = True,
                         piece: Callable[[], Any] | None = None) -> tuple[Any, HeadChoice | None]:
-    """The drafter ``make(variant)`` builds for the variant that is fastest here (module terms), and the
-    choice (None when there was only one variant, so nothing to measure, or when ``measure`` is False and
-    nothing is cached: the default variant's drafter). ``timer(drafter)`` -> ms replaces the measured
-    drafting round (tests). A measurement made while the cores were busy (timing.py) raises MachineBusy."""
+    """The drafter ``make(variant)`` builds for the fastest variant here (module terms), and the choice: None for one
+    variant, or with ``measure`` False and nothing cached (the default variant's drafter). ``timer(drafter)`` -> ms
+    replaces the timed round (tests). Busy cores raise MachineBusy (measuring/measured.py: quiet)."""
     if len(variants) == 1:
         return make(variants[0]), None
     first = make(variants[0])

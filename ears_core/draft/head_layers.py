@@ -1,28 +1,13 @@
-"""The draft head's decoder layers, run by hand over a preallocated cache: a draft step without the
-general model's per-call machinery.
+"""The draft head's decoder layers (``DraftHead.body``) run by hand over a preallocated cache: a draft step
+without the general model's per-call machinery, about as costly as its arithmetic (docs/benchmarks.md).
 
 Terms
 -----
-head body     the head's Llama decoder layer(s) and final norm (``DraftHead.body``, a transformers
-              ``LlamaModel``). Training runs it as it is; drafting runs the same weights through the project's
-              one layer loop (model/passes/decoder.py).
-why by hand   a draft step feeds 1-8 rows through one layer, a fraction of a millisecond of arithmetic; the
-              general forward adds about as much again per call (docs/benchmarks.md, "The draft step by hand").
-cache         the head's keys and values: a ``KVBuffer`` (model/passes/kv_cache.py) on a store of its own in the
-              head's dtype; dropping the last n positions (the entries made from predicted features) only
-              lowers ``length``.
-linears       the body's own modules (the ``modules`` linear kind), so the head's packed and int4 variants
-              (draft/head_kernels.py) run as they are swapped in; the attention is the ``Exact`` policy in
-              the head's dtype with its scale, over the visible slice.
-positions     each new row's rotary position (the tree's rows share a depth's position), read from tables
-              of the head's own rotary module.
-mask          (m, length + m) bool, True where a new row may attend; None: causal over the new rows
-              (row i sees every cached entry and new rows 0..i).
-same numbers  the general forward's operations up to the rounding of fused kernels (``F.rms_norm``); a test
-              checks agreement with ``LlamaModel``, causal and with a tree mask (eagle.py: draft side).
-supported     default (and other static) rotary embeddings; ``supports(body)`` is False for a
-              dynamic one, whose frequencies change with the length, and the drafter keeps the
-              general forward there.
+by hand       the layer loop (model/passes/decoder.py) with the ``modules`` linear kind (the packed and int4
+              variants as swapped in) and the ``Exact`` policy in the head's dtype, over a ``KVBuffer`` of its own;
+              rotary tables from the head's rotary module. The general forward's operations up to the rounding of
+              fused kernels (a test compares them, causal and with a tree mask).
+supported     ``supports(body)``: False for a dynamic rotary embedding: the drafter keeps the general forward.
 """
 
 from __future__ import annotations
@@ -46,9 +31,8 @@ def supports(body: nn.Module) -> bool:
 
 
 def _layer(layer: nn.Module) -> Layer:
-    """A head decoder layer as the pass's Layer over the layer's own modules (module terms: linears); int4
-    q / k / v and gate / up each as one kernel call (model/kernels/int4_linear.py: side by side), made once
-    for the modules the layer holds."""
+    """A head decoder layer as the pass's Layer over its own modules (module terms: by hand); int4 q / k / v and
+    gate / up each as one kernel call (int4_linear.py: side by side), made once for the modules it holds."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
     made = layer.__dict__.get("_ears_side_by_side")
@@ -60,7 +44,7 @@ def _layer(layer: nn.Module) -> Layer:
 
 
 class HeadLayers(Decoder):
-    """Runs a head body's layers over new rows on a ``KVBuffer`` (module terms: cache)."""
+    """Runs a head body's layers over new rows on a ``KVBuffer`` (module terms: by hand)."""
 
     def __init__(self, body: nn.Module) -> None:
         if not supports(body):
@@ -68,9 +52,8 @@ class HeadLayers(Decoder):
                              "run it through its own forward instead")
         attn = body.layers[0].self_attn
         self.dtype, self.device = body.norm.weight.dtype, body.norm.weight.device
-        positions = int(getattr(body.config, "max_position_embeddings", 8192))
         self.rotary, self.head_dim, self.scaling = body.rotary_emb, int(attn.head_dim), float(attn.scaling)
-        cos, sin = self._tables(positions)
+        cos, sin = self._tables(int(getattr(body.config, "max_position_embeddings", 8192)))
         super().__init__([_layer(l) for l in body.layers], body.norm.weight, body.config, cos, sin,
                          float(body.norm.variance_epsilon))
         self.head_dim = int(attn.head_dim)
@@ -108,9 +91,8 @@ class HeadLayers(Decoder):
 
 
 def head_layers(head: nn.Module, want_graphs: bool) -> object:
-    """The layers a drafter runs an EAGLE head's body with: a ``GraphedHead`` (model/cuda/graphed.py; built once per
-    head, shared by the drafters of every generation) where passes are captured and ``want_graphs``; else
-    ``HeadLayers``."""
+    """A ``GraphedHead`` (model/cuda/graphed.py; one per head, shared by every generation's drafter) where passes are
+    captured and ``want_graphs``; else ``HeadLayers``."""
     from ears_core.model.cuda.cuda_graphs import graphs_wanted
     from ears_core.model.cuda.graphed import GraphedHead
 

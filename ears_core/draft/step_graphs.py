@@ -1,21 +1,14 @@
-"""An EAGLE drafter's chain draft step as one captured CUDA graph.
+"""A chain drafter's draft step as one captured CUDA graph (model/cuda/cuda_graphs.py).
 
 Terms
 -----
-draft step    what a chain drafter computes per drafted position (eagle.py): for a later position, the
-              head's pass over fc([its predicted feature ; E(previous draft)]), one row on the head's KV;
-              then the head's logits on its N tokens, the confidence (the largest of their softmax at
-              T = 1), the drawing distribution probs_fn(logits / tau) and the token drawn with the
-              position's uniform. Eagerly that is some twenty small kernels, each launched from Python;
-              captured it is one replay, and where no size policy asks for the confidence the host does
-              not wait between steps.
-first / next  a round's first position reads the head's last output (no head pass); later ones run it.
-key           a graph per (first or next, KV bucket, sampling): ``probs_fn.sampling_key``, which the decode
-              loop sets, names the sampling; a ``probs_fn`` without one keeps the eager step.
-bounded       a bank keeps the graphs of ``MAX_SAMPLINGS`` samplings at most (41 temperatures are one slider
-              away): a new one evicts the graphs of the least recently used (``use_sampling``).
-same numbers  the captured step runs the eager step's operations in its order, so the same drafts with the
-              same probabilities (a CPU test compares them; off CUDA the bank just calls the step).
+draft step    per drafted position: for a later position the model's pass over one row (eagle.py: drafting),
+              then the logits, the confidence, the drawing distribution and the token drawn with the position's
+              uniform. Eagerly some twenty small kernels; captured, one replay.
+first / next  a round's first position reads the head's last output (no pass); later ones run it.
+key           a graph per (first or next, KV bucket, ``probs_fn.sampling_key``); without a key the step runs eagerly.
+bounded       a bank keeps the graphs of ``MAX_SAMPLINGS`` samplings at most, evicting the least recently used.
+same numbers  the captured step runs the eager step's operations in its order (off CUDA the bank just calls).
 """
 
 from __future__ import annotations
@@ -50,8 +43,7 @@ class _Steps:
         self.samplings: OrderedDict[Any, None] = OrderedDict()  # least recently used first
 
     def use_sampling(self, key: Any) -> Any:
-        """Mark sampling ``key`` used now; past ``MAX_SAMPLINGS``, drop the graphs of the least recently used
-        (every graph key ends with its sampling). -> key."""
+        """Mark sampling ``key`` used now, dropping the least recently used one's graphs (module terms: bounded)."""
         self.samplings.pop(key, None)
         self.samplings[key] = None
         while len(self.samplings) > MAX_SAMPLINGS:
@@ -99,9 +91,8 @@ class StepGraphs(_Steps):
     @torch.inference_mode()
     def step(self, cache: KVBuffer, feat: Tensor, prev: Tensor | None, u: Tensor, probs_fn: Any
              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)).
-        feat (1, d): the head's last output (``prev`` None: the first position) or the predicted feature
-        the previous draft ``prev`` (1,) was drawn from."""
+        """One draft position -> (feature (1, d), confidence (1,), probabilities (1, N), token (1,)). feat (1, d):
+        the head's last output (``prev`` None) or the predicted feature the previous draft ``prev`` was drawn from."""
         d = self.drafter
 
         def body(run: Any) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -119,8 +110,7 @@ class StepGraphs(_Steps):
 
 
 class LMStepGraphs(_Steps):
-    """A draft model's (GraphedLM's) one-token draft step as one captured graph: its pass over the previous
-    token, then the confidence, the drawing distribution and the drawn token (module terms)."""
+    """A draft model's (GraphedLM's) draft step as one captured graph (module terms)."""
 
     def __init__(self, model: Any, vocab_size: int) -> None:
         super().__init__(model.runner)

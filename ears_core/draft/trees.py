@@ -1,54 +1,30 @@
-"""Draft trees (seed 002): many candidate continuations, verified in one target pass.
+"""Draft trees: many candidate continuations, verified in one target pass.
 
 Terms
 -----
-node         a drafted token. Nodes are numbered in creation order, so a parent always precedes its
-             children and siblings appear in the order they are tried.
-parent       the node a node continues; -1 for the children of the root. The root is the last
-             committed token, which the target has not seen yet. depth: 1 for the root's children.
-rank         a node's place among its siblings: rank 0 is tried first, then rank 1, ...
-entry        a row of the target's tree pass: entry 0 is the root, entry i + 1 is node i.
-             P_target at entry e judges e's children; the draft distribution at e proposed them.
-siblings     how a node's children are chosen (``DraftTree.siblings``):
-               sampled  drawn one after another *without replacement* from the parent's draft
-                        distribution q: rank j is drawn from q with ranks < j removed and
-                        renormalised, and that distribution is the node's ``draft_probs``
-                        (rank 0: q itself). verify_tree tests rank j against it, which is what
-                        makes the multi-candidate test exact.
-               fixed    the parent's j-th most likely draft tokens, deterministic; each node's
-                        ``draft_probs`` is one-hot on its token. At T = 0 it is the only choice
-                        (the sampling distribution is one-hot there).
-score        the product of the draft probabilities along a node's path (EAGLE-2), taken from the
-             score distribution (``rank_fn``): tree_decoding passes the raw draft (T = 1), so
-             scores and priorities are in the units of the drafter's calibrated confidence at every
-             temperature, while sampled siblings are drawn from the sampling distribution.
-slot         the promise of a rank-j child of a node before it is drawn, with priority
-             score(parent) * (j-th largest draft probability at the parent). Best-first expansion
-             pops the best slot, draws its token and never removes a node afterwards, so whether a
-             slot exists depends only on draws made before its own. That keeps sampled trees exact;
-             pruning after the draw (EAGLE-2's rerank) would bias which tokens survive. A node's
-             children need its draft distribution: the node waits in the queue with the estimate
-             score(node) * (its parent's top probability) and, when that pops, one draft pass runs
-             every waiting node, so siblings share passes (about one per level). The estimate is
-             exact, and the tree exactly the budget's best nodes by score, when the draft is as
-             confident at every node; otherwise the order is close to best-first.
-estimate     with a ``level`` function (e.g. ``tree_policy.TreeBudget.level``: calibrated per depth,
-             rank 0 and later siblings apart), a slot's chance of standing: its parent's estimate
-             times level(slot probability, depth, rank). It is what a ``keep`` rule is asked with;
-             the order stays by priority (ordering by calibrated estimates measured worse on the
-             held-out prompts: 1.86-1.87 tokens a round at 8 nodes, T = 0, against 2.00).
-spec         budget: the most nodes (the target scores budget + 1 tokens); depth: the deepest
-             level; width: the most children of one node. width = 1 is exactly the chain of
-             ``depth`` drafts (one node per depth).
-draft draws  counter based (sampling.py). In a spec that cannot branch (width 1) the node at depth d
-             uses the chain's draw for output position start + d - 1, so tree and chain decoders
-             draw the same tokens. A branching spec keys every node by (position, round start,
-             ranks along its path): no draw that shaped one round's tree is reused in a later round.
-tree pass    one forward over [root, nodes] on top of the committed cache: position id
-             root_position + depth, and a 4D mask in which each entry sees the committed prefix,
-             its ancestors and itself.
-rearrangement after a round the cache keeps the committed prefix, the root and the accepted path, in
-             that order: exactly what decoding the path as a chain would have left.
+node         a drafted token, numbered in creation order (a parent precedes its children); parent -1: a child of
+             the root, the last committed token. depth: 1 for the root's children. rank: its place among its
+             siblings, 0 tried first.
+entry        a row of the tree pass: entry 0 is the root, entry i + 1 is node i; P_target at entry e judges
+             e's children, which the draft distribution at e proposed.
+siblings     ``sampled``: drawn without replacement from the parent's draft distribution q, rank j from q with
+             ranks < j removed and renormalised (its ``draft_probs``, which verify_tree tests it against: exact).
+             ``fixed``: the parent's j-th most likely tokens, ``draft_probs`` one-hot (the only choice at T = 0).
+score        the product of the draft probabilities along a node's path (EAGLE-2), from ``rank_fn`` (the raw
+             draft at T = 1: the drafter's calibrated confidence at every temperature).
+slot         the promise of a node's rank-j child, with priority score(parent) * (j-th largest draft probability at
+             the parent). Best-first expansion pops the best slot, draws its token and never removes a node, so
+             whether a slot exists depends only on earlier draws: sampled trees stay exact. A node's children
+             wait for one draft pass over every waiting node, with the estimate score(node) * (parent's top p).
+estimate     with a ``level`` function (``tree_budget.TreeBudget.level``), a slot's chance of standing: its
+             parent's estimate times level(slot probability, depth, rank), what ``keep`` is asked with. The order
+             stays by priority (docs/measurements.md).
+spec         budget: the most nodes; depth: the deepest level; width: the most children of one node (1: the chain).
+draft draws  counter based (sampling.py): in a spec that cannot branch, node d uses the chain's draw for position
+             start + d - 1; a branching spec keys every node by (position, round start, ranks along its path).
+tree pass    one forward over [root, nodes] on the committed cache: position ids root_position + depth, a 4D mask
+             in which each entry sees the prefix, its ancestors and itself. After it the cache keeps the prefix,
+             the root and the accepted path, in that order.
 """
 
 from __future__ import annotations
@@ -62,10 +38,8 @@ from torch import Tensor
 
 from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
-__all__ = [
-    "TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-    "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility",
-]
+__all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
+           "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 # expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
@@ -120,8 +94,7 @@ class TreeDraws:
         x = 0
         for part in (position, self.start, *ranks):
             x = splitmix64(x ^ (part & MASK64))
-        x = (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
-        return x
+        return (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
 
     def uniform(self, depth: int, ranks: Sequence[int], device: torch.device) -> Tensor:
         """() float32: ``counter_uniforms`` of the node's key, computed on the host (the same value)."""
@@ -129,10 +102,8 @@ class TreeDraws:
 
 
 def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int) -> list[int]:
-    """(N,) counters of the acceptance draws: output position, plus the rank in high bits.
-
-    Rank 0 is the chain's key. Only the children of one node per depth are ever tested, and a
-    tested position is always emitted, so a key is never reused by a later round."""
+    """(N,) counters of the acceptance draws: output position plus the rank in high bits (rank 0: the chain's key).
+    One node's children per depth are tested and a tested position is emitted, so no later round reuses a key."""
     return [start + d - 1 + (r << 40) for d, r in zip(depths, ranks)]
 
 
@@ -191,24 +162,11 @@ class _Dist:
 
 
 def _top(s: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
-    """(m, V) -> per row the k largest values, descending, and their tokens, in the order of a
-    stable sort (equal values: the lower token first, as argmax picks): one ``topk`` for all rows,
-    one read to the host. It takes k + 1 so that a tie at the k-th place is ordered too."""
+    """(m, V) -> per row the k largest values, descending, and their tokens, ties lower token first (as argmax
+    picks): one ``topk`` of k + 1 (so a tie at the k-th place is ordered too) and one read to the host."""
     vals, ids = s.topk(min(k + 1, s.shape[-1]), dim=-1)  # (m, k+1)
     rows = [sorted(zip(v, i), key=lambda t: (-t[0], t[1]))[:k] for v, i in zip(vals.tolist(), ids.tolist())]
     return [[v for v, _ in r] for r in rows], [[i for _, i in r] for r in rows]
-
-
-def _prepare(q: Tensor, kmax: int, s: Tensor | None = None) -> list[_Dist]:
-    """Rows of draft distributions (m, V), ready for drawing children; ``s`` (default q) scores
-    their slots. A sampled node has no more slots than q has tokens with mass (drawing without
-    replacement would run out)."""
-    score = q if s is None else s
-    vals, ids = _top(score, kmax)
-    if s is None:
-        return [_Dist(q[j], q[j], vals[j], ids[j], []) for j in range(q.shape[0])]
-    mass = (q > 0).sum(dim=-1).tolist()  # (m,) tokens q can still draw
-    return [_Dist(q[j], s[j], vals[j][: mass[j]], ids[j][: mass[j]], []) for j in range(q.shape[0])]
 
 
 def build_tree(
@@ -216,16 +174,10 @@ def build_tree(
     greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
     level: LevelFn | None = None,
 ) -> DraftTree:
-    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate).
-
-    root_logits (V_model,): the draft's logits for depth 1. ``expand(ids, tree)`` runs the draft
-    over nodes ``ids`` of ``tree`` (whose ancestors it has already run) and returns their logits.
-    ``greedy``: the sampling distribution is one-hot (T = 0), so "auto" means fixed siblings,
-    ranked by ``rank_fn`` (default ``probs_fn``), which scores the slots and paths while tokens are
-    drawn from ``probs_fn``. ``keep(priority, nodes so far, depth)``, asked before each draw, ends the
-    tree at the first False: it sees only what is known before the draw, so sampled trees stay exact;
-    with ``level`` it is asked with the slot's estimate instead of its priority.
-    """
+    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate). root_logits (V_model,): the
+    draft's logits for depth 1; ``expand(ids, tree)``: its logits over nodes ``ids`` (their ancestors already run).
+    ``greedy`` (T = 0): "auto" means fixed siblings. ``rank_fn`` (default ``probs_fn``) scores, ``probs_fn`` draws.
+    ``keep(priority (with ``level``: estimate), nodes so far, depth)``, asked before each draw: False ends it."""
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
         return b.tree
@@ -244,9 +196,8 @@ def build_tree(
 
 
 class _Builder:
-    """The state of one best-first expansion (build_tree): the tree so far, each expanded node's
-    prepared distribution, and the heap of promised slots (-priority, order, node, rank, estimate);
-    rank -1 marks a node whose children are promised but not yet computed."""
+    """One best-first expansion (build_tree): the tree so far, each expanded node's prepared distribution, and the
+    heap of slots (-priority, order, node, rank, estimate); rank -1: a node whose children await a draft pass."""
 
     def __init__(self, root_logits: Tensor, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, greedy: bool,
                  rank_fn: ProbsFn | None, level: LevelFn | None) -> None:
@@ -264,11 +215,15 @@ class _Builder:
         self.heap: list[tuple[float, int, int, int, float]] = []
         self.order = 0
 
-    def prepare(self, logits: Tensor) -> list[_Dist]:  # (m, V_model) -> one _Dist per row
-        s = self.score_fn(logits)  # (m, V)
-        if self.fixed or self.score_fn is self.probs_fn:
-            return _prepare(s, self.kmax)
-        return _prepare(self.probs_fn(logits), self.kmax, s)
+    def prepare(self, logits: Tensor) -> list[_Dist]:
+        """(m, V_model) -> one _Dist per row; a sampled node has no more slots than q has tokens with mass."""
+        s, one = self.score_fn(logits), self.fixed or self.score_fn is self.probs_fn  # (m, V); one: s draws too
+        q = s if one else self.probs_fn(logits)  # (m, V)
+        vals, ids = _top(s, self.kmax)
+        if one:
+            return [_Dist(s[j], s[j], vals[j], ids[j], []) for j in range(s.shape[0])]
+        mass = (q > 0).sum(dim=-1).tolist()  # (m,) tokens q can still draw
+        return [_Dist(q[j], s[j], vals[j][: mass[j]], ids[j][: mass[j]], []) for j in range(q.shape[0])]
 
     def push(self, priority: float, node: int, rank: int, estimate: float = 0.0) -> None:
         if priority > 0:
@@ -317,11 +272,9 @@ class _Builder:
         node = tree.size
         s_tok = float(d.s[tok])
         score = (1.0 if parent < 0 else tree.scores[parent]) * s_tok
-        tree.parents.append(parent)
-        tree.depths.append(depth)
-        tree.ranks.append(rank)
-        tree.scores.append(score)
-        tree.priorities.append(priority)
+        for column, value in ((tree.parents, parent), (tree.depths, depth), (tree.ranks, rank), (tree.scores, score),
+                              (tree.priorities, priority)):
+            column.append(value)
         if self.level is not None:
             self.values.append(self.value(parent) * self.level(s_tok, depth, rank))
         self.tokens.append(torch.tensor(tok, device=self.dev))
@@ -329,29 +282,21 @@ class _Builder:
             self.probs.append(q_node)
         if rank + 1 < len(d.top_p):
             self.slot(parent, rank + 1, depth)
-        if tree.depths[node] < self.spec.depth:
-            # its best child's promise, estimated with the parent's confidence (exact when the
-            # draft is as sure at every node); when it pops, one pass runs every waiting node
+        if tree.depths[node] < self.spec.depth:  # its best child's promise, the parent's confidence (module terms: slot)
             self.push(score * d.top_p[0], node, -1)
 
     def finish(self) -> DraftTree:
         tree = self.tree
         if self.tokens:
             tree.tokens = torch.stack(self.tokens)  # (N,)
-            tree.draft_probs = _one_hot(tree.tokens, self.vocab) if self.fixed else torch.stack(self.probs)  # (N, V)
+            tree.draft_probs = (torch.zeros(tree.tokens.shape[0], self.vocab, device=tree.tokens.device)  # (N, V)
+                                .scatter_(-1, tree.tokens[:, None], 1.0) if self.fixed else torch.stack(self.probs))
         return tree
 
 
-def _one_hot(tokens: Tensor, vocab: int) -> Tensor:
-    return torch.zeros(tokens.shape[0], vocab, device=tokens.device).scatter_(-1, tokens[:, None], 1.0)  # (N, V)
-
-
 # ----------------------------------------------------------------------------- tree pass
-
-
 def ancestor_matrix(parents: Sequence[int], device: torch.device | None = None) -> Tensor:
-    """(N+1, N+1) bool over entries: [a, b] is True iff entry b is entry a or one of its ancestors.
-    Entry 0 is the root, an ancestor of every node."""
+    """(N+1, N+1) bool over entries: [a, b] True iff entry b is entry a or one of its ancestors (the root: all)."""
     n = len(parents)
     anc = torch.eye(n + 1, dtype=torch.bool)
     anc[:, 0] = True
@@ -365,9 +310,8 @@ def tree_attention_mask(
     parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int], dtype: torch.dtype,
     device: torch.device,
 ) -> Tensor:
-    """(1, 1, R, prefix_len + C) additive float mask: 0 where an entry may attend, the dtype's
-    minimum elsewhere. Keys are the prefix (visible to all) then entries ``cols`` in cache order;
-    queries are entries ``rows``. Pass it with explicit position ids and the cache."""
+    """(1, 1, R, prefix_len + C) additive mask (``tree_visibility``): keys the prefix (visible to all), then entries
+    ``cols`` in cache order; queries entries ``rows``. Pass it with explicit position ids and the cache."""
     return additive_mask(tree_visibility(parents, prefix_len, rows, cols), dtype).to(device)
 
 
@@ -394,9 +338,8 @@ def tree_position_ids(depths: Sequence[int], root_position: int, entries: Sequen
 
 def draft_pass(tree: DraftTree, ids: list[int], slots: list[int], prefix_len: int, device: torch.device
                ) -> tuple[Tensor | None, Tensor | None]:
-    """A drafter's pass over nodes ``ids`` after the nodes ``slots`` it has in its cache (in cache order), on a
-    prefix of ``prefix_len`` entries: (visibility (m, prefix_len + len(slots) + m) bool, positions (m,) long),
-    or (None, None) where the pass is the chain's next node (an ordinary causal pass)."""
+    """A drafter's pass over nodes ``ids`` after its cached nodes ``slots`` (cache order), on ``prefix_len`` entries:
+    (visibility (m, prefix_len + len(slots) + m) bool, positions (m,)), or (None, None) for the chain's next node."""
     if ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots))):
         return None, None
     rows = [i + 1 for i in ids]

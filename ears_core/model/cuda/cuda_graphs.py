@@ -1,23 +1,14 @@
-"""Captured CUDA graphs: one per pass shape, replayed over a model's one KV store (passes/kv_cache.py).
+"""Captured CUDA graphs: one per pass shape, replayed over a model's one KV store (passes/kv_cache.py: KV store).
 
 Terms
 -----
-graph bank    ``GraphBank``: one captured CUDA graph per key (a pass's width and KV bucket), captured on first
-              use and replayed after. A capture records a function's kernels reading and writing fixed
-              buffers; a replay launches all of them with one call, so a pass costs what its kernels cost,
-              not what launching them from Python costs. Capture runs the function once first on a side
-              stream (the warm-up torch asks for). That warm-up computes exactly what the replay computes
-              (the same inputs, the same cache slots written with the same values), so capturing in the
-              middle of a generation changes nothing. Off CUDA, or switched off, ``run`` just calls.
-KV store      a model's one ``KVStore``, which every captured graph of that model reads and writes, its
-              generations' caches each a ``KVBuffer`` on it; when it grows (doubling C) its banks are cleared
-              and every graph is captured again. A pass, with the copy of its outputs from the graphs'
-              buffers, holds the store's lock (kv_cache.py: threads).
-bucket        the KV slots a pass attends over: the smallest power of two >= 256 that holds the cache
-              after the pass, at most the capacity. A graph is captured per (width, bucket).
+graph bank    ``GraphBank``: one CUDA graph per key (a pass's width and KV bucket), captured on first use and
+              replayed after (one launch for all a pass's kernels). The warm-up run before capture computes
+              exactly what the replay does, so capturing mid-generation changes nothing. Off CUDA ``run`` calls.
+bucket        the KV slots a pass attends over: the smallest power of two >= 256 holding the cache after the pass.
 switch        ``EARS_CUDA_GRAPHS``: 1 (the default) captures on CUDA, 0 keeps every pass eager.
-fallback      a capture that fails (a device or driver that refuses it) turns capture off for that bank: the
-              pass runs eagerly then and after, with the same kernels, and ``failed`` says why.
+fallback      a capture that fails turns capture off for that bank (eager from then on, the same kernels), and
+              ``failed`` says why.
 """
 
 from __future__ import annotations
@@ -56,12 +47,10 @@ class GraphBank:
         self.graphs: dict[Any, tuple[Any, Any]] = {}
         self.pool: Any = None
         self.capture_s = 0.0  # seconds spent capturing, warm-ups included
-        self.replays = 0
         self.failed: str | None = None  # why capture stopped here (module terms: fallback), None while it runs
 
     def run(self, key: Any, fn: Callable[[], Any]) -> Any:
-        """fn's outputs, from the graph captured for ``key`` (captured now if new); fn() reads and writes
-        only buffers that outlive the graph."""
+        """fn's outputs from the graph for ``key`` (captured now if new); fn() touches only buffers that outlive it."""
         if not self.capture:
             return fn()
         hit = self.graphs.get(key)
@@ -76,7 +65,6 @@ class GraphBank:
             finally:
                 self.capture_s += time.perf_counter() - t0
         hit[0].replay()
-        self.replays += 1
         return hit[1]
 
     def _capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:

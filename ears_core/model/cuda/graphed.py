@@ -1,62 +1,39 @@
-"""Models whose decode passes replay captured CUDA graphs: a causal LM (target or draft) and an EAGLE head's body.
+"""Models whose decode passes replay captured CUDA graphs: a causal LM (target or draft), ``GraphedLM``, with
+transformers' calling convention (passes/attention.py), and an EAGLE head's body, ``GraphedHead``.
 
 Terms
 -----
-captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens (a one-token step, a chain's verify
-               pass, a draft step): its inputs are copied into the width's static buffers, the graph for
-               (m, bucket) replays (cuda_graphs.py), and the outputs are copied out of the graph's buffers
-               (a few small copies: the decode loop may keep features across passes).
-eager pass     everything else runs the same static pass (passes/static_decoder.py) without a graph: a prompt, a
-               tree pass (its mask and positions are not a chain's), a width past ``MAX_WIDTH``. The
-               kernels are the same, so the numbers are too.
-GraphedLM      wraps a transformers causal LM with its calling convention (``past_key_values``,
-               ``logits_to_keep``, ``output_hidden_states``, a tree's ``attention_mask`` and
-               ``position_ids``); ``new_cache()`` makes a ``KVBuffer`` on its store. ``model`` is the wrapped LM, whose own
-               forward still runs (eagerly) on the same weights.
-GraphedHead    the same for an EAGLE head's decoder body, with ``HeadLayers``' interface (draft/head_layers.py).
-capture        ``capture_s``: seconds spent capturing so far (the first pass of each width and bucket).
-lazy           a GraphedLM builds its static pass (the fused weights, the KV store) at its first pass: on
-               ZeroGPU the model is wrapped in the app's process, whose "cuda" tensors are stand-ins, and the
-               first pass runs in the worker that holds the GPU, so the fused weights are made there, once.
-inference      every pass runs under ``torch.inference_mode`` whatever the caller's mode: the static buffers
-               it updates in place are inference tensors once made there.
+captured pass  a pass over m <= ``MAX_WIDTH`` consecutive new tokens: its inputs copied into the width's static
+               buffers, the graph for (m, bucket) replayed (cuda_graphs.py), the outputs copied out.
+eager pass     anything else (a prompt, a tree pass) runs the same static pass (passes/static_decoder.py) without a
+               graph: the same kernels, so the same numbers.
+lazy           a GraphedLM builds its static pass at its first pass: on ZeroGPU that runs in the worker that holds
+               the GPU, not in the app's process, whose "cuda" is a stand-in.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.passes.attention import one_sequence, visible_positions
+from ears_core.model.passes.attention import PassOutput, avoid_replanning_attention, one_sequence, visible_positions
 from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
-from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask
+from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask, supports
 
-__all__ = ["GraphedLM", "GraphedHead", "GraphedOutput", "MAX_WIDTH", "CAPACITY"]
+__all__ = ["GraphedLM", "GraphedHead", "MAX_WIDTH", "CAPACITY"]
 
 MAX_WIDTH = 16  # the widest pass captured: a verify pass over K + 1 <= 16 tokens
 CAPACITY = 1024  # positions a model's KV store starts with (it doubles past them)
-
-
-@dataclass
-class GraphedOutput:
-    """What a pass returns, by transformers' names: logits (1, kept, V); hidden_states or None."""
-
-    logits: Tensor
-    hidden_states: tuple[Tensor, ...] | None
-    past_key_values: KVBuffer
 
 
 class _Runner:
     """A static decoder, its KV state, its graphs and the per-width buffers they read (module terms)."""
 
     def __init__(self, static: StaticDecoder, capture: bool, lm: bool) -> None:
-        from ears_core.model.passes.attention import avoid_replanning_attention
-
         avoid_replanning_attention(static.device)  # before any capture: no cuDNN attention plans inside a graph
         self.static = static
         self.bank = GraphBank(static.device, capture)
@@ -65,15 +42,6 @@ class _Runner:
         self.lm = lm  # a causal LM's pass: token ids in, (states, logits) out, hidden states kept; else a head's
         self.arange = torch.arange(max(MAX_WIDTH, 1), device=static.device)  # (W,)
         self.io: dict[int, dict[str, Tensor]] = {}
-
-    def _buffers(self, m: int, x: Tensor) -> dict[str, Tensor]:
-        io = self.io.get(m)
-        if io is None:
-            s = self.static
-            io = self.io[m] = {"x": torch.empty_like(x), "pos": torch.empty(m, dtype=torch.long, device=s.device)}
-            if self.lm:
-                io["hidden"] = self._hidden(m)
-        return io
 
     def _hidden(self, m: int) -> Tensor:
         """A buffer for the (L + 1, m, d) hidden states of a pass over m rows."""
@@ -92,9 +60,8 @@ class _Runner:
     def run(self, cache: KVBuffer, x: Tensor, positions: Tensor | None = None,
             seen: Tensor | None = None, keep: int = 0, want_hidden: bool = True) -> tuple[Any, Tensor | None]:
         """One pass over the m rows ``x`` at the cache's end -> (body outputs, hidden (L + 1, m, d) or None).
-        positions (m,) and seen (m, length + m) bool: a tree pass; None: consecutive and causal. An eager pass
-        (a prompt) computes logits for its last ``keep`` rows only (0: all) and hidden states only when
-        ``want_hidden``: a 4,000-token prompt on a 152k vocabulary would otherwise hold gigabytes of logits."""
+        positions (m,) and seen (m, length + m) bool: a tree pass; None: causal. An eager pass (a prompt) keeps the
+        logits of its last ``keep`` rows (0: all) and hidden states if ``want_hidden`` (a long prompt's are big)."""
         m, n = int(x.shape[0]), cache.length
         s = self.static
         if n + m > s.max_positions:
@@ -104,7 +71,11 @@ class _Runner:
         c = bucket(n + m, self.kv.capacity)
         kv = buf[:, :, :, :c]  # (L, 2, Hkv, c, D)
         if positions is None and seen is None and m <= MAX_WIDTH:
-            io = self._buffers(m, x)
+            io = self.io.get(m)
+            if io is None:  # the width's static buffers
+                io = self.io[m] = {"x": torch.empty_like(x), "pos": torch.empty(m, dtype=torch.long, device=s.device)}
+                if self.lm:
+                    io["hidden"] = self._hidden(m)
             io["x"].copy_(x)
             torch.add(self.arange[:m], n, out=io["pos"])
 
@@ -175,7 +146,7 @@ class GraphedLM(nn.Module):
         return next(self.model.parameters()).dtype
 
     @property
-    def capture_s(self) -> float:
+    def capture_s(self) -> float:  # seconds spent capturing so far
         return self._runner.bank.capture_s if self._runner is not None else 0.0
 
     def warm(self, widths: Any) -> None:
@@ -191,10 +162,10 @@ class GraphedLM(nn.Module):
     def new_cache(self) -> KVBuffer:
         return KVBuffer(self.runner.kv)
 
-    @torch.inference_mode()  # the static buffers are updated in place: inference tensors (module terms)
+    @torch.inference_mode()  # the static buffers it updates in place are inference tensors once made there
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
-                output_hidden_states: bool = False, **unused: Any) -> GraphedOutput:
+                output_hidden_states: bool = False, **unused: Any) -> PassOutput:
         one_sequence(input_ids, "a graphed model")
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, KVBuffer) or cache.kv is not self.runner.kv:
@@ -205,10 +176,9 @@ class GraphedLM(nn.Module):
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
                                                        output_hidden_states)
             keep = logits[-logits_to_keep:] if logits_to_keep else logits  # (kept, V)
-            states_out = None
-            if output_hidden_states:
-                states_out = tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
-            return GraphedOutput(keep[None].clone(), states_out, cache)
+            states_out = (tuple(h[None].clone() for h in hidden[:-1]) + (states[None].clone(),)  # each (1, m, d)
+                          if output_hidden_states else None)
+            return PassOutput(keep[None].clone(), states_out, cache)
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, max_new_tokens: int = 20, **kwargs: Any) -> Tensor:
@@ -249,8 +219,6 @@ class GraphedHead:
 def graphed_or_eager(model: nn.Module) -> nn.Module:
     """``model`` as a GraphedLM where passes on its device are captured (``EARS_CUDA_GRAPHS``) and the static
     pass can run it; else ``model`` itself, with ``ears_eager_reason`` saying why where capture was wanted."""
-    from ears_core.model.passes.static_decoder import supports
-
     dev = next(model.parameters()).device
     if not graphs_wanted(dev):
         return model

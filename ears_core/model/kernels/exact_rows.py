@@ -2,31 +2,13 @@
 
 Terms
 -----
-row invariance  a target pass over m new tokens gives each of them, bit for bit, the logits that m
-                one-token passes give. Greedy speculative output equals target-only greedy output only
-                if it holds: the verify pass scores drafts with m = k + 1 rows, target-only decoding
-                with one.
-where it breaks PyTorch's CPU attention (the SDPA flash kernel, and eager attention alike) sums a
-                row's softmax and its weighted values in an order that depends on the number of query
-                rows and on the key length. In float32 the differences (~1e-6) rarely turn an argmax;
-                in bfloat16 an attention output moves by one bfloat16 step (~4e-3 relative), the error
-                grows through the layers and greedy output parts at near-ties (2 of 16 held-out
-                prompts kept target-only's greedy text: docs/benchmarks.md). The linear layers (packed
-                oneDNN kernels, and the planned output head) are row-invariant up to a width (the
-                row cap below).
-exact attention the bfloat16 q, k, v are widened to float64 for the attention alone (one fused
-                scaled-dot-product pass). A product of two bfloat16 numbers is exact in float64 and a sum
-                of a few thousand keeps ~1e-16 relative error, so the output rounded back to bfloat16 no
-                longer depends on the summation order. Speculative and target-only decoding both run it.
-cost            float64 work over the key length: about 3 % of a decode step on a 128-token cache and
-                9 % on a 400-token one (Intel Xeon with AMX; docs/measurements.md).
-rows_agree      after a short prompt, one pass over w tokens against w one-token passes: True only if
-                every logit is equal.
-row cap         oneDNN changes its blocking for many rows (on the Xeon with AMX: passes of 1 to 32 rows
-                agree bit for bit, 40 rows do not). So a packed layer (packed_linear.py) with a cap of
-                c rows multiplies a longer input c rows at a time, with the kernel it uses for a few
-                rows: a prompt's prefill then rounds each row as a one-token pass would. ``make_rows_exact``
-                keeps the widest cap of ``CAPS`` under which passes of ``CHECKED_WIDTHS`` rows agree.
+row invariance  a pass over m new tokens gives each, bit for bit, the logits of m one-token passes (else greedy
+                speculative output parts from target-only output): PyTorch's CPU attention does not in bfloat16.
+exact attention q, k, v widened to float64 for the attention alone (one fused SDPA call): bfloat16 products are
+                exact there, so the output rounded back does not depend on the summation order.
+row cap         oneDNN blocks many rows differently, so a packed layer (packed_linear.py) with a cap of c rows
+                runs longer inputs c rows at a time: ``make_rows_exact`` keeps the widest cap of ``CAPS`` under
+                which passes of ``CHECKED_WIDTHS`` rows agree (``rows_agree``).
 """
 
 from __future__ import annotations
@@ -37,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CAPS", "CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree",
-           "use_exact_attention"]
+__all__ = ["CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree"]
 
 EXACT_ATTENTION = "ears_float64"  # the name under which transformers' AttentionInterface knows it
 CAPS = (32, 16, 8)  # row caps tried, widest first (module terms)
@@ -48,9 +29,8 @@ CHECKED_WIDTHS = (2, 9, 17, 40)  # pass widths checked: a chain's and a tree's v
 def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value: Tensor,
                     attention_mask: Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: object) -> tuple[Tensor, None]:
-    """transformers' attention-function signature: query (B, H, m, D), key and value (B, Hkv, n, D)
-    with H a multiple of Hkv (grouped queries), attention_mask (B, 1, m, >= n) additive or None
-    -> output (B, m, H, D) in the query's dtype, no attention weights."""
+    """transformers' attention function: query (B, H, m, D), key and value (B, Hkv, n, D), attention_mask
+    (B, 1, m, >= n) additive or None -> output (B, m, H, D) in the query's dtype, no attention weights."""
     h, d = query.shape[1], query.shape[-1]
     kv_heads, n = key.shape[1], key.shape[-2]
     mask = None
@@ -64,18 +44,14 @@ def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value:
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register() -> None:
+def use_exact_attention(model: nn.Module) -> bool:
+    """Switch a transformers model to exact attention; False (and the model unchanged) when the model
+    does not dispatch its attention through transformers' AttentionInterface."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(EXACT_ATTENTION, exact_attention)
     AttentionMaskInterface.register(EXACT_ATTENTION, eager_mask)  # an additive mask, never skipped
-
-
-def use_exact_attention(model: nn.Module) -> bool:
-    """Switch a transformers model to exact attention; False (and the model unchanged) when the model
-    does not dispatch its attention through transformers' AttentionInterface."""
-    _register()
     setter = getattr(model, "set_attn_implementation", None)
     can_set = getattr(model, "_can_set_attn_implementation", None)
     if setter is None or (can_set is not None and not can_set()):
@@ -86,8 +62,7 @@ def use_exact_attention(model: nn.Module) -> bool:
 
 @torch.no_grad()
 def rows_agree(model: nn.Module, widths: tuple[int, ...] = (9,), prompt_len: int = 24, seed: int = 0) -> bool:
-    """Whether, after a ``prompt_len``-token prompt of random ids, a pass over w new tokens gives bit for
-    bit the logits of w one-token passes, for every w in ``widths`` (see the module's terms)."""
+    """Row invariance (module terms) after a ``prompt_len``-token random prompt, for every pass width in ``widths``."""
     from ears_core.model.passes.kv_cache import new_cache
 
     gen = torch.Generator().manual_seed(seed)

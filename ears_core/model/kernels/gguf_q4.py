@@ -2,22 +2,15 @@
 
 Terms
 -----
-Q4_1 block    how the GGUF stores 32 consecutive weights of a row: a float16 scale ``d``, a float16 minimum
-              ``m`` and 32 four-bit codes ``c`` in 0..15 (16 bytes: byte j holds code j in its low nibble
-              and code j + 16 in its high one), 20 bytes in all. A weight is ``d * c + m``.
-int4 group    what ``torch.ops.aten._weight_int4pack_mm_for_cpu`` multiplies with: codes in 0..15 per group of
-              ``GROUP`` = 32 weights along the input axis, a scale ``s`` and a zero ``z`` per group, a weight
-              being ``(c - 8) * s + z``. A Q4_1 block is exactly such a group with ``s = d`` and ``z = m + 8 d``:
-              the codes are the GGUF's own, nothing is re-quantised.
-scales        the kernel is fast with bfloat16 activations, scales and zeros only (float32 ones take a
-              reference path ~25x slower), so ``s`` and ``z`` are rounded to bfloat16: a layer's output moves
+Q4_1 block    32 weights of a row: a float16 scale ``d`` and minimum ``m``, 32 codes ``c`` in 0..15 (byte j: code
+              j in its low nibble, j + 16 in its high one), 20 bytes; a weight is ``d * c + m``. ``attn_q`` and
+              ``attn_k`` rows follow llama.cpp's rotary order, un-permuted as transformers' GGUF loader does.
+int4 group    what ``_weight_int4pack_mm_for_cpu`` multiplies with: per ``GROUP`` of 32 inputs, codes in 0..15, a
+              scale ``s`` and a zero ``z``, a weight ``(c - 8) * s + z``: a Q4_1 block with ``s = d``,
+              ``z = m + 8 d`` (the GGUF's own codes). A row's result does not depend on how many rows come with it.
+scales        ``s`` and ``z`` rounded to bfloat16 (float32 ones take a path ~25x slower): a layer's output moves
               by about 4e-3 relative against the float32 dequantised weights (docs/benchmarks.md).
-rows          the kernel's result for one row does not depend on how many rows come with it (checked at
-              widths 1..17), which keeps greedy speculative output equal to target-only output.
-permutation   llama.cpp stores ``attn_q`` and ``attn_k`` rows in its own rotary order; transformers' GGUF
-              loader un-permutes the float weights, and the blocks here follow the same row permutation, so
-              the 4-bit layer's output equals the float model's up to the scales' rounding.
-Q8_0 block    32 int8 codes and a float16 scale (34 bytes): the token embedding, dequantised to bfloat16 here.
+Q8_0 block    32 int8 codes and a float16 scale (34 bytes): the token embedding, dequantised to bfloat16.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
-"""Float linear layers re-quantised to Q4_1-style blocks and run on the CPU int4 kernel (gguf_q4.py).
+"""Float linear layers re-quantised to Q4_1-style blocks and run on the CPU int4 kernel (terms: gguf_q4.py).
 
 Terms
 -----
-blocks        ``q4_1_blocks(w)``: per block of 32 consecutive inputs of a row, the minimum ``m`` and the step
-              ``d = (max - min) / 15`` (both rounded to float16, as a GGUF stores them) and codes
-              ``round((w - m) / d)`` clamped to 0..15, so a weight reads back as ``d * c + m``. The lean target
-              reads such blocks from the GGUF; a float model (a test's, or the draft head) makes them here.
-Int4Linear    an ``nn.Module`` with ``nn.Linear``'s calling convention over such blocks: bfloat16 in, bfloat16
-              out, the bias (if any) added in bfloat16. A quarter of the bytes of a bfloat16 weight (plus a
-              scale and zero per 32), which is what a one-row pass on a CPU pays for.
-round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks, ``(c - 8) s + z`` with
-              ``s = d`` and ``z = m + 8 d`` rounded to bfloat16 (gguf_q4.py, "scales"). Training a head through it
-              (a straight-through estimator: the forward sees the round trip, the gradient passes to ``w``
-              as if it were the identity) fits the head to its int4 variant (scripts/train_draft.py --qat).
+blocks        ``q4_1_blocks(w)``: per 32 inputs of a row, the minimum ``m`` and the step ``d = (max - min) / 15``
+              (rounded to float16, as a GGUF stores them) and codes ``round((w - m) / d)`` clamped to 0..15.
+round trip    ``round_trip(w)``: the float weight the kernel computes with for ``w``'s blocks (a head trained
+              through it fits its int4 variant: scripts/train_draft.py --qat).
 side by side  ``side_by_side(parts)``: bias-free ``Int4Linear``s over the same inputs, each with a multiple of 64
-              outputs, as one whose outputs are theirs in order: one kernel call instead of several, the same
-              bits (the kernel packs 64 outputs a block and computes each column alone).
-quantize      ``quantize_linears(module)`` swaps every ``nn.Linear`` under ``module`` (whose shape the kernel
-              takes: inputs a multiple of 32, outputs of 16) for an ``Int4Linear`` of its weight. Used for the
-              EAGLE head's int4 variant (draft/head_kernels.py): draft side only, so the drafts' distribution q
-              changes a little and every rule stays exactly as lossless (or as distorted) as before.
+              outputs, as one (their outputs in order): one kernel call, the same bits (64 outputs a packed block).
+quantize      ``quantize_linears(module)``: every ``nn.Linear`` the kernel takes (inputs a multiple of 32, outputs
+              of 16) becomes an ``Int4Linear`` (bfloat16 in and out): the draft head's int4 variant.
 """
 
 from __future__ import annotations
@@ -33,8 +23,7 @@ __all__ = ["Int4Linear", "q4_1_blocks", "quantize_linears", "round_trip", "side_
 
 
 def q4_1_blocks(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """A float weight (N, K) -> codes (N, K) uint8, d and m (N, K / 32) float32 holding float16 values
-    (module terms: blocks)."""
+    """A float weight (N, K) -> codes (N, K) uint8, d and m (N, K / 32) float32 (module terms: blocks)."""
     n, k = w.shape
     if k % GROUP:
         raise ValueError(f"Q4_1 blocks need inputs in multiples of {GROUP}, not {k}")
@@ -70,8 +59,7 @@ class Int4Linear(nn.Module):
                              f"{layer.in_features} -> {layer.out_features}")
         self.in_features, self.out_features = layer.in_features, layer.out_features
         self.weight4: Int4Weight = pack_q4_1(*q4_1_blocks(layer.weight))
-        bias = layer.bias
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(torch.bfloat16), requires_grad=False)
+        self.bias = None if layer.bias is None else nn.Parameter(layer.bias.detach().to(torch.bfloat16), requires_grad=False)
 
     def forward(self, x: Tensor) -> Tensor:  # (..., K) -> (..., N) bfloat16
         y = int4_linear(x.to(torch.bfloat16), self.weight4)

@@ -2,27 +2,13 @@
 
 Terms
 -----
-output projection  logits = h W^T with W (V, d) the output embedding (often tied to the input one).
-                   In a small LM it is the largest single matrix (SmolLM2-135M: 49,152 x 576, 113 MB
-                   in float32, a fifth of the weights) and it is read once per forward.
-rows               r = the hidden states projected in one call: batch x positions kept
-                   (``logits_to_keep``): 1 for a plain decode step, k + 1 for a verify pass of k drafts.
-layout             three ways to compute the same product, which CPU BLAS runs at very different speeds
-                   for small r, in an order that changes with r and the machine:
-                     linear  F.linear(h, W)   (what nn.Linear does; for small r MKL reads W once per row)
-                     wx      (W @ h^T)^T      (W as the left operand)
-                     xw      h @ W^T, W^T kept contiguous (a copy)
-                   The times per layout and r on the embedded target: docs/measurements.md.
-plan               the layout per r = 1 .. max_rows, the fastest median of a few interleaved timed
-                   calls on this machine, cached per (shape, dtype, threads, CPU) under
-                   $EARS_CACHE/kernels (measuring/measured.py); more rows than max_rows use ``linear``.
-exactness          every layout computes the same dot products in float arithmetic, summed in another
-                   order: logits agree to float rounding (~1e-6 relative), as they already differ
-                   between r = 1 and r = 5 with ``linear`` alone. Speculative and target-only decoding
-                   run the same planned head, so the comparison between them stays fair.
-scope              CPU, floating dtypes, and W large enough to matter (V x d >= MIN_ELEMENTS); on a
-                   GPU, and for the tiny models of the tests, the model is left as it is. Inference
-                   only: the W^T copy is not updated if W is trained afterwards.
+rows        r = the hidden states projected in one call: 1 for a decode step, k + 1 for a verify pass.
+layout      ``linear`` F.linear(h, W), ``wx`` (W @ h^T)^T or ``xw`` h @ W^T with W^T kept contiguous: for small r
+            their speed changes with r and the machine (docs/measurements.md). The plan: the fastest per r up
+            to max_rows (more: ``linear``), timed interleaved and cached (measuring/measured.py).
+exactness   the same dot products summed in another order: logits agree to float rounding; speculative and
+            target-only decoding run the same kernels.
+scope       CPU, floating dtypes, V x d >= ``MIN_ELEMENTS``; inference only (W^T is not updated).
 """
 
 from __future__ import annotations
@@ -116,15 +102,12 @@ def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
 
 def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
                          refresh: bool = False) -> HeadPlan | None:
-    """Give ``model`` a planned output projection (module terms: scope); the plan (cached, or measured in about
-    a second and cached), or None if left as is."""
+    """Give ``model`` a planned output projection (module terms: scope); the plan (cached or measured), or None."""
     head = model.get_output_embeddings()
     if isinstance(head, PlannedLinear):
         return head.plan
-    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
-        return None
-    w = head.weight
-    if w.device.type != "cpu" or not w.dtype.is_floating_point or w.numel() < MIN_ELEMENTS:
+    w = head.weight if type(head) is torch.nn.Linear else None  # a plain linear layer only
+    if w is None or w.device.type != "cpu" or not w.dtype.is_floating_point or w.numel() < MIN_ELEMENTS:
         return None
     key = f"{w.shape[0]}x{w.shape[1]}|{machine_tag(w.dtype)}"
     plan = HeadPlan.cached(key, cache_dir, refresh,  # an old file: measured again

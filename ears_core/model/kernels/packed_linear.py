@@ -1,33 +1,16 @@
-"""Prepacked (oneDNN) linear layers for CPU inference, chosen by measuring the whole model.
+"""Prepacked (oneDNN) linear layers for CPU inference, chosen by measuring the whole model (terms: rows and
+exactness, output_head.py).
 
 Terms
 -----
-rows          r = the vectors one linear layer multiplies in a call: batch x new positions. A plain
-              decode step has r = 1; a verify pass over k drafts has r = k + 1.
-as loaded     the model's own ``nn.Linear`` (MKL through ``F.linear``), plus the planned output head
-              of ``output_head.py``. For a handful of rows MKL reads each weight matrix once per row, so a
-              pass over a few tokens can cost well over one decode step (docs/measurements.md).
-packed        the same weights reordered once into oneDNN's blocked layout
-              (``torch.ops.mkldnn._reorder_linear_weight``) and multiplied with
-              ``torch.ops.mkldnn._linear_pointwise``: the cost is nearly flat in r for r <= 8 where oneDNN
-              does well (the figures: docs/measurements.md).
-kernel choice packed or as loaded, for a whole model: when a CPU pair loads, target passes over
-              m in ``MEASURED_M`` new tokens are timed in both modes, interleaved, and packed is kept only
-              if it is at least ``MIN_GAIN`` cheaper summed over m; cached per model shape and machine
-              (measuring/measured.py), so a machine measures once.
-exactness     the same dot products summed in another order: logits agree to float rounding, as they
-              already differ between r = 1 and r = 5 with MKL alone; speculative and target-only
-              decoding run the same kernels.
-scope         CPU, float32 or bfloat16 weights, models with at least ``MIN_ELEMENTS`` linear
-              weights (the tiny test models are left as they are), inference only: a call that
-              needs gradients, or an input on another device or dtype, runs the original layer. A
-              weight changed in place after packing is packed again at its next call.
-row cap       ``max_rows`` (None by default): a call with more rows runs them that many at a time, each chunk
-              through the kernel a few rows get, so a row's result does not depend on how many rows
-              came with it (oneDNN blocks many rows differently). Set on a bfloat16 target by
-              ``exact_rows.make_rows_exact``.
-memory        the packed copy sits beside the original weights (which stay for tying, state dicts
-              and gradients): +1x the linear weights (SmolLM2-135M: +0.5 GB).
+packed        the weights reordered once into oneDNN's blocked layout, beside the originals (kept for tying):
+              nearly flat in r for r <= 8, where MKL's ``F.linear`` reads each weight once per row.
+kernel choice packed or as loaded (with the planned head: output_head.py), for a whole model: passes over m in
+              ``MEASURED_M`` tokens timed in both modes, interleaved; packed kept only if ``MIN_GAIN`` cheaper.
+scope         CPU, float32 or bfloat16, at least ``MIN_ELEMENTS`` linear weights; a call that needs gradients,
+              or an input on another device or dtype, runs the original layer; a weight changed in place is
+              packed again at its next call.
+row cap       ``max_rows`` (None by default): more rows run that many at a time (exact_rows.py: row cap).
 """
 
 from __future__ import annotations
@@ -43,8 +26,8 @@ from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved
 from ears_core.model.kernels.output_head import PlannedLinear
 from ears_core.model.measuring.pass_times import measure_pass_ms
 
-__all__ = ["KernelChoice", "PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like",
-           "pack_linears", "set_packed", "unpack_linears"]
+__all__ = ["PackedLinear", "available", "choose_kernels", "is_packed", "pack_layer", "pack_like", "pack_linears",
+           "set_packed"]
 
 MIN_ELEMENTS = 1 << 24  # linear weights below this (16M, 64 MB in float32) are not worth a measurement
 MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be kept
@@ -58,9 +41,8 @@ def available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """Runs a linear layer with a oneDNN-packed copy of its weight while ``active`` (module terms: packed,
-    scope). ``weight``/``bias`` are the original Parameters (tied embeddings stay tied); the layer it
-    replaced is kept outside the module tree and runs where the packed path does not apply."""
+    """A linear layer run with a oneDNN-packed copy of its weight while ``active`` (module terms: packed, scope).
+    ``weight``/``bias`` are the original Parameters; the replaced layer, kept outside the tree, runs otherwise."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
@@ -99,20 +81,14 @@ class PackedLinear(nn.Module):
 
 def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     """(parent, attribute, layer) for every plain linear layer: ``nn.Linear`` or the planned head."""
-    found = []
-    for parent in model.modules():
-        for name, child in parent.named_children():
-            if type(child) is nn.Linear or type(child) is PlannedLinear:
-                found.append((parent, name, child))
-    return found
+    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+            if type(child) is nn.Linear or type(child) is PlannedLinear]
 
 
 def pack_layer(layer: nn.Module) -> nn.Module:
     """``PackedLinear(layer)`` for a CPU float32 / bfloat16 linear layer when oneDNN is here, else ``layer``."""
     w = layer.weight
-    if available() and w.device.type == "cpu" and w.dtype in _DTYPES:
-        return PackedLinear(layer)
-    return layer
+    return PackedLinear(layer) if available() and w.device.type == "cpu" and w.dtype in _DTYPES else layer
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -129,14 +105,11 @@ def pack_linears(model: nn.Module) -> int:
 
 
 def set_packed(model: nn.Module, active: bool) -> None:
-    """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode for the price
-    profile's key (policy/costs.py: profile_key)."""
-    n = 0
-    for m in model.modules():
-        if isinstance(m, PackedLinear):
-            m.active = active
-            n += 1
-    model.ears_kernels = "packed" if active and n else ""
+    """Switch ``model``'s packed layers on or off; ``model.ears_kernels`` names the mode (policy/costs.py)."""
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    for m in packed:
+        m.active = active
+    model.ears_kernels = "packed" if active and packed else ""
 
 
 def is_packed(model: nn.Module) -> bool:
@@ -162,8 +135,7 @@ def _key(model: nn.Module) -> str:
 
 @torch.inference_mode()
 def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
-    """The fastest target pass over m in ``MEASURED_M`` new tokens, packed and as loaded, ms, the modes
-    taking turns round by round (measuring/measured.py: interleaved)."""
+    """Per mode (packed, as loaded), the fastest pass over m in ``MEASURED_M`` tokens in ms, the modes interleaved."""
     def curve(mode: str) -> list[float]:  # V(1) .. V(max m)
         set_packed(model, mode == "packed")
         return measure_pass_ms(model, max_m=max(MEASURED_M), cache_len=cache_len, repeats=2)
@@ -201,16 +173,13 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
     return choice
 
 
-def unpack_linears(model: nn.Module) -> int:
-    """Put back the layers ``pack_linears`` replaced; how many."""
-    n = 0
+def unpack_linears(model: nn.Module) -> None:
+    """Put back the layers ``pack_linears`` replaced."""
     for parent in model.modules():
         for name, child in list(parent.named_children()):
             if isinstance(child, PackedLinear):
                 setattr(parent, name, child._inner[0])
-                n += 1
     model.ears_kernels = ""
-    return n
 
 
 def pack_like(target: nn.Module, other: Any) -> int:

@@ -2,22 +2,12 @@
 
 Terms
 -----
-pool        torch's CPU kernels run on OpenMP (libgomp in the CPU wheel). The first parallel region a
-            thread runs gives that thread a pool of worker threads, kept until the thread exits.
-throttled   while a process holds more OpenMP threads than it has cores (two pools on 2 cores:
-            2 masters and 2 workers), libgomp's idle workers stop spinning almost at once and sleep,
-            so every later parallel region waits for a wake-up. Decoding in other threads after loading
-            in the main one was measured well below decoding in one thread, and a load in a thread that
-            exits gave the one-thread speed back (docs/measurements.md, docs/history.md).
-passing     ``in_passing_thread(fn)`` runs fn in a new thread that ends when fn returns, so its pool
-            goes with it: ``load_pair`` and ``Session.warm_up`` run their timing passes that way, and
-            a caller may decode in its own thread or in ``runs.Background`` threads at full speed.
-            The caller's torch thread count is carried over (a new thread would start from the default).
-at exit     a daemon thread still inside a torch kernel when the interpreter finalises is killed as it
-            takes the GIL back, and that kills the whole process ("terminate called without an active
-            exception", exit code 134), after the program's own work has ended. ``join_at_exit(thread,
-            stop)`` registers such a thread: at exit ``stop()`` is called and the thread is joined
-            (``EXIT_JOIN_S`` for all of them together), so the process ends with its own exit code.
+pool        the first parallel region a thread runs gives it a pool of OpenMP workers until it exits; while a
+            process holds more OpenMP threads than cores, every region waits for a wake-up (docs/measurements.md).
+passing     ``in_passing_thread(fn)`` runs fn in a new thread, with the caller's torch thread count, that ends
+            (and its pool with it) when fn returns.
+at exit     a daemon thread inside a torch kernel when the interpreter finalises kills the process (exit code 134):
+            ``join_at_exit(thread, stop)`` has ``stop()`` called and the thread joined at exit (``EXIT_JOIN_S``).
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ _LIVE_LOCK = threading.Lock()
 
 
 def join_at_exit(thread: threading.Thread, stop: Callable[[], Any] | None = None) -> threading.Thread:
-    """Register a (daemon) thread that runs torch work, to be stopped with ``stop()`` and joined at
-    interpreter exit (module terms); returns the thread."""
+    """Register a daemon thread running torch work to be stopped and joined at exit (module terms); the thread."""
     with _LIVE_LOCK:
         _LIVE[thread] = stop
     return thread
@@ -62,8 +51,7 @@ def _join_live_threads(timeout: float | None = None) -> int:
 
 
 def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """fn(*args, **kwargs) in a thread that exits when it returns (module terms); its result, or its
-    exception re-raised here."""
+    """fn(*args, **kwargs) in a passing thread (module terms); its result, or its exception re-raised here."""
     threads = torch.get_num_threads()
     box: dict[str, Any] = {}
 

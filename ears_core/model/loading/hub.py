@@ -1,16 +1,13 @@
 """Load a model or tokenizer from a Hugging Face hub id or a local folder, offline by default, with
-errors that name the fix; encode a prompt; describe where a model runs.
+errors that name the fix; encode a prompt; describe where a model runs. (pair.py assembles drafters.)
 
 Terms
 -----
-source      what a loader reads: a local folder in Hugging Face format (config.json, weights,
-            tokenizer files) or a hub id (``"Qwen/Qwen2.5-0.5B-Instruct"``); ``local`` says which.
-offline     nothing is downloaded unless ``allow_download=True`` is passed and ``HF_HUB_OFFLINE``
-            is unset; a model missing from the local cache is a ``ModelLoadError`` naming the
-            fix, never a hang.
+source      a local folder in Hugging Face format (config.json, weights, tokenizer files) or a hub id
+            (``"Qwen/Qwen2.5-0.5B-Instruct"``); ``local`` says which.
+offline     nothing is downloaded unless ``allow_download=True`` and ``HF_HUB_OFFLINE`` is unset; a model
+            missing from the local cache is a ``ModelLoadError`` naming the fix, never a hang.
 vocab_size  ``len(tokenizer)``: the token ids both models of a pair score (``check_tokenizers``).
-
-This module knows no drafter and no embedded target: pair.py assembles those.
 """
 from __future__ import annotations
 
@@ -46,18 +43,13 @@ def describe_device(model: torch.nn.Module) -> str:
         dtype += f", eager: {failed}" if failed else ", captured CUDA graphs"
     elif getattr(model, "ears_eager_reason", None):
         dtype += f", eager: {model.ears_eager_reason}"
-    if dev.type == "cuda":
-        return f"{dev} {torch.cuda.get_device_name(dev)} ({dtype})"
-    return f"{dev} ({dtype})"
+    name = f" {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""
+    return f"{dev}{name} ({dtype})"
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether exc is running out of GPU or host memory (torch raises several kinds)."""
     return isinstance(exc, (MemoryError, torch.OutOfMemoryError)) or "out of memory" in str(exc).lower()
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def folder_or_hub_id(spec: str, role: str) -> tuple[str, bool]:
@@ -74,7 +66,7 @@ def folder_or_hub_id(spec: str, role: str) -> tuple[str, bool]:
 def _call(what: str, loader: Callable[..., Any], spec: str, source: str, local: bool,
           allow_download: bool, **kwargs: Any) -> Any:
     """loader(source, **kwargs), never downloading unless allowed; errors name the fix."""
-    offline = _offline()
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
     if not local:
         kwargs["local_files_only"] = offline or not allow_download
     try:
@@ -136,8 +128,7 @@ def check_tokenizers(target_tok: Any, draft_tok: Any) -> int:
 
 
 def native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; else oneDNN emulates it, slower
-    than float32)."""
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX; else emulated, slower than float32)."""
     cpu = getattr(torch, "cpu", None)
     checks = [getattr(cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     return any(bool(check()) for check in checks if check is not None)
@@ -145,14 +136,8 @@ def native_bf16() -> bool:
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
     """The dtype a model loads in. None: ``$EARS_DTYPE`` if set, else bfloat16 on CUDA and on a CPU that
-    multiplies bfloat16 natively (AVX512-BF16 or AMX), float32 on other CPUs.
-
-    On such a CPU a bfloat16 target takes a decode step in less time than float32 and a verify pass over
-    up to 9 tokens in about 1.1 steps (float32: 1.6-1.8). ``load_pair`` runs a bfloat16 CPU target with
-    exact attention and a row cap on its packed layers (model/kernels/exact_rows.py), so a pass over m tokens
-    gives bit for bit the logits of m one-token passes and greedy speculative output equals target-only
-    greedy output; where a CPU fails that check the default falls back to float32 (docs/benchmarks.md
-    has both dtypes' figures)."""
+    multiplies bfloat16 natively (``native_bf16``), float32 on other CPUs. ``load_pair`` runs a bfloat16 CPU
+    target with exact rows (model/kernels/exact_rows.py), falling back to float32 where a CPU fails them."""
     if dtype is None:
         dtype = os.environ.get("EARS_DTYPE", "").strip() or None
     if dtype is None:

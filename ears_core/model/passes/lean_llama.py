@@ -1,57 +1,28 @@
-"""The lean target: a Llama decoder run by hand from 4-bit weights, with transformers' calling convention.
+"""The lean target: a Llama decoder run by hand from 4-bit weights, with transformers' calling convention
+(passes/attention.py; batch 1, CPU only).
 
 Terms
 -----
-lean step     one target pass with none of the general model's per-call machinery, run by the project's one
-              layer loop (decoder.py) with the ``int4`` linear kind and the ``Exact`` attention policy:
-              every layer's seven linear layers run from Q4_1 blocks on the CPU int4 kernel (kernels/gguf_q4.py),
-              q/k/v fused into one matrix and gate/up into another, bfloat16 activations, ``F.rms_norm``,
-              the rotation as one roll, a multiply and an ``addcmul`` over q, k and v, one
-              scaled-dot-product call over a preallocated ``KVBuffer`` (kv_cache.py), and the output head in bfloat16
-              through a oneDNN-packed weight.
-numerics      the lean target is *the* target wherever it runs (target-only and speculative decoding both
-              call it): the GGUF's own weights (scales rounded to bfloat16) in bfloat16; the float32
-              reference (``EARS_LEAN=0``) computes the same blocks dequantised (docs/benchmarks.md).
-exact rows    row j of a pass over m tokens must equal, bit for bit, a one-token pass at its position, or
-              greedy speculative output parts from target-only output. The int4 kernel and the packed
-              head are row-invariant (up to ``ROW_CAP`` rows a call); the attention is not in bfloat16,
-              so by default it runs in float64 (products of bfloat16 numbers are exact there; the output,
-              rounded back, does not depend on the summation order) over a float64 cache.
-calling       ``model(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=k,
-              output_hidden_states=..., attention_mask=..., position_ids=...)`` as the decode loop calls a
-              transformers model: ``attention_mask`` None (causal after the cache) or a (1, 1, m, n + m)
-              additive or boolean mask (a tree pass), ``position_ids`` None (consecutive) or (1, m).
-              ``new_cache()`` makes the cache; ``hidden_states`` has transformers' layout: the embeddings,
-              each layer's output, and the last one after the final norm. Batch 1, CPU only.
+lean step     the layer loop (decoder.py) with the ``int4`` linear kind (the GGUF's Q4_1 blocks, scales in
+              bfloat16: kernels/gguf_q4.py) and the ``Exact`` policy over a ``KVBuffer``; the output head in
+              bfloat16 through a oneDNN-packed weight. Target-only and speculative decoding both run it.
+exact rows    row j of a pass over m tokens equals, bit for bit, a one-token pass at its position: the int4
+              kernel and the packed head are row-invariant (up to ``ROW_CAP`` rows a call), and the attention
+              runs in float64 over a float64 cache.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.passes.attention import one_sequence, visible_positions
+from ears_core.model.passes.attention import PassOutput, one_sequence, visible_positions
 from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, int4_kind, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
-__all__ = ["LeanLlama", "LeanOutput"]
-
-
-@dataclass
-class LeanOutput:
-    """What a pass returns, by transformers' names: logits (1, kept, V); hidden_states or None."""
-
-    logits: Tensor
-    hidden_states: tuple[Tensor, ...] | None
-    past_key_values: KVBuffer
-
-
-def _chunked(fn: Any, x: Tensor) -> Tensor:
-    """fn over the rows of x (r, ...), at most ``ROW_CAP`` at a time (module terms: exact rows)."""
-    return fn(x) if x.shape[0] <= ROW_CAP else torch.cat([fn(c) for c in x.split(ROW_CAP)])
+__all__ = ["LeanLlama"]
 
 
 class LeanLlama(nn.Module):
@@ -60,9 +31,8 @@ class LeanLlama(nn.Module):
     def __init__(self, config: Any, layers: list[Layer], embedding: Tensor, final_norm: Tensor,
                  attn_dtype: torch.dtype = torch.float64) -> None:
         super().__init__()
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
         from transformers import GenerationConfig
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         self.config = config
         self.generation_config = GenerationConfig.from_model_config(config)  # end-of-sequence ids, as transformers'
@@ -85,7 +55,6 @@ class LeanLlama(nn.Module):
         self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (measuring/lean_plan.py)
         self.ears_kernels = "lean-int4"
 
-    # -------------------------------------------------------------------- transformers' accessors
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
@@ -104,21 +73,12 @@ class LeanLlama(nn.Module):
         """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
         return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype, exact=True)))
 
-    # -------------------------------------------------------------------- the pass
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
         return torch.ops.mkldnn._linear_pointwise(h, self._head_packed, None, "none", [], "")
 
-    @staticmethod
-    def _mask(attention_mask: Tensor | None, m: int, n: int) -> Tensor | None:
-        """A (1, 1, m, n + m) bool mask, True where a row may attend; None for one row and no mask."""
-        seen = visible_positions(attention_mask, "the lean target")
-        if seen is None:
-            return None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None]
-        return seen[..., : n + m]
-
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
-                output_hidden_states: bool = False, **unused: Any) -> LeanOutput:
+                output_hidden_states: bool = False, **unused: Any) -> PassOutput:
         m = one_sequence(input_ids, "the lean target")
         cache = past_key_values if past_key_values is not None else self.new_cache()
         if not isinstance(cache, KVBuffer):
@@ -126,26 +86,27 @@ class LeanLlama(nn.Module):
                             "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
         n, d = cache.length, self.decoder
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
-        attend = Exact(n, n + m, self._mask(attention_mask, m, n), self.attn_dtype)
+        seen = visible_positions(attention_mask, "the lean target")  # (1, 1, m, >= n + m) bool, True: may attend
+        mask = (seen[..., : n + m] if seen is not None  # else causal after the cache; no mask for one row
+                else None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None])
+        attend = Exact(n, n + m, mask, self.attn_dtype)
         x = self.embed(input_ids[0])  # (m, d)
         hidden = x.new_empty(len(self.layers) + 1, m, d.hidden) if output_hidden_states else None
         with cache.kv.lock:  # kv_cache.py: threads
             x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
             cache.length = n + m
         keep = x if not logits_to_keep else x[-logits_to_keep:]
-        logits = _chunked(self._logits, keep)[None]  # (1, kept, V)
-        states = None  # transformers' layout: the embeddings, each layer's output, the last after the final norm
-        if hidden is not None:
-            states = tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
-        return LeanOutput(logits, states, cache)
+        chunks = keep.split(ROW_CAP)  # at most ROW_CAP rows a call (module terms: exact rows)
+        logits = self._logits(keep) if len(chunks) == 1 else torch.cat([self._logits(c) for c in chunks])
+        states = None if hidden is None else tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
+        return PassOutput(logits[None], states, cache)  # logits (1, kept, V)
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 20,
                  do_sample: bool = False, temperature: float = 1.0, eos_token_id: int | list[int] | None = None,
                  **unused: Any) -> Tensor:
-        """transformers' ``generate`` for the common case: greedy or plain sampling (torch's global generator),
-        one sequence, stopping at an end-of-sequence token -> (1, T + new) ids. Other options (top-k, top-p,
-        assistant models) are not taken: ``ears_core.autoregressive`` and ``generate`` are the full decoders."""
+        """transformers' ``generate`` for greedy or plain sampling (torch's global generator), one sequence, to an
+        end-of-sequence token -> (1, T + new) ids; ``ears_core.autoregressive`` and ``generate`` do the rest."""
         if any(unused.get(key) for key in ("assistant_model", "prompt_lookup_num_tokens", "num_beams")):
             raise ValueError("the lean target's generate() decodes plainly; use ears_core.generate for speculative decoding")
         eos = eos_token_id if eos_token_id is not None else self.generation_config.eos_token_id

@@ -3,32 +3,16 @@ can capture.
 
 Terms
 -----
-static pass   ``run(x, pos, slots, mask, kv, hidden)``: the project's one layer loop (decoder.py) with the
-              ``dense`` linear kind and the ``Folded`` attention policy. Every shape is fixed by its arguments'
-              shapes, and nothing in it reads a tensor's value on the host, allocates by a value, or branches
-              on one: the cache length enters as data (``pos`` (m,) the rotary positions, ``slots`` (m,)
-              where the new keys and values go, ``mask`` the additive (G m, C) mask over the C slots of the
-              KV view, kv (L, 2, Hkv, C, D)), so one captured replay serves every cache length up to C
-              (cuda/cuda_graphs.py). Slots past the cache length hold stale entries; the mask hides them.
-fused         q/k/v run as one matrix product and gate/up as another (q/k/v biases as one vector): each
-              transformers module's own Parameter keeps its identity and has its ``.data`` replaced by a
-              slice of the fused tensor, so the unfused originals are freed even where something outside
-              the model holds the Parameter objects (ZeroGPU's ``spaces`` packing does), nothing is held
-              twice, and the model's own (eager) forward computes with the same numbers.
-numerics      the loop's arithmetic in the model's dtype: ``F.rms_norm``, Qwen3's q/k norm where a layer has
-              one, the rotation as transformers' ``x cos + rotate_half(x) sin``, SDPA with the model's scale. It is not bit
-              for bit transformers' forward (another kernel order); on a captured target, target-only and
-              speculative decoding both run it, so they compare like with like.
-fixed rope    a rotary embedding whose frequencies and ``attention_scaling`` do not depend on the context
-              length, so one (P, D) table over all P positions is what transformers computes at each one:
-              default, linear, llama3 and yarn (yarn's attention factor multiplies cos and sin in the
-              embedding's forward, which builds the tables). Not dynamic (frequencies recomputed past the
-              cached length) nor longrope (short or long factors picked by the context length: a table
-              over all positions would apply the long factors to short contexts).
-supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES`` (llama, qwen2,
-              qwen3 with its q/k norm, mistral), no sliding-window layer, SiLU MLP, no bias on the output or
-              MLP projections, a fixed rope over the whole head, the whole model on one device. Anything
-              else keeps transformers' forward; ``supports`` returns the reason, naming the model.
+static pass   the layer loop (decoder.py) with the ``dense`` linear kind and the ``Folded`` policy: nothing read on
+              the host, the cache length entering as data, so one replay serves every cache length up to C. Not
+              bit for bit transformers' forward, but both decodings of a captured target run it.
+fused         q/k/v as one matrix, gate/up as another: each transformers Parameter keeps its identity and its
+              ``.data`` becomes a slice of the fused tensor, so nothing is held twice (even where something else
+              holds the Parameters: ZeroGPU's packing) and the model's own forward computes the same.
+fixed rope    frequencies and scaling that do not depend on the context length: one (P, D) table serves.
+supported     ``supports(model)``: a Llama-shaped causal LM of a family in ``FAMILIES``, no sliding window, SiLU,
+              no bias on the output or MLP projections, a fixed rope over the whole head, one device; else it
+              keeps transformers' forward, and ``supports`` says why.
 """
 
 from __future__ import annotations
@@ -106,8 +90,7 @@ def _rope_reason(rope: nn.Module | None, head_dim: int) -> str | None:
 
 def _fuse(parts: list[nn.Linear], name: str = "weight") -> Tensor | None:
     """One (sum out, in) weight, or (sum out,) bias (zeros where a part has none; None where none has one), for
-    several linears; each module's own becomes a view of it (module terms: fused: the Parameter objects stay,
-    their unfused storage goes)."""
+    several linears; each module's own becomes a view of it (module terms: fused)."""
     own = [getattr(p, name) for p in parts]
     if all(t is None for t in own):
         return None
@@ -174,10 +157,8 @@ class StaticDecoder(Decoder):
 
     def run(self, x: Tensor, pos: Tensor, slots: Tensor, mask: Tensor, kv: Tensor,  # type: ignore[override]
             hidden: Tensor | None = None) -> Tensor:
-        """The layers over x (m, d) -> the final-normed states (m, d) (module terms: static pass).
-
-        pos, slots (m,) long; mask (G m, C) additive; kv (L, 2, Hkv, C, D), written at ``slots``;
-        hidden (L + 1, m, d) or None: filled with the input and each layer's output."""
+        """The layers over x (m, d) -> the final-normed states (m, d) (module terms: static pass); hidden
+        (L + 1, m, d) or None: filled with the input and each layer's output."""
         cos, sin = self.angles(pos)  # (m, 1, D) each
         attend = Folded(slots, mask[None, None], self.groups, self.scaling)
         return super().run(x, cos, sin, attend, kv.unbind(0), dense, hidden)
