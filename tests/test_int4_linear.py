@@ -152,8 +152,6 @@ def test_an_int4_heads_layers_run_q_k_v_and_gate_up_each_in_one_call_with_the_sa
         fused = layers(z, layers.new_cache())
     assert len(calls) == 4 * len(layers.layers)  # q/k/v, o, gate/up, down
     monkeypatch.setattr(head_layers, "side_by_side", lambda parts: None)
-    for layer in head.body.layers:
-        layer.__dict__.pop("_ears_side_by_side")
     apart = head_layers.HeadLayers(head.body)
     assert isinstance(apart.layers[0].qkv, tuple)
     with torch.inference_mode():

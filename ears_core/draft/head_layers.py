@@ -32,15 +32,11 @@ def supports(body: nn.Module) -> bool:
 
 def _layer(layer: nn.Module) -> Layer:
     """A head decoder layer as the pass's Layer over its own modules (module terms: by hand); int4 q / k / v and
-    gate / up each as one kernel call (int4_linear.py: side by side), made once for the modules it holds."""
+    gate / up each as one kernel call (int4_linear.py: side by side)."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
-    made = layer.__dict__.get("_ears_side_by_side")
-    if made is None or made[0] != (qkv, gate_up):
-        made = layer.__dict__["_ears_side_by_side"] = ((qkv, gate_up), side_by_side(qkv) or qkv,
-                                                       side_by_side(gate_up) or gate_up)
-    return Layer(layer.input_layernorm.weight, made[1], attn.o_proj, layer.post_attention_layernorm.weight, made[2],
-                 mlp.down_proj)
+    return Layer(layer.input_layernorm.weight, side_by_side(qkv) or qkv, attn.o_proj,
+                 layer.post_attention_layernorm.weight, side_by_side(gate_up) or gate_up, mlp.down_proj)
 
 
 class HeadLayers(Decoder):
@@ -59,13 +55,11 @@ class HeadLayers(Decoder):
         self.head_dim = int(attn.head_dim)
 
     def _tables(self, positions: int) -> tuple[Tensor, Tensor]:
-        """(cos, signed sin), each (P, D) in the head's dtype, for P positions of its rotary embedding; made once
-        per rotary module, dtype and length and kept on the module (a drafter builds its layers every request)."""
-        made = self.rotary.__dict__.setdefault("_ears_tables", {})
-        key = (positions, self.dtype, str(self.device))
+        """(cos, signed sin), each (P, D) in the head's dtype, for P positions of its rotary embedding: made once
+        per head, dtype and length (a drafter builds its layers every request)."""
+        made, key = self.rotary.__dict__.setdefault("_ears_tables", {}), (positions, self.dtype, str(self.device))
         if key not in made:
-            cos, sin = rotation_tables(self.rotary, self.head_dim, positions, self.device)
-            made[key] = (cos.to(self.dtype), sin.to(self.dtype))
+            made[key] = tuple(t.to(self.dtype) for t in rotation_tables(self.rotary, self.head_dim, positions, self.device))
         return made[key]
 
     def new_cache(self, batch: int = 1, capacity: int = 256) -> KVBuffer:

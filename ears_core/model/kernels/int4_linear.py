@@ -14,6 +14,8 @@ quantize      ``quantize_linears(module)``: every ``nn.Linear`` the kernel takes
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import Tensor, nn
 
@@ -65,24 +67,20 @@ class Int4Linear(nn.Module):
         y = int4_linear(x.to(torch.bfloat16), self.weight4)
         return y if self.bias is None else y + self.bias
 
-    @classmethod
-    def side_by_side(cls, parts: tuple[nn.Module, ...]) -> "Int4Linear | None":
-        """The parts as one layer (module terms: side by side), or None where they are not such parts."""
-        ok = all(isinstance(p, cls) and p.bias is None and p.out_features % 64 == 0 for p in parts)
-        if not ok or len({p.in_features for p in parts}) != 1:
-            return None
-        one = cls.__new__(cls)
-        nn.Module.__init__(one)
-        one.in_features, one.out_features, one.bias = parts[0].in_features, sum(p.out_features for p in parts), None
-        one.weight4 = Int4Weight(torch.cat([p.weight4.packed for p in parts]),  # (N, K / 2) packed, blocks of 64 rows
-                                 torch.cat([p.weight4.scales_zeros for p in parts], 1), one.out_features, one.in_features)
-        return one
-
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int4 groups of {GROUP}"
 
 
-side_by_side = Int4Linear.side_by_side
+def side_by_side(parts: tuple[nn.Module, ...]) -> Int4Linear | None:
+    """The parts as one ``Int4Linear`` (module terms: side by side), or None where they are not such parts."""
+    if not all(isinstance(p, Int4Linear) and p.bias is None and p.out_features % 64 == 0
+               and p.in_features == parts[0].in_features for p in parts):
+        return None
+    one = copy.copy(parts[0])  # (N, K / 2) packed codes in blocks of 64 rows, (K / 32, N, 2) scales: concatenated
+    one.out_features = sum(p.out_features for p in parts)
+    one.weight4 = Int4Weight(torch.cat([p.weight4.packed for p in parts]),
+                             torch.cat([p.weight4.scales_zeros for p in parts], 1), one.out_features, one.in_features)
+    return one
 
 
 def quantize_linears(module: nn.Module) -> int:
