@@ -29,6 +29,12 @@ today's path  (``takes``) runs where the device tree could not decide as today's
               rules/lossy.py; today's nodes are numbered in creation order, which follows the draft's scores,
               the fixed tree's breadth first). On a chain or a one-level tree ears-budget runs here.
 
+on CUDA       not measured yet (no GPU where it was built). Besides the one read, a round still copies its
+              tree's structure from the host: the accept and draft draws (``accept_uniforms``, ``TreeDraws``), the
+              tree masks and positions of the target's and the drafter's passes, the parents in ``node_values``,
+              the path for the cache cuts. A pageable host-to-device copy may wait for the device; caching them
+              per fixed shape on the device is the next step (``gpu_check`` shows the device tree's syncs a round).
+
 Users select it with ``tree_stream(..., device_round=True)`` (and ``tree_generate``; ``RunConfig.device_round`` with
 the tree draft shape); it is off by default.
 """
