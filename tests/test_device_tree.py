@@ -83,10 +83,13 @@ def test_a_node_that_is_not_alive_is_as_if_it_were_not_in_the_tree(rule):
     small = [new.get(parents[i], -1) for i in kept]  # [-1, -1, 0, 0]
     tokens, target, draft, u, su = random_trees(parents, "sampled", isinstance(rule, GreedyRule))
     alive = torch.tensor([i not in dead for i in range(len(parents))])
-    got = device_walk(target, draft, tokens, parents, rule, uniforms=u, sample_uniforms=su, alive=alive)
+    lossy = dict(with_distortion=not rule.lossless)
+    got = device_walk(target, draft, tokens, parents, rule, uniforms=u, sample_uniforms=su, alive=alive, **lossy)
     entries = [0] + [i + 1 for i in kept]
     ref = walk_tree(target[:, entries], draft[:, kept], tokens[:, kept], small, rule, uniforms=u[:, kept],
-                    sample_uniforms=su)
+                    sample_uniforms=su, **lossy)
+    if not rule.lossless:  # the distortion over the children today's tree drew
+        assert torch.equal(ref.distortion, got.distortion[:, :3]) and torch.equal(ref.distortion_exact, got.distortion_exact[:, :3])
     back = torch.tensor(kept + [-1])  # the small tree's node -> the full tree's (-1 stays -1)
     assert torch.equal(back[ref.path], got.path[:, : ref.path.shape[1]]) and bool((got.path[:, 2:] == -1).all())
     assert torch.equal(back[ref.last_rejected], got.last_rejected)

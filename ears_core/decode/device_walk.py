@@ -18,7 +18,8 @@ equality     for the same draws: kinds, ratios, path, next token, next p and q a
              ``verify_tree``'s), field by field (tests/test_device_tree.py).
 distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk_tree``: it reads the route to the
              host (host reads of its own, one entry at a time), so the device tree round asks for it only for a
-             lossy rule with ``with_distortion``.
+             lossy rule with ``with_distortion``; over the children that are alive in every row (exact for B = 1,
+             the decode loop's).
 """
 
 from __future__ import annotations
@@ -188,8 +189,10 @@ def device_walk(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, paren
     leaf, next_token, next_p, next_q = _next(t, stop, last, num_accepted, sample_uniforms)
     distortion = exact = None
     if with_distortion:  # host reads of its own (module terms)
-        distortion, exact = path_distortions(rule, target_probs, draft_probs, t.x, t.ch, tol_e, path, num_accepted,
-                                             leaf, siblings, draft_support)
+        drew = alive.all(dim=0)[t.ch.clamp(min=0)] if n else False  # (N+1, W) alive in every row (B = 1: its own)
+        lives = (t.ch >= 0) & drew  # the children today's tree drew
+        distortion, exact = path_distortions(rule, target_probs, draft_probs, t.x, torch.where(lives, t.ch, -1), tol_e,
+                                             path, num_accepted, leaf, siblings, draft_support)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=leaf,
         last_rejected=torch.where(leaf, -1, last.last_rej), kinds=kinds, p=p_all, q=q_all, ratio=ratio, u=uniforms,
