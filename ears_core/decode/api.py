@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 from ears_core.decode.baseline import target_only_events
 from ears_core.decode.chain import ChainShape
 from ears_core.decode.device_round import DeviceChainShape
+from ears_core.decode.device_tree import DeviceTreeShape
 from ears_core.decode.generation import (Generation, GenerationResult, as_input_ids, check_request, eos_set,
                                          shared_vocab)
 from ears_core.decode.rounds import DecodeConfig, RoundShape, decode_rounds
@@ -134,6 +135,7 @@ def tree_stream(
     level: LevelFn | None = None,
     backoff: bool = False,
     deadline_s: float | None = None,
+    device_round: bool = False,
 ) -> Generation:
     """Speculative decoding of one prompt with a tree of drafts per round; iterate for TokenEvents.
 
@@ -146,6 +148,9 @@ def tree_stream(
     default: the keep hook's own ``level``, if it has one). ``backoff``: after a round the policy left
     empty, plain target steps for 1, 3, then 7 rounds (rounds.py). ``deadline_s``: stop after this many
     seconds of decoding, keeping the tokens so far. The rounds' trees are in ``Generation.trees``.
+    ``device_round``: draft and decide each round on the device with one host read (decode/device_tree.py): a
+    tree of a fixed shape (``fixed_trees.FixedTreeSpec.of(spec)``); with a ``keep`` policy (and ears-budget on a tree
+    that branches), today's tree round (``DeviceTreeShape.takes``).
     """
     rule = _checked_rule(rule)
     spec = TreeSpec(budget, depth, width, siblings)
@@ -154,7 +159,8 @@ def tree_stream(
     if drafter is None or not hasattr(drafter, "propose_tree"):
         raise ValueError(f"tree decoding needs a draft model or a drafter with propose_tree(), got {type(drafter).__name__}")
     level = level if level is not None else getattr(keep, "level", None)  # a TreeBudget's own estimates
-    shape = TreeShape(spec, keep, level, backoff)
+    on_device = device_round and DeviceTreeShape.takes(rule, spec, keep)
+    shape = DeviceTreeShape(spec) if on_device else TreeShape(spec, keep, level, backoff)
     method = f"{rule.describe()} tree(budget={budget}, depth={depth}, width={width})"
     return _speculative(target, drafter, input_ids, rule, shape, method, budget, temperature=temperature,
                         top_k=top_k, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed, tokenizer=tokenizer,

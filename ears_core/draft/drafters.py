@@ -175,8 +175,9 @@ class ModelDrafter:
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
     @torch.inference_mode()
     def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
-                     keep=None, level=None):
-        """Draft a tree for the next round (``trees.build_tree``; trees.py: tree pass), batch 1 -> DraftTree."""
+                     keep=None, level=None, build=None):
+        """Draft a tree for the next round (``trees.build_tree``, or ``build`` with its signature:
+        ``fixed_trees.build_fixed_tree``; trees.py: tree pass), batch 1 -> DraftTree."""
         from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 
         assert self._pending is not None, "prefill() first"
@@ -196,8 +197,8 @@ class ModelDrafter:
             self._tree_slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
-        self._tree = build_tree(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn, keep=keep,
-                                 level=level)
+        self._tree = (build or build_tree)(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn,
+                                           keep=keep, level=level)
         return self._tree
 
     @torch.inference_mode()

@@ -305,9 +305,9 @@ class EagleDrafter:
 
     @torch.inference_mode()
     def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,
-                     keep: Any = None, level: Any = None) -> Any:
-        """Draft a tree for the next round (``trees.build_tree``), batch 1: a node's entry is
-        fc([predicted feature at its parent ; E(token)]) at position cache_len + depth - 1, as the chain's."""
+                     keep: Any = None, level: Any = None, build: Any = None) -> Any:
+        """Draft a tree for the next round (``trees.build_tree``, or ``build`` with its signature), batch 1: a
+        node's entry is fc([predicted feature at its parent ; E(token)]) at position cache_len + depth - 1, as the chain's."""
         from ears_core.draft.trees import DraftTree, build_tree, draft_pass
 
         self.sync()
@@ -330,8 +330,8 @@ class EagleDrafter:
             return self._sub_logits(out)
 
         draw_fn = probs_fn if self.tau == 1.0 else (lambda logits: probs_fn(self._scaled(logits)))  # ranks stay raw
-        tree = build_tree(self._sub_logits(s.next_feat)[0], expand, spec, draw_fn, draws, greedy=greedy, rank_fn=rank_fn,
-                          keep=keep, level=level)
+        tree = (build or build_tree)(self._sub_logits(s.next_feat)[0], expand, spec, draw_fn, draws, greedy=greedy,
+                                     rank_fn=rank_fn, keep=keep, level=level)
         s.proposed = tree.tokens[None]  # (1, N)
         return tree
 

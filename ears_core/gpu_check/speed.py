@@ -7,8 +7,9 @@ price curve     V(m) / V(1) for m = 1..16: a target pass over m new tokens in ta
 draft step      one draft forward over one token, in ms and in target steps.
 tokens/s        target-only against speculative decoding through the Session with the draft-length
                 policy (draft length "policy", K = 8), chain, the device chain (decode/device_round.py: one host
-                read a round) and tree shapes, T = 0, on the same prompts interleaved; each run's new tokens over
-                its decode clock, summed over the prompts.
+                read a round) and tree shapes, and the device tree (decode/device_tree.py: a fixed tree of 8
+                nodes, depth 4, one host read a round), T = 0, on the same prompts interleaved; each run's new
+                tokens over its decode clock, summed over the prompts.
 round parts     each run's decode clock per round: drafting (the drafter's steps and host reads), the
                 target's pass, the rest of the round (verify, the verdict's host read, cache cuts, events),
                 and what fell outside the rounds (the prefill, per-run setup).
@@ -60,6 +61,11 @@ def _config(shape: str, new_tokens: int, length: str = "policy", k: int = 8) -> 
                      draft_shape=shape)
 
 
+def _device_tree(new_tokens: int) -> RunConfig:
+    """A fixed tree of 8 nodes, depth 4, on the device (decode/device_tree.py: widths (2, 1, 1, 1))."""
+    return replace(_config("tree", new_tokens, "fixed", 4), tree_budget=8, device_round=True)
+
+
 def _run(run: Any) -> tuple[float, ...]:
     """Drain a Tracked run -> (new tokens, decode seconds, rounds, drafted, accepted, then ms in the rounds'
     drafting, their target passes and the rest of the rounds: module terms, round parts)."""
@@ -73,12 +79,14 @@ def _run(run: Any) -> tuple[float, ...]:
 
 def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens: int) -> Check:
     """Target-only, chain policy and tree policy on the same prompts, interleaved (module terms)."""
-    totals = {name: [0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0] for name in ("target-only", "chain", "device chain", "tree")}
+    names = ("target-only", "chain", "device chain", "tree", "device tree")
+    totals = {name: [0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0] for name in names}
     for i, ids in enumerate([prompts[0], *prompts]):  # the first pass is the warm-up (kernels, caches): not counted
         runs = {"target-only": session.baseline(ids, _config("chain", new_tokens)),
                 "chain": session.speculative(ids, _config("chain", new_tokens)),
                 "device chain": session.speculative(ids, replace(_config("chain", new_tokens), device_round=True)),
-                "tree": session.speculative(ids, _config("tree", new_tokens))}
+                "tree": session.speculative(ids, _config("tree", new_tokens)),
+                "device tree": session.speculative(ids, _device_tree(new_tokens))}
         for name, run in runs.items():
             got = _run(run)
             if i > 0:
@@ -91,7 +99,9 @@ def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens:
     detail = (f"target-only {base:.1f} tokens/s; chain {tps['chain']:.1f} ({tps['chain'] / base:.2f}x, "
               f"{figures['chain']['tokens_per_round']} a round); device chain {tps['device chain']:.1f} "
               f"({tps['device chain'] / base:.2f}x); tree {tps['tree']:.1f} ({tps['tree'] / base:.2f}x, "
-              f"{figures['tree']['tokens_per_round']} a round); {len(prompts)} prompts x {new_tokens} tokens, T = 0")
+              f"{figures['tree']['tokens_per_round']} a round); device tree {tps['device tree']:.1f} "
+              f"({tps['device tree'] / base:.2f}x, {figures['device tree']['tokens_per_round']} a round); "
+              f"{len(prompts)} prompts x {new_tokens} tokens, T = 0")
     return Check("", "pass", detail, figures)
 
 
@@ -120,17 +130,21 @@ def _syncs(session: Session, ids: torch.Tensor, cfg: RunConfig) -> tuple[int, in
 
 
 def host_syncs(session: Session, ids: torch.Tensor, new_tokens: int = 64) -> Check:
-    """Host syncs per round for fixed K = 2 and K = 8 chains, and a fixed tree (module terms)."""
+    """Host syncs per round for fixed K = 2 and K = 8 chains, the device chain, a fixed tree and the device tree
+    (module terms)."""
     if session.pair.device.type != "cuda":
         return Check("", "skip", "host syncs are counted on CUDA only (a host read is free on the CPU)", {})
     per_round = {}
     for label, cfg in (("chain K=2", _config("chain", new_tokens, "fixed", 2)),
                        ("chain K=8", _config("chain", new_tokens, "fixed", 8)),
                        ("device chain K=8", replace(_config("chain", new_tokens, "fixed", 8), device_round=True)),
-                       ("tree 8 nodes", replace(_config("tree", new_tokens, "fixed", 4), tree_budget=8))):
+                       ("tree 8 nodes", replace(_config("tree", new_tokens, "fixed", 4), tree_budget=8)),
+                       ("device tree 8 nodes", _device_tree(new_tokens))):
         flagged, rounds = _syncs(session, ids, cfg)
         per_round[label] = round(flagged / max(rounds, 1), 2)
-    # the device round reads the host once a round (decode/device_round.py); the prefill's reads spread over the rounds
+    # the device chain reads the host once a round (decode/device_round.py); the prefill's reads spread over the
+    # rounds. The device tree's count is shown, not judged: it reads once too, but still copies its tree's
+    # structure (masks, positions, draws) from the host each round, which CUDA may count (decode/device_tree.py)
     grows = per_round["chain K=8"] > per_round["chain K=2"] + 1.0 or per_round["device chain K=8"] > 1.5
     detail = ", ".join(f"{k}: {v} a round" for k, v in per_round.items())
     return Check("", "fail" if grows else "pass",

@@ -86,7 +86,8 @@ class RunConfig:
     draft_shape: str = "auto"  # "chain": K drafts in a row; "tree": a tree of depth K; "auto": see the terms
     tree_budget: int = 8  # a tree's nodes per round: at most (policy) or exactly (fixed)
     tree_width: int | None = None  # a tree node's children at most (None: as many as the budget allows)
-    device_round: bool = False  # a chain's rounds decided on the device, one host read a round (decode/device_round.py)
+    device_round: bool = False  # rounds decided on the device, one host read a round: a chain's (decode/device_round.py),
+    # a tree's with draft length "fixed" (decode/device_tree.py; with the policy, today's tree round)
     gamma: InitVar[int | None] = None  # the old name of k: deprecated, warns (ears_core/deprecated.py)
 
     def __post_init__(self, gamma: int | None) -> None:
@@ -355,7 +356,8 @@ class Session:
                              "or a draft model or head")
         extra = self.tree_policy_for(rule, temperature, cfg.tree_budget, cfg.draft_length)
         gen = tree_stream(self.pair.target, drafter, ids, rule=rule, budget=cfg.tree_budget, depth=cfg.k,
-                          width=cfg.tree_width, deadline_s=deadline_s, **cfg.sampling_kwargs(temperature),
+                          width=cfg.tree_width, deadline_s=deadline_s, device_round=cfg.device_round,
+                          **cfg.sampling_kwargs(temperature),
                           **self._common(), **extra)
         budget = extra.get("keep")
         calib = budget.calibration if budget is not None else None

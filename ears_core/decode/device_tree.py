@@ -1,0 +1,186 @@
+"""The device tree round: a tree round drafted and decided on the device, with ONE host read a round.
+
+Terms (host read, packed read, KV: device_round.py; tree, node, entry, spec: trees.py; widths, alive:
+fixed_trees.py; walk: device_walk.py; records: tree.py)
+-----
+fixed shape   the round's tree has the widths of ``FixedTreeSpec.of(spec)``, chosen before the round from the
+              spec and the tokens still allowed (the depth cap), never from this round's draft scores: the
+              drafter builds it with ``build_fixed_tree`` (one draft pass per depth, the children drawn or
+              ranked with tensor operations). Where the spec's budget is a full tree (budget 6, depth 2,
+              width 2; budget = depth, width 1: the chain) today's best-first tree has the same nodes, so the
+              round emits today's tokens and events.
+decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as tensor operations, depth by depth
+              and rank by rank; the next token drawn on the device.
+packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
+              alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
+              float64 vector (``TreeHost.pack``), read once (``HostReader``).
+KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
+              path (``commit_tree``), by the path of that read.
+records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left
+              out of the round's ``drafted`` count and of its ``TreeRecord`` (today's tree never drew them).
+rules         every registered rule decides on the device (standard, ears, greedy, ears-entropy, typical, fly,
+              ears-budget), with the same uniforms as today's tree round. Not on the device, and so not one
+              read a round: the distortion of a lossy rule when asked (``with_distortion``, the default:
+              ``path_distortions`` reads the route; ``with_distortion=False`` keeps one read); the input guard
+              (``check_tree_drafts``, only with EARS_DEBUG=1).
+today's path  (``takes``) runs where the device tree could not decide as today's: with a size policy (``keep``,
+              back-off: it chooses the tree from this round's draft scores), and for ears-budget on a tree that
+              branches below depth 1 (its beta reads max P over the entries in node order, a chain's worst case:
+              rules/lossy.py; today's nodes are numbered in creation order, which follows the draft's scores,
+              the fixed tree's breadth first). On a chain or a one-level tree ears-budget runs here.
+
+on CUDA       not measured yet (no GPU where it was built). Besides the one read, a round still copies its
+              tree's structure from the host: the accept and draft draws (``accept_uniforms``, ``TreeDraws``), the
+              tree masks and positions of the target's and the drafter's passes, the parents in ``node_values``,
+              the path for the cache cuts. A pageable host-to-device copy may wait for the device; caching them
+              per fixed shape on the device is the next step (``gpu_check`` shows the device tree's syncs a round).
+
+Users select it with ``tree_stream(..., device_round=True)`` (and ``tree_generate``; ``RunConfig.device_round`` with
+the tree draft shape); it is off by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ears_core.decode.device_round import HostReader
+from ears_core.decode.device_walk import device_walk
+from ears_core.decode.rounds import Round, RoundContext
+from ears_core.decode.tree import TreeRecord, TreeShape
+from ears_core.decode.verify import KIND_NAMES, DraftKind, debugging
+from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts
+from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree
+from ears_core.draft.trees import DraftTree, TreeDraws, TreeSpec, accept_uniforms
+from ears_core.events import DraftRecord, TokenEvent
+from ears_core.rules import AcceptanceRule, BudgetEARSRule
+from ears_core.sampling import Stream
+
+__all__ = ["DeviceTreeShape", "TreeHost"]
+
+
+@dataclass
+class TreeHost:
+    """One tree round's verdict (row 0) on the host, by name: built from one packed read."""
+
+    num_accepted: int
+    next_token: int
+    is_bonus: bool
+    last_rejected: int
+    next_p: float
+    next_q: float
+    path: list[int]  # (n,) the accepted nodes, root first
+    tokens: list[int]  # (N,)
+    kinds: list[int]  # (N,) DraftKind values
+    alive: list[bool]  # (N,)
+    p: list[float]
+    q: list[float]
+    ratio: list[float]
+    u: list[float]
+    tolerance: list[float]
+    scores: list[float]
+    priorities: list[float]
+    max_p: list[float]  # (N + 1,) per entry
+
+    @staticmethod
+    def pack(v: TreeVerdict, tokens: Tensor, alive: Tensor, scores: Tensor, priorities: Tensor) -> Tensor:
+        """Row 0 of a TreeVerdict, the tokens (1, N), alive (N,), scores and priorities (N,) as one (12N + D + 7,)
+        float64 vector on their device (token ids are exact in float64)."""
+        floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], v.max_p[0], v.next_p[:1],
+                            v.next_q[:1]]).double()  # (6N + 3,)
+        ints = torch.cat([v.num_accepted[:1], v.next_token[:1], v.is_bonus[:1].long(), v.last_rejected[:1], v.path[0],
+                          tokens[0], v.kinds[0].long(), alive.long()])  # (4 + D + 3N,)
+        return torch.cat([floats, scores.double(), priorities.double(), ints.double()])
+
+    @classmethod
+    def unpack(cls, f: list[float], n: int, depth: int) -> "TreeHost":
+        """The record from ``pack``'s vector read to the host; n nodes, depth D."""
+        col = lambda j, m=n: f[j * n: j * n + m]  # noqa: E731
+        i = [int(x) for x in f[8 * n + 3:]]
+        k, tail = i[0], i[4 + depth:]
+        return cls(num_accepted=k, next_token=i[1], is_bonus=bool(i[2]), last_rejected=i[3], next_p=f[6 * n + 1],
+                   next_q=f[6 * n + 2], path=i[4: 4 + k], tokens=tail[:n], kinds=tail[n: 2 * n],
+                   alive=[bool(a) for a in tail[2 * n:]], p=col(0), q=col(1), ratio=col(2), u=col(3), tolerance=col(4),
+                   scores=f[6 * n + 3: 7 * n + 3], priorities=f[7 * n + 3: 8 * n + 3], max_p=col(5, n + 1))
+
+    def records(self, tree: DraftTree, produced: int, step: int, dist: list[float], exact: list[bool]
+                ) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
+        """Token events, draft records and the tree record, as ``tree.round_records`` makes them."""
+        kinds, n, par = [KIND_NAMES[DraftKind(c)] for c in self.kinds], self.num_accepted, tree.parents
+        events = [TokenEvent(step, produced + e, self.tokens[a], "", kinds[a], self.p[a], self.q[a], self.ratio[a],
+                             self.u[a], self.tolerance[a], self.max_p[par[a] + 1], dist[e])
+                  for e, a in enumerate(self.path)]
+        stop = 0 if n == 0 else self.path[-1] + 1
+        if self.is_bonus:
+            events.append(TokenEvent(step, produced + n, self.next_token, "", "bonus" if tree.size else "target",
+                                     self.next_p, None, None, None, None, self.max_p[stop], 0.0))
+        else:
+            r = self.last_rejected
+            events.append(TokenEvent(step, produced + n, self.next_token, "", "resampled", self.next_p, self.next_q,
+                                     self.ratio[r], self.u[r], self.tolerance[r], self.max_p[stop], dist[n],
+                                     rejected_token=self.tokens[r]))
+        tested = sorted((i for i in range(tree.size) if kinds[i]), key=lambda i: (tree.depths[i], tree.ranks[i]))
+        drafts = [DraftRecord(produced + tree.depths[i] - 1, self.tokens[i], kinds[i], self.p[i], self.q[i],
+                              self.ratio[i], self.u[i], self.tolerance[i], self.max_p[par[i] + 1]) for i in tested]
+        kept = [i for i in range(tree.size) if self.alive[i]]  # the nodes today's tree drew (module terms: records)
+        new = {old: j for j, old in enumerate(kept)}
+        record = TreeRecord(step, produced, [self.tokens[i] for i in kept], [new.get(par[i], -1) for i in kept],
+                            [tree.depths[i] for i in kept], [tree.ranks[i] for i in kept],
+                            [self.scores[i] for i in kept], [self.priorities[i] for i in kept],
+                            [kinds[i] for i in kept], [new[a] for a in self.path], self.next_token,
+                            "bonus" if self.is_bonus and tree.size else "target" if self.is_bonus else "resampled",
+                            exact)
+        return events, drafts, record
+
+
+class DeviceTreeShape(TreeShape):
+    """The tree round on the device (module terms): a fixed shape, tensor decisions, one host read."""
+
+    @staticmethod
+    def takes(rule: AcceptanceRule, spec: TreeSpec, keep: object = None) -> bool:
+        """Whether this round decides as today's tree round for ``rule``, ``spec`` and a size policy ``keep``
+        (module terms: today's path)."""
+        order = isinstance(rule, BudgetEARSRule) and spec.branching and spec.depth > 1
+        return keep is None and not order
+
+    def start(self, ctx: RoundContext) -> None:
+        super().start(ctx)
+        self.check = debugging()  # the drafter guard is a host read: only with EARS_DEBUG=1
+        self.reader = HostReader()
+
+    def propose(self, produced: int, limit: int, plain: bool) -> None:
+        ctx = self.ctx
+        self.plain = False
+        self.fixed = FixedTreeSpec.of(self.spec.capped(limit))
+        self.tree = ctx.drafter.propose_tree(
+            self.fixed, ctx.probs_fn, TreeDraws(ctx.cfg.seed, produced, self.spec.branching),
+            greedy=ctx.cfg.sampling.greedy, rank_fn=self.rank_fn, build=build_fixed_tree)
+        self.estimates, self.expected = [], None
+
+    def verify(self, target_probs: Tensor, produced: int, step: int) -> Round:
+        ctx, tree = self.ctx, self.tree
+        self.max_depth = tree.max_depth
+        n, dev = tree.size, target_probs.device
+        alive = getattr(tree, "alive", None) if n else None
+        alive = alive if alive is not None else torch.ones(n, dtype=torch.bool, device=dev)  # (N,)
+        tokens = tree.tokens[None]  # (1, N)
+        if self.check and n:
+            check_tree_drafts(tokens, tree.draft_probs[None].gather(-1, tokens[..., None]).squeeze(-1),
+                              target_probs.shape[-1], ctx.rule.argmax_only)
+        lossy = ctx.with_distortion
+        v = device_walk(target_probs, tree.draft_probs[None], tokens, tree.parents, ctx.rule,
+                        uniforms=accept_uniforms(ctx.cfg.seed, tree.depths, tree.ranks, produced, dev)[None],  # (1, N)
+                        sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],
+                        alive=alive, with_distortion=lossy, siblings=tree.siblings, draft_support=self.support)
+        zeros = torch.zeros(n, dtype=torch.float64, device=dev)
+        packed = TreeHost.pack(v, tokens, alive, getattr(tree, "score_t", zeros), getattr(tree, "priority_t", zeros))
+        host = TreeHost.unpack(self.reader.read(packed), n, self.max_depth)  # the round's one host read
+        self.path = host.path
+        k = host.num_accepted
+        dist = v.distortion[0].tolist() if lossy else [0.0] * (k + 1)  # host reads of their own (module terms)
+        exact = v.distortion_exact[0].tolist()[: k + 1] if lossy else []
+        events, drafts, record = host.records(tree, produced, step, dist, exact)
+        pardoned = sum(1 for a in self.path if host.kinds[a] == int(DraftKind.PARDONED))
+        return Round(sum(host.alive), k, v.next_token, events, drafts, pardoned, [], None, record)
