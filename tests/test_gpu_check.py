@@ -32,6 +32,7 @@ def _json(stdout: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 130-180 s alone; twice that beside a second worker
 def test_the_cpu_form_passes_every_check_and_skips_what_is_not_here(tmp_path):
     # an empty model cache and Hugging Face cache: the real pairs are skipped, the speed part runs on the
     # synthetic skip pair
