@@ -18,9 +18,9 @@ from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree, widths_
 from ears_core.draft.trees import TreeDraws, TreeSpec, build_tree
 from ears_core.rules import RULES, BudgetEARSRule, FLyRule, make_rule
 from ears_core.sampling import SamplingConfig, logits_to_probs
-from test_device_round import RULE_PARAMS, counting_host_reads, hf_greedy
+from test_device_round import RULE_PARAMS, counting_host_reads, head_pair, hf_greedy  # noqa: F401 (a fixture)
 from test_tree_verify import markov, sample_trees
-from test_tree_walk import SHAPES
+from test_tree_walk import SHAPES, random_trees
 
 WALK_RULES = [StandardRule(), EARSRule(0.3), EntropyEARSRule(0.2), TypicalRule(), GreedyRule(), FLyRule(gate=0.0, window=1),
               BudgetEARSRule(0.05)]
@@ -34,20 +34,6 @@ def fields_equal(a, b, fields):
 
 VERDICT = ("num_accepted", "path", "next_token", "is_bonus", "last_rejected", "kinds", "p", "q", "ratio", "u", "tolerance",
            "max_p", "next_p", "next_q")
-
-
-def random_trees(parents, siblings, greedy, b=64):
-    v_ = 30
-    support = torch.arange(0, v_, 2)
-    T = markov(v_, 7, 1.0)
-    Q = torch.zeros(v_, v_)  # a draft near the target, on every second token only
-    Q[:, support] = torch.softmax(torch.log(T[:, support]) + 0.5 * torch.randn(v_, len(support),
-                                  generator=torch.Generator().manual_seed(8)), dim=-1)
-    tokens, target, draft, g = sample_trees(T, Q, parents, b, seed=3, fixed=siblings == "fixed", random_roots=True)
-    if greedy:
-        target = torch.zeros_like(target).scatter_(-1, target.argmax(-1, keepdim=True), 1.0)
-    d = max(1, len(parents))
-    return tokens, target, draft, torch.rand(b, len(parents), generator=g), torch.rand(b, d + 1, generator=g)
 
 
 @pytest.mark.parametrize("parents", SHAPES, ids=str)
@@ -186,14 +172,6 @@ def test_the_device_tree_decides_as_todays_tree_round_for_every_rule(pair, name,
     # FLy pardons by looking ahead along a chain: a tree tests one node at a time, so it never pardons there
     if temperature and name not in ("standard", "greedy", "fly"):
         assert kinds["pardoned"] > 0, kinds  # the rule's own decisions were exercised
-
-
-@pytest.fixture(scope="module")
-def head_pair():
-    target = tiny_llama(0, vocab=96)
-    torch.manual_seed(5)
-    head = DraftHead(head_config_from_target(target.config), torch.arange(0, 96, 2)).eval()
-    return target, head
 
 
 @pytest.mark.parametrize("budget,depth,width", [(6, 2, 2), (8, 4, None), (12, 5, 3)])

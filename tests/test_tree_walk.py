@@ -14,22 +14,29 @@ SHAPES = [[-1, -1, -1, 0, 0, 3], [-1, 0, 1, 2], [-1, -1, 0, 0, 1, 2, 4], [-1]]
 RULES = [StandardRule(), EARSRule(0.3), EntropyEARSRule(0.2), TypicalRule(), GreedyRule(), FLyRule(gate=0.0, window=1)]
 
 
-@pytest.mark.parametrize("parents", SHAPES, ids=str)
-@pytest.mark.parametrize("rule", RULES, ids=repr)
-@pytest.mark.parametrize("siblings", ["sampled", "fixed"])
-def test_the_walk_on_the_host_is_verify_tree(parents, rule, siblings):
+def random_trees(parents, siblings, greedy, b=64):
+    """b random trees of shape ``parents`` over 30 tokens, a draft near the target on every second token:
+    tokens, target and draft probabilities, the acceptance and the sampling uniforms."""
     v_ = 30
     support = torch.arange(0, v_, 2)
     T = markov(v_, 7, 1.0)
     Q = torch.zeros(v_, v_)  # a draft near the target, on every second token only
     Q[:, support] = torch.softmax(torch.log(T[:, support]) + 0.5 * torch.randn(v_, len(support),
                                   generator=torch.Generator().manual_seed(8)), dim=-1)
-    tokens, target, draft, g = sample_trees(T, Q, parents, 64, seed=3, fixed=siblings == "fixed", random_roots=True)
-    if isinstance(rule, GreedyRule):
+    tokens, target, draft, g = sample_trees(T, Q, parents, b, seed=3, fixed=siblings == "fixed", random_roots=True)
+    if greedy:
         target = torch.zeros_like(target).scatter_(-1, target.argmax(-1, keepdim=True), 1.0)
     d = max(1, len(parents))
-    kw = dict(uniforms=torch.rand(64, len(parents), generator=g), sample_uniforms=torch.rand(64, d + 1, generator=g),
-              with_distortion=not rule.lossless, siblings=siblings, draft_support=support)
+    return tokens, target, draft, torch.rand(b, len(parents), generator=g), torch.rand(b, d + 1, generator=g)
+
+
+@pytest.mark.parametrize("parents", SHAPES, ids=str)
+@pytest.mark.parametrize("rule", RULES, ids=repr)
+@pytest.mark.parametrize("siblings", ["sampled", "fixed"])
+def test_the_walk_on_the_host_is_verify_tree(parents, rule, siblings):
+    tokens, target, draft, u, su = random_trees(parents, siblings, isinstance(rule, GreedyRule))
+    kw = dict(uniforms=u, sample_uniforms=su, with_distortion=not rule.lossless, siblings=siblings,
+              draft_support=torch.arange(0, 30, 2))
     ref = verify_tree(target, draft, tokens, parents, rule, **kw)
     got = walk_tree(target, draft, tokens, parents, rule, **kw)
     for field in ("num_accepted", "path", "next_token", "is_bonus", "last_rejected", "kinds", "p", "q", "u", "max_p"):
