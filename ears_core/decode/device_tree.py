@@ -13,7 +13,7 @@ decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as te
               and rank by rank; the next token drawn on the device.
 packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
               alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
-              float64 vector (``TreeHost.pack``), read once (``HostReader``).
+              float64 vector (``pack``), read once (``HostReader``) and unpacked as a ``TreeHost`` (tree.py).
 KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
               path (``commit_tree``), by the path of that read.
 records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left
@@ -41,98 +41,43 @@ the tree draft shape); it is off by default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
 from ears_core.decode.device_round import HostReader
 from ears_core.decode.device_walk import device_walk
 from ears_core.decode.rounds import Round, RoundContext
-from ears_core.decode.tree import TreeRecord, TreeShape
-from ears_core.decode.verify import KIND_NAMES, DraftKind, debugging
+from ears_core.decode.tree import TreeHost, TreeShape
+from ears_core.decode.verify import DraftKind, debugging
 from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts
 from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree
-from ears_core.draft.trees import DraftTree, TreeDraws, TreeSpec, accept_uniforms
-from ears_core.events import DraftRecord, TokenEvent
+from ears_core.draft.trees import TreeDraws, TreeSpec, accept_uniforms
 from ears_core.rules import AcceptanceRule, BudgetEARSRule
 from ears_core.sampling import Stream
 
-__all__ = ["DeviceTreeShape", "TreeHost"]
+__all__ = ["DeviceTreeShape", "pack", "unpack"]
 
 
-@dataclass
-class TreeHost:
-    """One tree round's verdict (row 0) on the host, by name: built from one packed read."""
+def pack(v: TreeVerdict, tokens: Tensor, alive: Tensor, scores: Tensor, priorities: Tensor) -> Tensor:
+    """Row 0 of a TreeVerdict, the tokens (1, N), alive (N,), scores and priorities (N,) as one (12N + D + 7,)
+    float64 vector on their device (token ids are exact in float64; module terms: packed read)."""
+    floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], v.max_p[0], v.next_p[:1],
+                        v.next_q[:1]]).double()  # (6N + 3,)
+    ints = torch.cat([v.num_accepted[:1], v.next_token[:1], v.is_bonus[:1].long(), v.last_rejected[:1], v.path[0],
+                      tokens[0], v.kinds[0].long(), alive.long()])  # (4 + D + 3N,)
+    return torch.cat([floats, scores.double(), priorities.double(), ints.double()])
 
-    num_accepted: int
-    next_token: int
-    is_bonus: bool
-    last_rejected: int
-    next_p: float
-    next_q: float
-    path: list[int]  # (n,) the accepted nodes, root first
-    tokens: list[int]  # (N,)
-    kinds: list[int]  # (N,) DraftKind values
-    alive: list[bool]  # (N,)
-    p: list[float]
-    q: list[float]
-    ratio: list[float]
-    u: list[float]
-    tolerance: list[float]
-    scores: list[float]
-    priorities: list[float]
-    max_p: list[float]  # (N + 1,) per entry
 
-    @staticmethod
-    def pack(v: TreeVerdict, tokens: Tensor, alive: Tensor, scores: Tensor, priorities: Tensor) -> Tensor:
-        """Row 0 of a TreeVerdict, the tokens (1, N), alive (N,), scores and priorities (N,) as one (12N + D + 7,)
-        float64 vector on their device (token ids are exact in float64)."""
-        floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], v.max_p[0], v.next_p[:1],
-                            v.next_q[:1]]).double()  # (6N + 3,)
-        ints = torch.cat([v.num_accepted[:1], v.next_token[:1], v.is_bonus[:1].long(), v.last_rejected[:1], v.path[0],
-                          tokens[0], v.kinds[0].long(), alive.long()])  # (4 + D + 3N,)
-        return torch.cat([floats, scores.double(), priorities.double(), ints.double()])
-
-    @classmethod
-    def unpack(cls, f: list[float], n: int, depth: int) -> "TreeHost":
-        """The record from ``pack``'s vector read to the host; n nodes, depth D."""
-        col = lambda j, m=n: f[j * n: j * n + m]  # noqa: E731
-        i = [int(x) for x in f[8 * n + 3:]]
-        k, tail = i[0], i[4 + depth:]
-        return cls(num_accepted=k, next_token=i[1], is_bonus=bool(i[2]), last_rejected=i[3], next_p=f[6 * n + 1],
-                   next_q=f[6 * n + 2], path=i[4: 4 + k], tokens=tail[:n], kinds=tail[n: 2 * n],
-                   alive=[bool(a) for a in tail[2 * n:]], p=col(0), q=col(1), ratio=col(2), u=col(3), tolerance=col(4),
-                   scores=f[6 * n + 3: 7 * n + 3], priorities=f[7 * n + 3: 8 * n + 3], max_p=col(5, n + 1))
-
-    def records(self, tree: DraftTree, produced: int, step: int, dist: list[float], exact: list[bool]
-                ) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
-        """Token events, draft records and the tree record, as ``tree.round_records`` makes them."""
-        kinds, n, par = [KIND_NAMES[DraftKind(c)] for c in self.kinds], self.num_accepted, tree.parents
-        events = [TokenEvent(step, produced + e, self.tokens[a], "", kinds[a], self.p[a], self.q[a], self.ratio[a],
-                             self.u[a], self.tolerance[a], self.max_p[par[a] + 1], dist[e])
-                  for e, a in enumerate(self.path)]
-        stop = 0 if n == 0 else self.path[-1] + 1
-        if self.is_bonus:
-            events.append(TokenEvent(step, produced + n, self.next_token, "", "bonus" if tree.size else "target",
-                                     self.next_p, None, None, None, None, self.max_p[stop], 0.0))
-        else:
-            r = self.last_rejected
-            events.append(TokenEvent(step, produced + n, self.next_token, "", "resampled", self.next_p, self.next_q,
-                                     self.ratio[r], self.u[r], self.tolerance[r], self.max_p[stop], dist[n],
-                                     rejected_token=self.tokens[r]))
-        tested = sorted((i for i in range(tree.size) if kinds[i]), key=lambda i: (tree.depths[i], tree.ranks[i]))
-        drafts = [DraftRecord(produced + tree.depths[i] - 1, self.tokens[i], kinds[i], self.p[i], self.q[i],
-                              self.ratio[i], self.u[i], self.tolerance[i], self.max_p[par[i] + 1]) for i in tested]
-        kept = [i for i in range(tree.size) if self.alive[i]]  # the nodes today's tree drew (module terms: records)
-        new = {old: j for j, old in enumerate(kept)}
-        record = TreeRecord(step, produced, [self.tokens[i] for i in kept], [new.get(par[i], -1) for i in kept],
-                            [tree.depths[i] for i in kept], [tree.ranks[i] for i in kept],
-                            [self.scores[i] for i in kept], [self.priorities[i] for i in kept],
-                            [kinds[i] for i in kept], [new[a] for a in self.path], self.next_token,
-                            "bonus" if self.is_bonus and tree.size else "target" if self.is_bonus else "resampled",
-                            exact)
-        return events, drafts, record
+def unpack(f: list[float], n: int, depth: int) -> TreeHost:
+    """The round's ``TreeHost`` (tree.py) from ``pack``'s vector read to the host; n nodes, depth D."""
+    col = lambda j, m=n: f[j * n: j * n + m]  # noqa: E731
+    i = [int(x) for x in f[8 * n + 3:]]
+    k, tail = i[0], i[4 + depth:]
+    return TreeHost(num_accepted=k, next_token=i[1], is_bonus=bool(i[2]), last_rejected=i[3], next_p=f[6 * n + 1],
+                    next_q=f[6 * n + 2], path=i[4: 4 + k], tokens=tail[:n], kinds=tail[n: 2 * n],
+                    alive=[bool(a) for a in tail[2 * n:]], p=col(0), q=col(1), ratio=col(2), u=col(3),
+                    tolerance=col(4), scores=f[6 * n + 3: 7 * n + 3], priorities=f[7 * n + 3: 8 * n + 3],
+                    max_p=col(5, n + 1))
 
 
 class DeviceTreeShape(TreeShape):
@@ -175,12 +120,10 @@ class DeviceTreeShape(TreeShape):
                         sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],
                         alive=alive, with_distortion=lossy, siblings=tree.siblings, draft_support=self.support)
         zeros = torch.zeros(n, dtype=torch.float64, device=dev)
-        packed = TreeHost.pack(v, tokens, alive, getattr(tree, "score_t", zeros), getattr(tree, "priority_t", zeros))
-        host = TreeHost.unpack(self.reader.read(packed), n, self.max_depth)  # the round's one host read
+        packed = pack(v, tokens, alive, getattr(tree, "score_t", zeros), getattr(tree, "priority_t", zeros))
+        host = unpack(self.reader.read(packed), n, self.max_depth)  # the round's one host read
         self.path = host.path
         k = host.num_accepted
-        dist = v.distortion[0].tolist() if lossy else [0.0] * (k + 1)  # host reads of their own (module terms)
-        exact = v.distortion_exact[0].tolist()[: k + 1] if lossy else []
-        events, drafts, record = host.records(tree, produced, step, dist, exact)
+        events, drafts, record = host.records(v, tree, produced, step)  # the distortion: reads of its own (module terms)
         pardoned = sum(1 for a in self.path if host.kinds[a] == int(DraftKind.PARDONED))
         return Round(sum(host.alive), k, v.next_token, events, drafts, pardoned, [], None, record)

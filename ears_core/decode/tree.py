@@ -55,7 +55,7 @@ from ears_core.events import DraftRecord, TokenEvent
 from ears_core.model.passes.kv_cache import cache_device, drop_last_positions, keep_tail_positions
 from ears_core.sampling import Stream
 
-__all__ = ["TreeRecord", "TreeShape", "score_tree", "keep_path"]
+__all__ = ["TreeHost", "TreeRecord", "TreeShape", "score_tree", "keep_path"]
 
 
 @dataclass
@@ -161,11 +161,12 @@ class TreeShape:
             sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],  # (1, D+1)
             with_distortion=ctx.with_distortion, siblings=tree.siblings, draft_support=self.support, check=self.check,
         )
-        n = int(v.num_accepted[0])  # the round's host sync
-        self.path = v.path[0, :n].tolist()
-        events, drafts, record = round_records(v, tree, produced, step)
-        pardoned = sum(1 for a in self.path if record.kinds[a] == "pardoned")
-        return Round(tree.size, n, v.next_token, events, drafts, pardoned, self.estimates, self.expected, record)
+        host = TreeHost.read(v, tree)  # the round's host reads
+        self.path = host.path
+        events, drafts, record = host.records(v, tree, produced, step)
+        pardoned = sum(1 for a in self.path if host.kinds[a] == int(DraftKind.PARDONED))
+        return Round(tree.size, host.num_accepted, v.next_token, events, drafts, pardoned, self.estimates, self.expected,
+                     record)
 
     def commit(self, cache: DynamicCache, rnd: Round) -> None:
         keep_path(cache, self.prefix, self.tree.size, self.path)
@@ -190,32 +191,66 @@ class TreeShape:
             cost(self.tree.size, self.max_depth, round_ms, target_ms)
 
 
-def round_records(v: Any, tree: DraftTree, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
-    """Unpack one round's verdict (row 0) into token events, draft records and the tree record."""
-    toks, kinds = tree.tokens.tolist(), [KIND_NAMES[DraftKind(c)] for c in v.kinds[0].tolist()]
-    p, q, ratio, u, tol = (t[0].double().tolist() for t in (v.p, v.q, v.ratio, v.u, v.tolerance))
-    max_p = v.max_p[0].double().tolist()
-    n, nxt = int(v.num_accepted[0]), int(v.next_token[0])
-    path = v.path[0, :n].tolist()
-    dist = v.distortion[0].tolist() if v.distortion is not None else [0.0] * (n + 1)
-    exact = v.distortion_exact[0].tolist()[: n + 1] if v.distortion_exact is not None else []
-    events = [
-        TokenEvent(step, produced + e, toks[a], "", kinds[a], p[a], q[a], ratio[a], u[a], tol[a],
-                   max_p[tree.parents[a] + 1], dist[e])
-        for e, a in enumerate(path)
-    ]
-    stop_entry = 0 if n == 0 else path[-1] + 1
-    next_p, next_q = float(v.next_p[0]), float(v.next_q[0])
-    if bool(v.is_bonus[0]):
-        kind = "bonus" if tree.size else "target"
-        events.append(TokenEvent(step, produced + n, nxt, "", kind, next_p, None, None, None, None, max_p[stop_entry], 0.0))
-    else:
-        kind, r = "resampled", int(v.last_rejected[0])
-        events.append(TokenEvent(step, produced + n, nxt, "", kind, next_p, next_q, ratio[r], u[r], tol[r],
-                                 max_p[stop_entry], dist[n], rejected_token=toks[r]))
-    tested = sorted((i for i in range(tree.size) if kinds[i]), key=lambda i: (tree.depths[i], tree.ranks[i]))
-    drafts = [DraftRecord(produced + tree.depths[i] - 1, toks[i], kinds[i], p[i], q[i], ratio[i], u[i], tol[i],
-                          max_p[tree.parents[i] + 1]) for i in tested]
-    record = TreeRecord(step, produced, toks, list(tree.parents), list(tree.depths), list(tree.ranks), list(tree.scores),
-                        list(tree.priorities), kinds, path, nxt, kind, exact)
-    return events, drafts, record
+@dataclass
+class TreeHost:
+    """One tree round's verdict (row 0) on the host, by name: what its records are made of. ``read`` takes it
+    from a verdict field by field (today's round); the device round unpacks it from one read (device_tree.py)."""
+
+    num_accepted: int
+    next_token: int
+    is_bonus: bool
+    last_rejected: int
+    next_p: float
+    next_q: float
+    path: list[int]  # (n,) the accepted nodes, root first
+    tokens: list[int]  # (N,)
+    kinds: list[int]  # (N,) DraftKind values
+    alive: list[bool]  # (N,) the nodes a best-first tree would have drawn (fixed_trees.py: alive)
+    p: list[float]
+    q: list[float]
+    ratio: list[float]
+    u: list[float]
+    tolerance: list[float]
+    scores: list[float]
+    priorities: list[float]
+    max_p: list[float]  # (N + 1,) per entry
+
+    @classmethod
+    def read(cls, v: Any, tree: DraftTree) -> "TreeHost":
+        """Row 0 of a verdict of today's tree, each field read to the host."""
+        n = int(v.num_accepted[0])
+        p, q, ratio, u, tol, max_p = (t[0].double().tolist() for t in (v.p, v.q, v.ratio, v.u, v.tolerance, v.max_p))
+        return cls(n, int(v.next_token[0]), bool(v.is_bonus[0]), int(v.last_rejected[0]), float(v.next_p[0]),
+                   float(v.next_q[0]), v.path[0, :n].tolist(), tree.tokens.tolist(), v.kinds[0].tolist(),
+                   [True] * tree.size, p, q, ratio, u, tol, list(tree.scores), list(tree.priorities), max_p)
+
+    def records(self, v: Any, tree: DraftTree, produced: int, step: int
+                ) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
+        """Token events, draft records and the tree record of the nodes that are alive; the distortion from the
+        verdict ``v`` (host reads of its own), where it was computed."""
+        kinds, n, par = [KIND_NAMES[DraftKind(c)] for c in self.kinds], self.num_accepted, tree.parents
+        dist = v.distortion[0].tolist() if v.distortion is not None else [0.0] * (n + 1)
+        exact = v.distortion_exact[0].tolist()[: n + 1] if v.distortion_exact is not None else []
+        events = [TokenEvent(step, produced + e, self.tokens[a], "", kinds[a], self.p[a], self.q[a], self.ratio[a],
+                             self.u[a], self.tolerance[a], self.max_p[par[a] + 1], dist[e])
+                  for e, a in enumerate(self.path)]
+        stop = 0 if n == 0 else self.path[-1] + 1
+        next_kind = ("bonus" if tree.size else "target") if self.is_bonus else "resampled"
+        if self.is_bonus:
+            events.append(TokenEvent(step, produced + n, self.next_token, "", next_kind, self.next_p, None, None, None,
+                                     None, self.max_p[stop], 0.0))
+        else:
+            r = self.last_rejected
+            events.append(TokenEvent(step, produced + n, self.next_token, "", next_kind, self.next_p, self.next_q,
+                                     self.ratio[r], self.u[r], self.tolerance[r], self.max_p[stop], dist[n],
+                                     rejected_token=self.tokens[r]))
+        tested = sorted((i for i in range(tree.size) if kinds[i]), key=lambda i: (tree.depths[i], tree.ranks[i]))
+        drafts = [DraftRecord(produced + tree.depths[i] - 1, self.tokens[i], kinds[i], self.p[i], self.q[i],
+                              self.ratio[i], self.u[i], self.tolerance[i], self.max_p[par[i] + 1]) for i in tested]
+        kept = [i for i in range(tree.size) if self.alive[i]]
+        new = {old: j for j, old in enumerate(kept)}
+        record = TreeRecord(step, produced, [self.tokens[i] for i in kept], [new.get(par[i], -1) for i in kept],
+                            [tree.depths[i] for i in kept], [tree.ranks[i] for i in kept],
+                            [self.scores[i] for i in kept], [self.priorities[i] for i in kept],
+                            [kinds[i] for i in kept], [new[a] for a in self.path], self.next_token, next_kind, exact)
+        return events, drafts, record
