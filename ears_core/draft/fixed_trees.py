@@ -15,7 +15,7 @@ from a spec  ``FixedTreeSpec.of(spec)``: the chain of ``depth`` nodes (no more t
 drafting     ``build_fixed_tree``: one draft pass per depth over every node of the depth above (the
              drafter's ``expand``), then each node's w_d children at once, in rank order: fixed siblings
              are the w_d largest values of the score distribution (ties: the lower token first, as
-             ``trees._top``), sampled siblings are drawn without replacement from the sampling
+             ``trees.ranked``), sampled siblings are drawn without replacement from the sampling
              distribution with the nodes' counter-based draws (``TreeDraws``: computed on the host from
              the node's depth and ranks, never from a tensor). Tensor operations only: no host read.
 alive        a sampled node of rank j exists in ``build_tree`` only if its parent's draft distribution has
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ears_core.draft.trees import DraftTree, ExpandFn, ProbsFn, TreeDraws, TreeSpec
+from ears_core.draft.trees import DraftTree, ExpandFn, ProbsFn, TreeDraws, TreeSpec, ranked
 from ears_core.sampling import Stream, host_uniforms, sample_with_uniforms
 
 __all__ = ["FixedTreeSpec", "FixedDraftTree", "build_fixed_tree", "widths_for"]
@@ -111,16 +111,6 @@ def _node_uniforms(draws: TreeDraws, tree: DraftTree, device: torch.device) -> T
     return torch.tensor(host_uniforms(draws.seed, keys, Stream.DRAFT), device=device)
 
 
-def _ranked(s: Tensor, kmax: int) -> tuple[Tensor, Tensor]:
-    """(m, V) -> the kmax + 1 largest values of each row, descending, ties by the lower token (``trees._top``):
-    values (m, k) and tokens (m, k)."""
-    vals, ids = s.topk(min(kmax + 1, s.shape[-1]), dim=-1)  # (m, k)
-    by_id = ids.argsort(dim=-1, stable=True)  # (m, k): ascending token first ...
-    vals, ids = vals.gather(-1, by_id), ids.gather(-1, by_id)
-    by_val = (-vals).argsort(dim=-1, stable=True)  # ... then by value, stable: ties keep the lower token first
-    return vals.gather(-1, by_val), ids.gather(-1, by_val)
-
-
 @dataclass
 class _Level:
     """One depth's children, (m, w) each, m the nodes of the depth above."""
@@ -134,7 +124,7 @@ class _Level:
 
 def _children(q: Tensor, s: Tensor, w: int, kmax: int, fixed: bool, u: Tensor) -> _Level:
     """q, s (m, V) the sampling and score distributions of m parents, u (m, w) the children's draws."""
-    vals, ids = _ranked(s, kmax)  # (m, k)
+    vals, ids = ranked(s, kmax)  # (m, kmax + 1)
     top_p = vals[:, :w].double()  # (m, w)
     if fixed:
         toks = ids[:, :w]  # (m, w)

@@ -39,7 +39,7 @@ from torch import Tensor
 from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
 __all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-           "additive_mask", "draft_pass", "tree_attention_mask", "tree_position_ids", "tree_visibility"]
+           "additive_mask", "draft_pass", "ranked", "tree_attention_mask", "tree_position_ids", "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 # expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
@@ -161,12 +161,20 @@ class _Dist:
     drawn: list[int]  # children drawn so far
 
 
-def _top(s: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
-    """(m, V) -> per row the k largest values, descending, and their tokens, ties lower token first (as argmax
-    picks): one ``topk`` of k + 1 (so a tie at the k-th place is ordered too) and one read to the host."""
+def ranked(s: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """(m, V) -> the k + 1 largest values of each row, descending, ties lower token first (as argmax picks; the
+    extra one orders a tie at the k-th place): values and tokens (m, k + 1), on the device."""
     vals, ids = s.topk(min(k + 1, s.shape[-1]), dim=-1)  # (m, k+1)
-    rows = [sorted(zip(v, i), key=lambda t: (-t[0], t[1]))[:k] for v, i in zip(vals.tolist(), ids.tolist())]
-    return [[v for v, _ in r] for r in rows], [[i for _, i in r] for r in rows]
+    by_id = ids.argsort(dim=-1, stable=True)  # ascending token first ...
+    vals, ids = vals.gather(-1, by_id), ids.gather(-1, by_id)
+    by_val = (-vals).argsort(dim=-1, stable=True)  # ... then by value, stable: ties keep the lower token first
+    return vals.gather(-1, by_val), ids.gather(-1, by_val)
+
+
+def _top(s: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
+    """``ranked``'s k largest values and their tokens, read to the host."""
+    vals, ids = ranked(s, k)
+    return vals[:, :k].tolist(), ids[:, :k].tolist()
 
 
 def build_tree(
