@@ -145,6 +145,7 @@ def test_an_int4_heads_layers_run_q_k_v_and_gate_up_each_in_one_call_with_the_sa
     quantize_linears(head.body)
     z = torch.randn(1, 5, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     layers = head_layers.HeadLayers(head.body)
+    assert head_layers.HeadLayers(head.body).layers[0].qkv is layers.layers[0].qkv  # made once, not every request
     assert all(isinstance(l.qkv, Int4Linear) and isinstance(l.gate_up, Int4Linear) for l in layers.layers)
     calls = []
     monkeypatch.setattr(Int4Linear, "forward", lambda self, x, f=Int4Linear.forward: calls.append(1) or f(self, x))
@@ -152,6 +153,8 @@ def test_an_int4_heads_layers_run_q_k_v_and_gate_up_each_in_one_call_with_the_sa
         fused = layers(z, layers.new_cache())
     assert len(calls) == 4 * len(layers.layers)  # q/k/v, o, gate/up, down
     monkeypatch.setattr(head_layers, "side_by_side", lambda parts: None)
+    for layer in head.body.layers:  # made once for the modules a layer holds: made again, apart
+        layer.__dict__.pop("_ears_side_by_side")
     apart = head_layers.HeadLayers(head.body)
     assert isinstance(apart.layers[0].qkv, tuple)
     with torch.inference_mode():

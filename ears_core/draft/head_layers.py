@@ -32,11 +32,15 @@ def supports(body: nn.Module) -> bool:
 
 def _layer(layer: nn.Module) -> Layer:
     """A head decoder layer as the pass's Layer over its own modules (module terms: by hand); int4 q / k / v and
-    gate / up each as one kernel call (int4_linear.py: side by side)."""
+    gate / up each as one kernel call (int4_linear.py: side by side), made once for the modules the layer holds
+    (a drafter builds its layers every request)."""
     attn, mlp = layer.self_attn, layer.mlp
-    qkv, gate_up = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
-    return Layer(layer.input_layernorm.weight, side_by_side(qkv) or qkv, attn.o_proj,
-                 layer.post_attention_layernorm.weight, side_by_side(gate_up) or gate_up, mlp.down_proj)
+    parts = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+    made = layer.__dict__.get("_ears_side_by_side")
+    if made is None or made[0] != parts:
+        made = layer.__dict__["_ears_side_by_side"] = (parts, *(side_by_side(p) or p for p in parts))
+    return Layer(layer.input_layernorm.weight, made[1], attn.o_proj, layer.post_attention_layernorm.weight, made[2],
+                 mlp.down_proj)
 
 
 class HeadLayers(Decoder):
