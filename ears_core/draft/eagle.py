@@ -17,8 +17,9 @@ temperature scale  tau: drafts are drawn from ``probs_fn(logits / tau)``; greedy
 head dtype      the head's layers, cache and rows of the output head (``w_sub``) compute in it (head_kernels.py);
                 logits come back as float32. Like tau and the kernels it changes only q, still exactly the
                 distribution each draft was drawn from (draft side): every rule stays as exact as before.
-feature layers  (EAGLE-3) indices into the target's ``hidden_states`` (-1, after the final norm, last) read side by
-                side into fc; an input from the head's prediction has zeros for the lower layers.
+feature layers  (EAGLE-3) indices into the target's ``hidden_states`` (0 the embeddings, i after decoder layer i,
+                -1 after the final norm: always last) read side by side into fc; an input from the head's own
+                prediction (2nd and later drafts) has zeros for the lower layers, as in training.
 """
 
 from __future__ import annotations
