@@ -44,7 +44,7 @@ from ears_core.draft.head_files import (EMBEDDED_DRAFT_DIR, embedded_draft_avail
                                         is_head_dir, load_head_draft)
 from ears_core.model.loading.hub import (ModelLoadError, check_tokenizers, encode_prompt, folder_or_hub_id, is_out_of_memory,
                                  load_model, load_tokenizer, resolve_dtype)
-from ears_core.model.kernels.passing import in_passing_thread
+from ears_core.threads import in_passing_thread
 from ears_core.timing import cores_crowded
 from ears_core.model.loading.presets import EMBEDDED, PRESETS, Preset  # noqa: F401 - Preset: re-exported
 

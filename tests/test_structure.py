@@ -84,7 +84,8 @@ def test_no_module_imports_a_module_that_imports_it_back():
 
 # The package's layers, bottom first: a module imports only from lower layers or from its own subpackage.
 LAYERS = [
-    {"sampling", "timing", "events", "deprecated", "tpp"},  # draws, clocks, records, renamed names; point processes stand apart
+    {"sampling", "timing", "threads", "events", "deprecated", "tpp"},  # draws, clocks, thread lifetimes, records, renamed
+    # names; point processes stand apart
     {"rules", "metrics"},  # acceptance rules and the distortion maths; what a generation measured
     {"model"},  # model kernels, KV-cache edits, the embedded target, hub loading
     {"draft"},  # drafters: a draft model, the EAGLE-style head, n-grams, tree building

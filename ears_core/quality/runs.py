@@ -15,7 +15,7 @@ budget      ``budget_s``: seconds of decoding for the whole sweep (the app's req
             that reaches it is cut, marked ``timed_out`` and ends the sweep. Cut runs are not scored.
 thread      a run decodes in the caller's thread (the bench), or with ``background`` in a thread of its
             own that ends with it (``serve.runs.Background``: the app, whose long-lived request workers
-            must not keep a torch thread pool beside the decodes of other requests, model/kernels/passing.py).
+            must not keep a torch thread pool beside the decodes of other requests, threads.py).
 """
 
 from __future__ import annotations

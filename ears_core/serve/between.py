@@ -7,7 +7,7 @@ piece     one short unit of the work under ``BetweenRequests.piece()`` (one forw
           measurement): it raises ``Busy`` once a decode has begun (or the runner was closed), and a decode
           that begins while a piece runs waits for that piece only (serve/runs.py).
 attempt   one try at the whole job, in a thread that exits when it ends, so its OpenMP pool goes with it
-          (model/kernels/passing.py). An attempt a request put aside is thrown away, never half used, and the job
+          (threads.py). An attempt a request put aside is thrown away, never half used, and the job
           is tried again at a later quiet: ``quiet_s`` times the attempts so far (at most ``MAX_BACKOFF``
           times), so a busy server is not interrupted every few seconds.
 asked     ``request()`` asks for the job; a request that comes while an attempt runs asks for one more
@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ears_core.model.kernels.passing import join_at_exit
+from ears_core.threads import join_at_exit
 from ears_core.serve.runs import ActivityLog, Busy
 from ears_core.timing import MachineBusy
 

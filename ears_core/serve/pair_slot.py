@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from ears_core.model.kernels.passing import join_at_exit
+from ears_core.threads import join_at_exit
 from ears_core.pair import ModelPair, check_pair, load_pair, resolve_draft
 from ears_core.serve.runs import ActivityLog
 from ears_core.serve.session import Session

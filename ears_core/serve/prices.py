@@ -29,7 +29,7 @@ import time
 from typing import Any, Sequence
 
 from ears_core.events import StepRecord
-from ears_core.model.kernels.passing import in_passing_thread
+from ears_core.threads import in_passing_thread
 from ears_core.policy.costs import PriceCurve, RunningPrices
 from ears_core.policy.profile import load_or_measure
 from ears_core.serve.between import BetweenRequests

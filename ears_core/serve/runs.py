@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ears_core.decode.generation import Generation
-from ears_core.model.kernels.passing import join_at_exit
+from ears_core.threads import join_at_exit
 
 __all__ = ["ActivityLog", "ACTIVITY", "Busy", "Tracked", "Background", "PIECE_WAIT"]
 

@@ -52,7 +52,7 @@ from ears_core.deprecated import renamed_keyword
 from ears_core.metrics import GenerationStats
 from ears_core.model.loading.hub import describe_device
 from ears_core.pair import ModelPair
-from ears_core.model.kernels.passing import in_passing_thread
+from ears_core.threads import in_passing_thread
 from ears_core.rules import BETA, AcceptanceRule, GreedyRule, is_ratio_rule, make_rule, rule_spec
 from ears_core.serve.prices import ON_PATH, STALE, SessionPrices
 from ears_core.serve.runs import ACTIVITY, ActivityLog, Background, Tracked

@@ -1,5 +1,5 @@
-"""passing.in_passing_thread: torch work in a thread that exits, so the caller keeps no OpenMP pool
-(two pools on 2 cores throttle every parallel region: decoding ran at 0.6x, passing.py)."""
+"""threads.in_passing_thread: torch work in a thread that exits, so the caller keeps no OpenMP pool
+(two pools on 2 cores throttle every parallel region: decoding ran at 0.6x, threads.py)."""
 
 import subprocess
 import sys
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ears_core.pair as models
-import ears_core.model.kernels.passing as passing
-from ears_core.model.kernels.passing import in_passing_thread, join_at_exit
+import ears_core.threads as threads_module
+from ears_core.threads import in_passing_thread, join_at_exit
 
 
 def test_it_runs_elsewhere_returns_and_raises_as_the_call_would():
@@ -74,7 +74,7 @@ def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_t
 
 _EXIT_SCRIPT = """
 import threading, time, torch
-from ears_core.model.kernels.passing import join_at_exit
+from ears_core.threads import join_at_exit
 from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
 a = torch.randn(1200, 1200)
@@ -112,6 +112,6 @@ def test_the_exit_join_calls_stop_and_reports_the_threads_it_found():
     stop = threading.Event()
     thread = join_at_exit(threading.Thread(target=stop.wait, daemon=True), stop.set)
     thread.start()
-    assert passing._join_live_threads(timeout=10) >= 1
+    assert threads_module._join_live_threads(timeout=10) >= 1
     assert stop.is_set() and not thread.is_alive()
-    assert passing._join_live_threads(timeout=10) == 0  # ended threads are not waited for again
+    assert threads_module._join_live_threads(timeout=10) == 0  # ended threads are not waited for again
