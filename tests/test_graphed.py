@@ -86,10 +86,10 @@ def test_two_caches_share_the_static_buffer_and_each_keeps_its_own_slots() -> No
     want_b = ref(torch.tensor([[60, 61, 62, 7]])).logits[:, -1:]
     assert torch.allclose(got_a, want_a, atol=1e-4) and torch.allclose(got_b, want_b, atol=1e-4)
     assert torch.allclose(lm(torch.tensor([[7]]), past_key_values=a_copy).logits, want_a, atol=1e-4)
-    a.drop_last(2)
+    a.crop(-2)
     assert a.get_seq_length() == 4
-    with pytest.raises(ValueError, match="cannot drop"):
-        a.drop_last(9)
+    with pytest.raises(ValueError, match="cannot crop"):
+        a.crop(-9)
     with pytest.raises(TypeError, match="new_cache"):
         lm(a_ids, past_key_values=DynamicCache(config=ref.config))
 

@@ -147,8 +147,10 @@ def test_the_cache_grows_past_its_capacity() -> None:
     cache.length = 3
     cache.reserve(6)  # 9 > 4: doubled twice
     assert cache.capacity == 16 and bool((cache.buf[:, :, :, :3] == 1).all()) and bool((cache.buf[:, :, :, 3:] == 0).all())
-    with pytest.raises(ValueError, match="cannot drop"):
-        cache.drop_last(4)
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(-4)
+    with pytest.raises(ValueError, match="cannot crop"):
+        cache.crop(4)
 
 
 def test_a_transformers_cache_is_refused_with_the_fix(lean_and_reference) -> None:

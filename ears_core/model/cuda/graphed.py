@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.passes.attention import PassOutput, avoid_replanning_attention, one_sequence, visible_positions
+from ears_core.model.passes.attention import PassOutput, avoid_replanning_attention, pass_inputs
 from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 from ears_core.model.passes.static_decoder import StaticDecoder, additive_mask_over, causal_mask, supports
@@ -107,7 +107,7 @@ class _Runner:
             self.run(cache, rows(32))
             for m in widths:
                 self.run(cache, rows(m))
-                cache.drop_last(m)
+                cache.crop(-m)
 
 
 class GraphedLM(nn.Module):
@@ -166,12 +166,7 @@ class GraphedLM(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> PassOutput:
-        one_sequence(input_ids, "a graphed model")
-        cache = past_key_values if past_key_values is not None else self.new_cache()
-        if not isinstance(cache, KVBuffer) or cache.kv is not self.runner.kv:
-            raise TypeError("a graphed model keeps its keys and values on its own KV store: make a cache with "
-                            "model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
-        seen = visible_positions(attention_mask, "a graphed model")
+        _, cache, seen = pass_inputs(self, input_ids, attention_mask, past_key_values, "a graphed model", self.runner.kv)
         with cache.kv.lock:  # the pass and the copies of its outputs (kv_cache.py: threads)
             (states, logits), hidden = self.runner.run(cache, input_ids[0], position_ids, seen, logits_to_keep,
                                                        output_hidden_states)

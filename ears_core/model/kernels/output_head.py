@@ -64,17 +64,15 @@ class PlannedLinear(torch.nn.Module):
         layout = self.plan.layout(x[..., 0].numel())
         if layout == "linear" or x.requires_grad:
             return F.linear(x, self.weight, self.bias)
-        h = x.reshape(-1, x.shape[-1])  # (r, d)
-        y = h @ self.weight_t if layout == "xw" else (self.weight.detach() @ h.t()).t()  # (r, V)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        y = _run(layout, x.reshape(-1, x.shape[-1]), self.weight.detach(), self.weight_t)  # (r, V)
+        return (y if self.bias is None else y + self.bias).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, plan={self.plan.layouts}"
 
 
-def _run(layout: str, h: Tensor, w: Tensor, w_t: Tensor) -> Tensor:
+def _run(layout: str, h: Tensor, w: Tensor, w_t: Tensor | None) -> Tensor:
+    """h (r, d) through W (V, d) in ``layout`` (module terms; ``w_t`` W^T, for ``xw``) -> (r, V)."""
     if layout == "linear":
         return F.linear(h, w)
     return h @ w_t if layout == "xw" else (w @ h.t()).t()

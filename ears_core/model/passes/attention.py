@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["PassOutput", "avoid_replanning_attention", "one_sequence", "visible_positions"]
+from ears_core.model.passes.kv_cache import KVBuffer
+
+__all__ = ["PassOutput", "avoid_replanning_attention", "pass_inputs"]
 
 
 @dataclass
@@ -36,16 +38,23 @@ def avoid_replanning_attention(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def one_sequence(input_ids: torch.Tensor, who: str) -> int:
-    """m, the new tokens of a hand-run pass's (1, m) ids (module terms: one sequence)."""
+def pass_inputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, cache: Any, who: str,
+                store: Any = None) -> tuple[int, Any, torch.Tensor | None]:
+    """m (the new tokens of the (1, m) ids: module terms, one sequence), the cache (``model.new_cache()`` for None:
+    a KVBuffer, on ``store`` where given) and the visible positions (module terms: visible) of a hand-run pass
+    over ``input_ids``; the errors name ``who`` and the fix."""
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:
         raise ValueError(f"{who} decodes one sequence at a time: ids (1, T), not {tuple(input_ids.shape)}")
-    return int(input_ids.shape[1])
+    cache = cache if cache is not None else model.new_cache()
+    if not isinstance(cache, KVBuffer) or (store is not None and cache.kv is not store):
+        raise TypeError(f"{who} keeps its keys and values in a KVBuffer on its own store, not this {type(cache).__name__}"
+                        ": make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
+    return int(input_ids.shape[1]), cache, _visible(attention_mask, who)
 
 
-def visible_positions(attention_mask: torch.Tensor | None, who: str) -> torch.Tensor | None:
+def _visible(attention_mask: torch.Tensor | None, who: str) -> torch.Tensor | None:
     """(1, 1, m, L) bool, True where a row may attend, from a tree pass's additive or bool mask; None for no mask
-    or an all-ones (B, T) padding mask (module terms: visible). ``who`` names the model in the error."""
+    or an all-ones (B, T) padding mask (module terms: visible)."""
     if attention_mask is None:
         return None
     if attention_mask.dim() == 2:

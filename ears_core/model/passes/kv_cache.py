@@ -91,17 +91,13 @@ class KVBuffer:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.length
 
-    def drop_last(self, n: int) -> None:
-        """Drop the last n >= 0 cached positions (they stay in memory and are overwritten next)."""
-        if n < 0 or n > self.length:
-            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
-        self.length -= n
-
     def crop(self, max_length: int) -> None:
-        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length."""
-        if max_length > self.length:
+        """transformers' ``crop``: a negative argument drops that many positions, else keeps the first max_length
+        (dropped positions stay in memory and are overwritten next)."""
+        keep = self.length + max_length if max_length < 0 else max_length
+        if not 0 <= keep <= self.length:
             raise ValueError(f"cannot crop a cache of {self.length} positions to {max_length}")
-        self.length = self.length + max_length if max_length < 0 else max_length
+        self.length = keep
 
     @property
     def buf(self) -> Tensor:
@@ -153,8 +149,8 @@ def drop_last_positions(cache: DynamicCache, n: int) -> None:
     """Drop the last ``n`` >= 0 positions of every layer, in place (views: nothing is copied)."""
     if n <= 0:
         return
-    if hasattr(cache, "drop_last"):
-        cache.drop_last(n)
+    if isinstance(cache, KVBuffer):
+        cache.crop(-n)
         return
     for layer in cache.layers:
         if type(layer) is not DynamicLayer:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ears_core.model.passes.attention import PassOutput, one_sequence, visible_positions
+from ears_core.model.passes.attention import PassOutput, pass_inputs
 from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, int4_kind, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
@@ -79,14 +79,10 @@ class LeanLlama(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
                 output_hidden_states: bool = False, **unused: Any) -> PassOutput:
-        m = one_sequence(input_ids, "the lean target")
-        cache = past_key_values if past_key_values is not None else self.new_cache()
-        if not isinstance(cache, KVBuffer):
-            raise TypeError(f"the lean target keeps its keys and values in a KVBuffer, not a {type(cache).__name__}: "
-                            "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
+        # seen (1, 1, m, >= n + m) bool, True where a row may attend; or None
+        m, cache, seen = pass_inputs(self, input_ids, attention_mask, past_key_values, "the lean target")
         n, d = cache.length, self.decoder
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
-        seen = visible_positions(attention_mask, "the lean target")  # (1, 1, m, >= n + m) bool, True: may attend
         mask = (seen[..., : n + m] if seen is not None  # else causal after the cache; no mask for one row
                 else None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None])
         attend = Exact(n, n + m, mask, self.attn_dtype)
