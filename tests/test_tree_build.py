@@ -357,7 +357,7 @@ def test_an_eagle_tree_drafts_every_node_as_the_chain_would(target):
         feat = chain._s.next_feat
         for tok in route(tree, e):
             feat = chain._head(feat.unsqueeze(1), torch.tensor([[tok]]))[:, -1]
-        fresh = torch.softmax(chain._sub_logits(feat), -1)[0]
+        fresh = torch.softmax(chain._widen(chain._sub(feat)), -1)[0]
         assert torch.allclose(tree.draft_probs[kids[0]], fresh, atol=1e-5), e
     assert math.isclose(float(tree.draft_probs[0].sum()), 1.0, rel_tol=1e-5)
 
