@@ -17,6 +17,7 @@ support             (optional) the (N,) token ids outside which the drafter's di
 
 from __future__ import annotations
 
+from itertools import takewhile
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
@@ -86,9 +87,8 @@ def drawn(pr: Tensor, u: Tensor, ids: Tensor | None = None) -> tuple[Tensor, Ten
 
 def draft_chain(drafter: Any, k: int, uniforms: Tensor, keep: Keep | None, step: Step, *, confidences: bool,
                 batch: int, device: torch.device, ask_ahead: bool = False) -> tuple[Tensor, Tensor]:
-    """A chain drafter's ``propose`` (module terms) around its ``step`` per position: ``keep`` asked with one host
-    read before each draw (and ``keep(None)`` before a later step, with ``ask_ahead``); sets the drafter's
-    ``confidence`` and ``confidence_t``. uniforms (B, k) -> tokens (B, k') long, probs (B, k', V')."""
+    """``Drafter.propose`` around a chain drafter's ``step`` per position, ``keep(None)`` asked before a later step
+    with ``ask_ahead``; sets the drafter's ``confidence`` and ``confidence_t`` (module terms: device confidence)."""
     drafter.confidence, confs, tokens, probs = [], [], [], []
     for i in range(k):
         if ask_ahead and i > 0 and keep is not None and not keep(None):  # an average draft here would not pay
@@ -111,19 +111,6 @@ def draft_chain(drafter: Any, k: int, uniforms: Tensor, keep: Keep | None, step:
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
-def _step_graphs(model: Any, vocab_size: int) -> Any:
-    """A graphed draft model's captured draft step (draft/step_graphs.py), made once per model; else None."""
-    from ears_core.model.cuda.graphed import GraphedLM
-
-    if not isinstance(model, GraphedLM):
-        return None
-    steps = model.__dict__.get("step_graphs")
-    if steps is None or steps.vocab_size != vocab_size:
-        from ears_core.draft.step_graphs import LMStepGraphs
-        steps = model.__dict__["step_graphs"] = LMStepGraphs(model, vocab_size)
-    return steps
-
-
 class ModelDrafter:
     """A Hugging Face causal LM used as the draft, with its own KV cache and rollback."""
 
@@ -136,7 +123,7 @@ class ModelDrafter:
         self.device = model.device
         self._cache: DynamicCache | None = None
         self._cache_len = 0  # tokens in the cache
-        self._steps: Any = None  # a graphed model's captured draft step, set at prefill
+        self._steps: Any = None  # a graphed model's captured draft step (draft/step_graphs.py), made once per model
         self._pending: Tensor | None = None  # (B, P) committed tokens not yet in the cache
         self._proposed: Tensor | None = None  # (B, k) the last proposal
         self._base = 0  # committed length when the last proposal started
@@ -146,9 +133,15 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
+        from ears_core.draft.step_graphs import LMStepGraphs
+        from ears_core.model.cuda.graphed import GraphedLM
+
         self._cache = new_cache(self.model)
         self._cache_len = 0
-        self._steps = _step_graphs(self.model, self.vocab_size)
+        graphed = isinstance(self.model, GraphedLM)
+        self._steps = self.model.__dict__.get("step_graphs") if graphed else None
+        if graphed and (self._steps is None or self._steps.vocab_size != self.vocab_size):
+            self._steps = self.model.__dict__["step_graphs"] = LMStepGraphs(self.model, self.vocab_size)
         if input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self._cache, use_cache=True, logits_to_keep=1)
             self._cache_len = input_ids.shape[1] - 1
@@ -197,7 +190,7 @@ class ModelDrafter:
     def propose_tree(self, spec: Any, probs_fn: ProbsFn, draws: Any, *, build: Any = None, **options: Any
                      ) -> DraftTree:
         """Draft a tree for the next round, batch 1 (trees.py: tree pass): ``build`` (default ``trees.build_tree``, or
-        one with its signature: ``fixed_trees.build_fixed_tree``) with its keywords ``options`` (greedy, rank_fn, ...)."""
+        one with its signature: ``fixed_trees.build_fixed_tree``) given its keywords ``options`` (greedy, ...)."""
         assert self._pending is not None, "prefill() first"
         self._base = self._cache_len + self._pending.shape[1]
         self._tree_slots: list[int] = []  # tree nodes in the draft's cache, in cache order
@@ -271,17 +264,13 @@ class NGramDrafter:
         self._seq = input_ids[0].tolist()
         self._device = input_ids.device
 
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
-                ) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Keep | None = None) -> tuple[Tensor, Tensor]:
         """The continuation of the longest matching n-gram; each token's confidence n / max_ngram (known before)."""
         found, n = ngram_lookup(self._seq, k, self.max_ngram, self.min_ngram)
-        self.confidence = []
+        conf = n / self.max_ngram * 0.999
         if keep is not None:
-            for _ in found:
-                if not keep(n / self.max_ngram * 0.999):
-                    break
-                self.confidence.append(n / self.max_ngram * 0.999)
-            found = found[: len(self.confidence)]
+            found = list(takewhile(lambda _: keep(conf), found))  # up to the first False
+        self.confidence = [conf] * len(found) if keep is not None else []
         self._proposed = found
         tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
         probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)  # (1, k', V) one-hot

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
 from ears_core.draft.drafters import Draw, Keep, ProbsFn, draft_chain, drawn
-from ears_core.draft.head_layers import supports
+from ears_core.draft.head_layers import head_layers, supports
 from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
@@ -209,7 +209,6 @@ class EagleDrafter:
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         if self.by_hand:
-            from ears_core.draft.head_layers import head_layers
             from ears_core.model.cuda.graphed import GraphedHead
             self._layers = head_layers(self.head, self.cuda_graphs and input_ids.shape[0] == 1)
             if isinstance(self._layers, GraphedHead) and self._n_space:  # one captured graph per draft step

@@ -43,9 +43,8 @@ __all__ = ["FixedTreeSpec", "FixedDraftTree", "build_fixed_tree", "widths_for"]
 def widths_for(spec: TreeSpec) -> tuple[int, ...]:
     """The widths of a spec's fixed tree (module terms: from a spec)."""
     widths = [1] * min(spec.depth, spec.budget)
-    cap = spec.width or spec.budget
     for d in range(len(widths)):
-        while widths[d] < cap and _size(widths[:d] + [widths[d] + 1] + widths[d + 1:]) <= spec.budget:
+        while widths[d] < spec.kmax and _size(widths[:d] + [widths[d] + 1] + widths[d + 1:]) <= spec.budget:
             widths[d] += 1
     return tuple(widths)
 

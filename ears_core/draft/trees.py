@@ -42,11 +42,9 @@ __all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "a
            "additive_mask", "draft_pass", "ranked", "tree_position_ids", "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
-# expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
-ExpandFn = Callable[[list[int], "DraftTree"], Tensor]
-KeepFn = Callable[[float, int, int], bool]  # (priority, nodes so far, depth) -> draw this node?
-# level value: (the node's draft probability at its parent, depth, rank) -> P(it stands | its parent stood)
-LevelFn = Callable[[float, int, int], float]
+ExpandFn = Callable[[list[int], "DraftTree"], Tensor]  # (node ids, tree) -> (m, V_model) draft logits after each
+KeepFn = Callable[[float, int, int], bool]  # (priority, nodes so far, depth) -> draw this node? False ends the tree
+LevelFn = Callable[[float, int, int], float]  # (draft probability at the parent, depth, rank) -> P(stands | parent did)
 
 
 @dataclass(frozen=True)
@@ -181,15 +179,12 @@ def ranked(s: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return vals.gather(-1, by_val), ids.gather(-1, by_val)
 
 
-def build_tree(
-    root_logits: Tensor, expand: ExpandFn, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, *,
-    greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
-    level: LevelFn | None = None,
-) -> DraftTree:
-    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate). root_logits (V_model,): the
-    draft's logits for depth 1; ``expand(ids, tree)``: its logits over nodes ``ids`` (their ancestors already run).
-    ``greedy`` (T = 0): "auto" means fixed siblings. ``rank_fn`` (default ``probs_fn``) scores, ``probs_fn`` draws.
-    ``keep(priority (with ``level``: estimate), nodes so far, depth)``, asked before each draw: False ends it."""
+def build_tree(root_logits: Tensor, expand: ExpandFn, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, *,
+               greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
+               level: LevelFn | None = None) -> DraftTree:
+    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate) from root_logits (V_model,), the
+    draft's logits for depth 1; ``expand`` runs nodes whose ancestors it ran. ``rank_fn`` (default ``probs_fn``)
+    scores, ``probs_fn`` draws; ``keep``, asked before each draw (with ``level``: the estimate as its priority)."""
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
         return b.tree
