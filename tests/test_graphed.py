@@ -15,7 +15,7 @@ from ears_core import GreedyRule, StandardRule, autoregressive, generate, tree_g
 from ears_core.draft.drafters import ModelDrafter
 from ears_core.draft.eagle import EagleDrafter
 from ears_core.draft.head_layers import HeadLayers
-from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
+from ears_core.draft.trees import additive_mask, tree_position_ids, tree_visibility
 from ears_core.model.cuda.cuda_graphs import GraphBank, bucket, graphs_wanted
 from ears_core.draft.head_layers import head_layers
 from ears_core.model.cuda.graphed import GraphedHead, GraphedLM, graphed_or_eager
@@ -55,7 +55,7 @@ def test_a_tree_pass_takes_the_tree_s_mask_and_positions_as_transformers_does() 
     ids = torch.randint(0, 96, (1, 6), generator=torch.Generator().manual_seed(3))
     nodes = torch.tensor([[5, 9, 11, 40, 7]])
     parents, depths, entries = [-1, -1, 0, 0, 2], [1, 1, 2, 2, 3], [1, 2, 3, 4, 5]
-    mask = tree_attention_mask(parents, 6, entries, entries, torch.float32, torch.device("cpu"))
+    mask = additive_mask(tree_visibility(parents, 6, entries, entries), torch.float32)
     pos = tree_position_ids(depths, 5, entries, torch.device("cpu"))
     hf = DynamicCache(config=ref.config)
     ref(ids, past_key_values=hf, use_cache=True)

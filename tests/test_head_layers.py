@@ -9,7 +9,7 @@ from ears_core import GreedyRule, generate
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.draft.head_layers import HeadLayers, supports
 from ears_core.model.passes.kv_cache import KVBuffer
-from ears_core.draft.trees import tree_attention_mask, tree_position_ids, tree_visibility
+from ears_core.draft.trees import additive_mask, tree_position_ids, tree_visibility
 
 
 def random_head(layers: int = 2, rope: dict | None = None) -> DraftHead:
@@ -46,7 +46,7 @@ def test_a_tree_pass_equals_the_general_forward_with_its_mask_and_positions():
     entries = [1, 2, 3, 4, 5]  # tree entries (0 is the root, in the prefix here)
     hf_cache = DynamicCache(config=head.config)
     head.body(inputs_embeds=prefix, past_key_values=hf_cache, use_cache=True)
-    mask = tree_attention_mask(parents, 6, entries, entries, torch.float32, torch.device("cpu"))
+    mask = additive_mask(tree_visibility(parents, 6, entries, entries), torch.float32)
     pos = tree_position_ids(depths, 5, entries, torch.device("cpu"))
     ref = head.body(inputs_embeds=nodes, past_key_values=hf_cache, use_cache=True, attention_mask=mask,
                     position_ids=pos).last_hidden_state

@@ -76,9 +76,9 @@ def test_the_int4_variant_is_offered_beside_the_lean_target_only():
 
 def test_the_int4_variant_must_beat_the_best_float_one_by_its_margin():
     base = 2.0
-    assert _pick([BF, BFP, I4], {BF: base, BFP: 1.5, I4: 1.5 * (1 - INT4_MIN_GAIN) - 0.01}) == ("bfloat16", False, True)
-    assert _pick([BF, BFP, I4], {BF: base, BFP: 1.5, I4: 1.5 * (1 - INT4_MIN_GAIN / 2)}) == ("bfloat16", True, False)
-    assert _pick([BF, BFP], {BF: base, BFP: base * (1 - MIN_GAIN / 2)}) == ("bfloat16", False, False)
+    assert _pick([BF, BFP, I4], {BF: base, BFP: 1.5, I4: 1.5 * (1 - INT4_MIN_GAIN) - 0.01}) == I4
+    assert _pick([BF, BFP, I4], {BF: base, BFP: 1.5, I4: 1.5 * (1 - INT4_MIN_GAIN / 2)}) == BFP
+    assert _pick([BF, BFP], {BF: base, BFP: base * (1 - MIN_GAIN / 2)}) == BF
 
 
 @needs_kernel

@@ -17,7 +17,7 @@ from ears_core.model.passes.kv_cache import drop_last_positions, keep_tail_posit
 from ears_core.decode.tree import keep_path, score_tree
 from ears_core.draft.trees import (
     DraftTree, TreeDraws, TreeSpec, accept_keys, accept_uniforms, ancestor_matrix, build_tree,
-    tree_attention_mask, tree_position_ids,
+    additive_mask, tree_position_ids, tree_visibility,
 )
 
 
@@ -197,7 +197,7 @@ def test_the_mask_shows_each_entry_its_prefix_ancestors_and_itself():
         [1, 0, 1, 0, 1, 0],
         [1, 1, 0, 0, 0, 1],
     ]
-    mask = tree_attention_mask(parents, 3, [2, 4], [0, 1, 2, 3, 4, 5], torch.float32, torch.device("cpu"))
+    mask = additive_mask(tree_visibility(parents, 3, [2, 4], [0, 1, 2, 3, 4, 5]), torch.float32)
     assert mask.shape == (1, 1, 2, 9)
     assert (mask[0, 0] == 0).int().tolist() == [[1, 1, 1, 1, 0, 1, 0, 0, 0], [1, 1, 1, 1, 0, 1, 0, 1, 0]]
     assert float(mask.min()) == torch.finfo(torch.float32).min
@@ -357,7 +357,7 @@ def test_an_eagle_tree_drafts_every_node_as_the_chain_would(target):
         feat = chain._s.next_feat
         for tok in route(tree, e):
             feat = chain._head(feat.unsqueeze(1), torch.tensor([[tok]]))[:, -1]
-        fresh = torch.softmax(chain._sub_logits(feat), -1)[0]
+        fresh = torch.softmax(chain._widen(chain._sub(feat)), -1)[0]
         assert torch.allclose(tree.draft_probs[kids[0]], fresh, atol=1e-5), e
     assert math.isclose(float(tree.draft_probs[0].sum()), 1.0, rel_tol=1e-5)
 
@@ -386,12 +386,12 @@ def test_sampled_siblings_are_drawn_from_the_sampling_distribution_and_scored_by
 
 
 def test_top_slots_come_in_the_order_of_a_stable_sort_ties_to_the_lower_token():
-    from ears_core.draft.trees import _top
+    from ears_core.draft.trees import ranked
 
     s = torch.tensor([[0.1, 0.3, 0.2, 0.3, 0.05, 0.05],   # a tie for first place: token 1 before 3
                       [0.0, 0.0, 0.5, 0.0, 0.25, 0.25],   # a tie at the last slot kept (k = 3): token 4
                       [0.2, 0.2, 0.2, 0.2, 0.1, 0.1]])
-    vals, ids = _top(s, 3)
+    vals, ids = (t[:, :3].tolist() for t in ranked(s, 3))  # the k largest, as the host tree reads them
     for row, (v, i) in enumerate(zip(vals, ids)):
         ref_v, ref_i = torch.sort(s[row], descending=True, stable=True)
         assert i == ref_i[:3].tolist() and v == pytest.approx(ref_v[:3].tolist())

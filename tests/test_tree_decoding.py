@@ -4,6 +4,8 @@ import pytest
 import torch
 
 import ears_core.decode.tree as td
+import ears_core.draft.drafters as drafters_mod
+import ears_core.draft.eagle as eagle_mod
 import ears_core.draft.trees as trees_mod
 from conftest import PROMPTS, assert_first_two_tokens_follow, tiny_llama
 from ears_core import EARSRule, GreedyRule, StandardRule, generate
@@ -169,7 +171,8 @@ def run_recording(monkeypatch, target, drafter, prompt, **kw):
         return real_build(root_logits, *args, **kwargs)
 
     monkeypatch.setattr(td, "score_tree", score)
-    monkeypatch.setattr(trees_mod, "build_tree", build)
+    for module in (drafters_mod, eagle_mod):  # the drafters' own name for it
+        monkeypatch.setattr(module, "build_tree", build)
     gen = tree_stream(target, drafter, prompt, **kw)
     return gen, gen.result(), passes, roots
 

@@ -49,7 +49,7 @@ from ears_core.decode.verify import KIND_NAMES, DraftKind, check_enabled
 from ears_core.decode.verify_tree import verify_tree
 from ears_core.draft.drafters import layers_side_by_side
 from ears_core.draft.trees import (
-    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, tree_attention_mask, tree_position_ids,
+    DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, additive_mask, tree_position_ids, tree_visibility,
 )
 from ears_core.events import DraftRecord, TokenEvent
 from ears_core.model.passes.kv_cache import cache_device, drop_last_positions, keep_tail_positions
@@ -94,7 +94,7 @@ def score_tree(target: PreTrainedModel, cache: DynamicCache, last: Tensor, tree:
     if not tree.is_chain():  # a chain is an ordinary causal pass
         length = cache.get_seq_length()
         entries = list(range(tree.size + 1))
-        mask = tree_attention_mask(tree.parents, length, entries, entries, target.dtype, last.device)
+        mask = additive_mask(tree_visibility(tree.parents, length, entries, entries, last.device), target.dtype)
         pos = tree_position_ids(tree.depths, length, entries, last.device)
     out = target(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                  output_hidden_states=need_hidden)

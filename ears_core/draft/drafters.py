@@ -17,18 +17,23 @@ support             (optional) the (N,) token ids outside which the drafter's di
 
 from __future__ import annotations
 
+from itertools import takewhile
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from ears_core.model.passes.kv_cache import new_cache
+from ears_core.draft.trees import DraftTree, ProbsFn, additive_mask, build_tree, draft_pass
+from ears_core.model.passes.kv_cache import keep_tail_positions, new_cache
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "model_vocab_size", "scored_vocab", "target_features"]
+__all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "draft_chain", "drawn", "model_vocab_size", "scored_vocab",
+           "target_features"]
 
-ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
+Keep = Callable[[float | None], bool]  # keep(confidence) before a draw; keep(None) before a later position's step
+Draw = Callable[[Tensor], tuple[Tensor, Tensor]]  # uniforms (B,) -> probs (B, V'), the token drawn (B,)
+Step = Callable[[int, list[Tensor]], tuple[Tensor | None, Draw]]  # (i, drafts so far) -> (confidence (), draw)
 
 
 @runtime_checkable
@@ -39,8 +44,7 @@ class Drafter(Protocol):
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         """input_ids (B, T): the prompt; target_hidden (B, T, d) or None."""
 
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
-                ) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Keep | None = None) -> tuple[Tensor, Tensor]:
         """uniforms (B, k) -> tokens (B, k') long, probs (B, k', V), k' <= k. ``keep(confidence)`` is asked
         BEFORE each draw with the drafter's mass on its top token there (kept in ``confidence``): it stops
         at the first False; ``keep(None)`` may be asked before a later position that costs a forward."""
@@ -75,17 +79,36 @@ def scored_vocab(model: PreTrainedModel) -> int:
     return int(known) if known is not None else model_vocab_size(model)
 
 
-def _step_graphs(model: Any, vocab_size: int) -> Any:
-    """A graphed draft model's captured draft step (draft/step_graphs.py), made once per model; else None."""
-    from ears_core.model.cuda.graphed import GraphedLM
+def drawn(pr: Tensor, u: Tensor, ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """pr (B, V') and the token (B,) drawn from it with uniforms u (B,): ``ids[token]`` where pr is over ids (V',)."""
+    tok = sample_with_uniforms(pr, u)  # (B,)
+    return pr, tok if ids is None else ids[tok]
 
-    if not isinstance(model, GraphedLM):
-        return None
-    steps = model.__dict__.get("step_graphs")
-    if steps is None or steps.vocab_size != vocab_size:
-        from ears_core.draft.step_graphs import LMStepGraphs
-        steps = model.__dict__["step_graphs"] = LMStepGraphs(model, vocab_size)
-    return steps
+
+def draft_chain(drafter: Any, k: int, uniforms: Tensor, keep: Keep | None, step: Step, *, confidences: bool,
+                batch: int, device: torch.device, ask_ahead: bool = False) -> tuple[Tensor, Tensor]:
+    """``Drafter.propose`` around a chain drafter's ``step`` per position, ``keep(None)`` asked before a later step
+    with ``ask_ahead``; sets the drafter's ``confidence`` and ``confidence_t`` (module terms: device confidence)."""
+    drafter.confidence, confs, tokens, probs = [], [], [], []
+    for i in range(k):
+        if ask_ahead and i > 0 and keep is not None and not keep(None):  # an average draft here would not pay
+            break
+        conf_t, draw = step(i, tokens)
+        if confidences:
+            confs.append(conf_t.reshape(()))
+        if keep is not None:
+            conf = float(conf_t)  # one host read, before the draw
+            if not keep(conf):
+                break
+            drafter.confidence.append(conf)
+        pr, tok = draw(uniforms[:, i])  # (B, V'), (B,)
+        tokens.append(tok)
+        probs.append(pr)
+    drafter.confidence_t = torch.stack(confs) if confs else None  # (k',): never read here
+    if not tokens:
+        return (torch.empty((batch, 0), dtype=torch.long, device=device),
+                torch.empty((batch, 0, drafter.vocab_size), device=device))
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
 class ModelDrafter:
@@ -100,7 +123,7 @@ class ModelDrafter:
         self.device = model.device
         self._cache: DynamicCache | None = None
         self._cache_len = 0  # tokens in the cache
-        self._steps: Any = None  # a graphed model's captured draft step, set at prefill
+        self._steps: Any = None  # a graphed model's captured draft step (draft/step_graphs.py), made once per model
         self._pending: Tensor | None = None  # (B, P) committed tokens not yet in the cache
         self._proposed: Tensor | None = None  # (B, k) the last proposal
         self._base = 0  # committed length when the last proposal started
@@ -110,9 +133,15 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None = None) -> None:
+        from ears_core.draft.step_graphs import LMStepGraphs
+        from ears_core.model.cuda.graphed import GraphedLM
+
         self._cache = new_cache(self.model)
         self._cache_len = 0
-        self._steps = _step_graphs(self.model, self.vocab_size)
+        graphed = isinstance(self.model, GraphedLM)
+        self._steps = self.model.__dict__.get("step_graphs") if graphed else None
+        if graphed and (self._steps is None or self._steps.vocab_size != self.vocab_size):
+            self._steps = self.model.__dict__["step_graphs"] = LMStepGraphs(self.model, self.vocab_size)
         if input_ids.shape[1] > 1:
             self.model(input_ids[:, :-1], past_key_values=self._cache, use_cache=True, logits_to_keep=1)
             self._cache_len = input_ids.shape[1] - 1
@@ -120,44 +149,28 @@ class ModelDrafter:
         self._proposed = None
 
     @torch.inference_mode()
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None,
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Keep | None = None,
                 confidences: bool = False) -> tuple[Tensor, Tensor]:
         assert self._pending is not None, "prefill() first"
-        b = self._pending.shape[0]
         self._start = self._cache_len  # where the committed tokens not yet fed (pending) begin
         self._base = self._cache_len + self._pending.shape[1]
-        tokens, probs, self.confidence, confs = [], [], [], []
         scored = keep is not None or confidences  # the confidence is computed (and read only for keep)
-        inp = self._pending  # (B, P)
         steps = self._steps if self._steps is not None and self._steps.usable(probs_fn) else None
-        for i in range(k):
-            pr = None
+
+        def step(i: int, drafts: list[Tensor]) -> tuple[Tensor | None, Draw]:
+            inp = drafts[-1].unsqueeze(-1) if drafts else self._pending  # (B, P) pending, then (B, 1) the last draft
+            self._cache_len += inp.shape[1]
             if steps is not None and inp.shape[1] == 1:  # the whole step as one captured graph (draft/step_graphs.py)
                 conf_t, pr, tok = steps.step(self._cache, inp[:, 0], uniforms[:, i], probs_fn)
-            else:
-                logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits
-                conf_t = (torch.softmax(logits[:, -1, : self.vocab_size].float(), dim=-1).max(dim=-1).values.mean()
-                          if scored else None)  # at T = 1
-            self._cache_len += inp.shape[1]
-            if confidences:
-                confs.append(conf_t.reshape(()))
-            if keep is not None:
-                conf = float(conf_t)  # one host read, before the draw
-                if not keep(conf):
-                    break
-                self.confidence.append(conf)
-            if pr is None:
-                pr = probs_fn(logits[:, -1, :])  # (B, V)
-                tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
-            tokens.append(tok)
-            probs.append(pr)
-            inp = tok.unsqueeze(-1)
-        self.confidence_t = torch.stack(confs) if confs else None  # (k',): never read here
-        if not tokens:
-            self._proposed = torch.empty((b, 0), dtype=torch.long, device=self.device)
-            return self._proposed, torch.empty((b, 0, self.vocab_size), device=self.device)
-        self._proposed = torch.stack(tokens, dim=1)  # (B, k'); the last one drawn is not fed
-        return self._proposed, torch.stack(probs, dim=1)  # (B, k'), (B, k', V)
+                return conf_t, lambda u: (pr, tok)
+            logits = self.model(inp, past_key_values=self._cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+            conf_t = (torch.softmax(logits[:, : self.vocab_size].float(), dim=-1).max(dim=-1).values.mean()
+                      if scored else None)  # at T = 1
+            return conf_t, lambda u: drawn(probs_fn(logits), u)  # (B, V)
+
+        self._proposed, probs = draft_chain(self, k, uniforms, keep, step, confidences=confidences,
+                                            batch=self._pending.shape[0], device=self.device)
+        return self._proposed, probs  # (B, k'), (B, k', V); the last draft is not fed
 
     def commit(self, num_accepted: int, next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         """The committed tokens from ``_start`` on are pending + the n drafts that stood + next;
@@ -174,12 +187,10 @@ class ModelDrafter:
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
     @torch.inference_mode()
-    def propose_tree(self, spec, probs_fn: ProbsFn, draws, *, greedy: bool = False, rank_fn: ProbsFn | None = None,
-                     keep=None, level=None, build=None):
-        """Draft a tree for the next round (``trees.build_tree``, or ``build`` with its signature:
-        ``fixed_trees.build_fixed_tree``; trees.py: tree pass), batch 1 -> DraftTree."""
-        from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
-
+    def propose_tree(self, spec: Any, probs_fn: ProbsFn, draws: Any, *, build: Any = None, **options: Any
+                     ) -> DraftTree:
+        """Draft a tree for the next round, batch 1 (trees.py: tree pass): ``build`` (default ``trees.build_tree``, or
+        one with its signature: ``fixed_trees.build_fixed_tree``) given its keywords ``options`` (greedy, ...)."""
         assert self._pending is not None, "prefill() first"
         self._base = self._cache_len + self._pending.shape[1]
         self._tree_slots: list[int] = []  # tree nodes in the draft's cache, in cache order
@@ -197,16 +208,13 @@ class ModelDrafter:
             self._tree_slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
-        self._tree = (build or build_tree)(logits[0, -1], expand, spec, probs_fn, draws, greedy=greedy, rank_fn=rank_fn,
-                                           keep=keep, level=level)
+        self._tree = (build or build_tree)(logits[0, -1], expand, spec, probs_fn, draws, **options)
         return self._tree
 
     @torch.inference_mode()
     def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
         """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
         entries in order (the draft ran every path node except perhaps the last), drop the rest."""
-        from ears_core.model.passes.kv_cache import keep_tail_positions
-
         nxt = next_token.reshape(1, 1)
         if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round
             self._pending = torch.cat([self._pending, nxt], dim=1)
@@ -256,17 +264,13 @@ class NGramDrafter:
         self._seq = input_ids[0].tolist()
         self._device = input_ids.device
 
-    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Callable[[float], bool] | None = None
-                ) -> tuple[Tensor, Tensor]:
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Keep | None = None) -> tuple[Tensor, Tensor]:
         """The continuation of the longest matching n-gram; each token's confidence n / max_ngram (known before)."""
         found, n = ngram_lookup(self._seq, k, self.max_ngram, self.min_ngram)
-        self.confidence = []
+        conf = n / self.max_ngram * 0.999
         if keep is not None:
-            for _ in found:
-                if not keep(n / self.max_ngram * 0.999):
-                    break
-                self.confidence.append(n / self.max_ngram * 0.999)
-            found = found[: len(self.confidence)]
+            found = list(takewhile(lambda _: keep(conf), found))  # up to the first False
+        self.confidence = [conf] * len(found) if keep is not None else []
         self._proposed = found
         tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
         probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)  # (1, k', V) one-hot

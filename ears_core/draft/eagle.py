@@ -35,11 +35,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 
-from ears_core.draft.head_layers import supports
+from ears_core.draft.drafters import Draw, Keep, ProbsFn, draft_chain, drawn
+from ears_core.draft.head_layers import head_layers, supports
 from ears_core.draft.step_graphs import StepGraphs
-from ears_core.draft.trees import additive_mask
+from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
 from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
-from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
 
@@ -209,7 +209,6 @@ class EagleDrafter:
     @torch.inference_mode()
     def prefill(self, input_ids: Tensor, target_hidden: Tensor | None) -> None:
         if self.by_hand:
-            from ears_core.draft.head_layers import head_layers
             from ears_core.model.cuda.graphed import GraphedHead
             self._layers = head_layers(self.head, self.cuda_graphs and input_ids.shape[0] == 1)
             if isinstance(self._layers, GraphedHead) and self._n_space:  # one captured graph per draft step
@@ -226,51 +225,35 @@ class EagleDrafter:
             self._s.cache_len = t - 1
 
     @torch.inference_mode()
-    def propose(self, k: int, probs_fn: Any, uniforms: Tensor, keep: Any = None, confidences: bool = False
+    def propose(self, k: int, probs_fn: ProbsFn, uniforms: Tensor, keep: Keep | None = None, confidences: bool = False
                 ) -> tuple[Tensor, Tensor]:
         """Draft up to k tokens (drafters.py: ``Drafter.propose``, device confidence)."""
         s = self._s
         assert s is not None, "prefill() first"
         if k > 0:
             self.sync()
-        b = 1 if s.next_feat is None else s.next_feat.shape[0]
-        dev = self.w_sub.device
-        self.confidence, confs, self.confidence_t = [], [], None
+        scored = keep is not None or confidences  # the confidence is computed (and read only for keep)
         steps = self._steps if self._steps is not None and StepGraphs.usable(probs_fn) else None  # batch 1, N tokens
-        feat, tokens, probs = s.next_feat, [], []
-        for i in range(k if feat is not None else 0):
-            if i > 0 and keep is not None and not keep(None):  # an average draft at this depth would not pay: stop here
-                break
-            pr = None
+        ids = self.vocab_ids if self._n_space else None  # drawn on the head's tokens, or over V
+        feat = s.next_feat  # (B, d)
+
+        def step(i: int, drafts: list[Tensor]) -> tuple[Tensor | None, Draw]:
+            nonlocal feat
             if steps is not None:  # the whole step as one captured graph (draft/step_graphs.py)
-                feat, conf_t, pr, tok = steps.step(s.cache, feat, tokens[-1] if i else None, uniforms[:, i], probs_fn)
-            else:
-                if i > 0:  # the head's predicted feature after the previous draft
-                    feat = self._head(feat.unsqueeze(1), tokens[-1].unsqueeze(1))[:, -1]
-                sub = self._sub(feat)  # (B, N)
-                scored = keep is not None or confidences
-                conf_t = torch.softmax(sub, dim=-1).max(dim=-1).values.mean() if scored else None
-            if confidences:
-                confs.append(conf_t.reshape(()))
-            if keep is not None:
-                conf = float(conf_t)  # one host read, pre-draw
-                if not keep(conf):
-                    break
-                self.confidence.append(conf)
-            if pr is None:  # (B, N) on the head's tokens, or (B, V) zero outside vocab_ids
-                pr = probs_fn(self._scaled(sub) if self._n_space else self._widen(self._scaled(sub)))
-                tok = sample_with_uniforms(pr, uniforms[:, i])  # (B,)
-                tok = self.vocab_ids[tok] if self._n_space else tok
-            tokens.append(tok)
-            probs.append(pr)
-        if not tokens:
-            s.proposed = torch.empty((b, 0), dtype=torch.long, device=dev)
-            return s.proposed, torch.empty((b, 0, self.vocab_size), device=dev)
-        s.proposed = torch.stack(tokens, dim=1)  # (B, k') with k' <= k
-        self.confidence_t = torch.stack(confs) if confs else None  # (k',): never read here
-        q = torch.stack(probs, dim=1)  # (B, k', N) or (B, k', V)
-        if self._n_space:  # widen once: zero outside vocab_ids
-            q = q.new_zeros(b, q.shape[1], self.vocab_size).index_copy_(-1, self.vocab_ids, q)
+                feat, conf_t, pr, tok = steps.step(s.cache, feat, drafts[-1] if i else None, uniforms[:, i], probs_fn)
+                return conf_t, lambda u: (pr, tok)
+            if i > 0:  # the head's predicted feature after the previous draft
+                feat = self._head(feat.unsqueeze(1), drafts[-1].unsqueeze(1))[:, -1]
+            sub = self._sub(feat)  # (B, N)
+            conf_t = torch.softmax(sub, dim=-1).max(dim=-1).values.mean() if scored else None
+            return conf_t, lambda u: drawn(  # probs (B, N) on the head's tokens, or (B, V) zero outside vocab_ids
+                probs_fn(self._scaled(sub) if ids is not None else self._widen(self._scaled(sub))), u, ids)
+
+        s.proposed, q = draft_chain(self, k if feat is not None else 0, uniforms, keep, step, ask_ahead=True,
+                                    confidences=confidences, batch=1 if feat is None else feat.shape[0],
+                                    device=self.w_sub.device)
+        if ids is not None and q.shape[1]:  # widen once: zero outside vocab_ids
+            q = q.new_zeros(q.shape[0], q.shape[1], self.vocab_size).index_copy_(-1, ids, q)
         return s.proposed, q  # (B, k'), (B, k', V)
 
     @torch.inference_mode()
@@ -300,17 +283,11 @@ class EagleDrafter:
         s.proposed = None
 
     # ------------------------------------------------------------------ trees (seed 002, trees.py)
-    def _sub_logits(self, feats: Tensor) -> Tensor:
-        """(m, d) predicted features -> (m, V) logits, -inf outside vocab_ids."""
-        return self._widen(self._sub(feats))
-
     @torch.inference_mode()
-    def propose_tree(self, spec: Any, probs_fn: Any, draws: Any, *, greedy: bool = False, rank_fn: Any = None,
-                     keep: Any = None, level: Any = None, build: Any = None) -> Any:
-        """Draft a tree for the next round (``trees.build_tree``, or ``build`` with its signature), batch 1: a
-        node's entry is fc([predicted feature at its parent ; E(token)]) at position cache_len + depth - 1, as the chain's."""
-        from ears_core.draft.trees import DraftTree, build_tree, draft_pass
-
+    def propose_tree(self, spec: Any, probs_fn: ProbsFn, draws: Any, *, build: Any = None, **options: Any
+                     ) -> DraftTree:
+        """``ModelDrafter.propose_tree`` (drafters.py) on the head: a node's entry is fc([predicted feature at its
+        parent ; E(token)]) at position cache_len + depth - 1, as the chain's."""
         self.sync()
         s = self._s
         assert s is not None, "prefill() first"
@@ -328,11 +305,10 @@ class EagleDrafter:
             out = self._run(z, pos, mask)[0]  # (m, d)
             slots.extend(ids)
             feats.update(zip(ids, out))
-            return self._sub_logits(out)
+            return self._widen(self._sub(out))  # (m, V), -inf outside vocab_ids
 
         draw_fn = probs_fn if self.tau == 1.0 else (lambda logits: probs_fn(self._scaled(logits)))  # ranks stay raw
-        tree = (build or build_tree)(self._sub_logits(s.next_feat)[0], expand, spec, draw_fn, draws, greedy=greedy,
-                                     rank_fn=rank_fn, keep=keep, level=level)
+        tree = (build or build_tree)(self._widen(self._sub(s.next_feat))[0], expand, spec, draw_fn, draws, **options)
         s.proposed = tree.tokens[None]  # (1, N)
         return tree
 

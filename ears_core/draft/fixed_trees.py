@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ears_core.draft.trees import DraftTree, ExpandFn, ProbsFn, TreeDraws, TreeSpec, ranked
-from ears_core.sampling import Stream, host_uniforms, sample_with_uniforms
+from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["FixedTreeSpec", "FixedDraftTree", "build_fixed_tree", "widths_for"]
 
@@ -43,9 +43,8 @@ __all__ = ["FixedTreeSpec", "FixedDraftTree", "build_fixed_tree", "widths_for"]
 def widths_for(spec: TreeSpec) -> tuple[int, ...]:
     """The widths of a spec's fixed tree (module terms: from a spec)."""
     widths = [1] * min(spec.depth, spec.budget)
-    cap = spec.width or spec.budget
     for d in range(len(widths)):
-        while widths[d] < cap and _size(widths[:d] + [widths[d] + 1] + widths[d + 1:]) <= spec.budget:
+        while widths[d] < spec.kmax and _size(widths[:d] + [widths[d] + 1] + widths[d + 1:]) <= spec.budget:
             widths[d] += 1
     return tuple(widths)
 
@@ -60,7 +59,7 @@ def _size(widths: list[int] | tuple[int, ...]) -> int:
 
 @dataclass(frozen=True)
 class FixedTreeSpec:
-    """A fixed tree's shape (module terms): its widths, and the spec it came from (siblings, ``kmax``)."""
+    """A fixed tree's shape (module terms): its widths, and the spec it came from (siblings, kmax)."""
 
     widths: tuple[int, ...]
     spec: TreeSpec
@@ -76,11 +75,6 @@ class FixedTreeSpec:
     @property
     def size(self) -> int:
         return _size(self.widths)
-
-    @property
-    def kmax(self) -> int:
-        """The most children ``build_tree`` prepares per node (its ``topk`` takes one more)."""
-        return min(self.spec.budget, self.spec.width or self.spec.budget)
 
     def structure(self) -> tuple[list[int], list[int], list[int]]:
         """parents, depths, ranks (host lists, breadth-first numbering)."""
@@ -103,12 +97,6 @@ class FixedDraftTree(DraftTree):
     alive: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))  # (N,) bool
     score_t: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.float64))  # (N,)
     priority_t: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.float64))  # (N,)
-
-
-def _node_uniforms(draws: TreeDraws, tree: DraftTree, device: torch.device) -> Tensor:
-    """(N,) float32 draft draws of every node, from its depth and ranks (``TreeDraws.uniform``'s values)."""
-    keys = [draws.draft_key(tree.depths[i], tree.path_ranks(i)) for i in range(tree.size)]
-    return torch.tensor(host_uniforms(draws.seed, keys, Stream.DRAFT), device=device)
 
 
 @dataclass
@@ -155,14 +143,15 @@ def build_fixed_tree(root_logits: Tensor, expand: ExpandFn, spec: FixedTreeSpec,
     are not asked (the shape is fixed before the round). root_logits (V_model,) -> a FixedDraftTree."""
     dev = root_logits.device
     score_fn = rank_fn if rank_fn is not None else probs_fn
-    fixed = spec.spec.siblings == "fixed" or (spec.spec.siblings == "auto" and greedy)
+    fixed = spec.spec.fixed_siblings(greedy)
     parents, depths, ranks = spec.structure()
     n = len(parents)
     probs0 = probs_fn(root_logits[None])  # (1, V)
     vocab = probs0.shape[-1]
     tree = FixedDraftTree(torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, vocab, device=dev), parents,
                           depths, ranks, [], "fixed" if fixed else "sampled")
-    uniforms = _node_uniforms(draws, tree, dev) if not fixed else torch.zeros(n, device=dev)  # (N,)
+    uniforms = (draws.uniforms([(depths[i], tree.path_ranks(i)) for i in range(n)], dev) if not fixed
+                else torch.zeros(n, device=dev))  # (N,) the draft draws of every node
     alive = torch.ones(1, dtype=torch.bool, device=dev)  # (m,) the nodes of the depth above
     score = torch.ones(1, dtype=torch.float64, device=dev)  # (m,)
     scores, priorities, alives = [], [], []
@@ -172,7 +161,7 @@ def build_fixed_tree(root_logits: Tensor, expand: ExpandFn, spec: FixedTreeSpec,
             logits = expand(above, tree)  # (m, V_model)
         m = logits.shape[0]
         q = probs0 if not above else probs_fn(logits)  # (m, V)
-        lv = _children(q, score_fn(logits), w, spec.kmax, fixed, uniforms[start: start + m * w].reshape(m, w))
+        lv = _children(q, score_fn(logits), w, spec.spec.kmax, fixed, uniforms[start: start + m * w].reshape(m, w))
         ids = slice(start, start + m * w)
         tree.tokens[ids] = lv.tokens.reshape(-1)
         tree.draft_probs[ids] = lv.probs.reshape(m * w, vocab)

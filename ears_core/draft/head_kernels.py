@@ -138,12 +138,11 @@ def time_round(target: torch.nn.Module, drafter: Any, vocab_size: int, *, cache_
     return ms
 
 
-def _pick(variants: list[Variant], ms: dict[Variant, float]) -> tuple[str, bool, bool]:
-    """(dtype, packed, int4) of the variant kept (module terms: choice, variant)."""
+def _pick(variants: list[Variant], ms: dict[Variant, float]) -> Variant:
+    """The variant kept (module terms: choice, variant)."""
     best = keep_first({v: ms[v] for v in variants if not v.int4}, MIN_GAIN)
     quick = [v for v in variants if v.int4 and ms[v] <= (1 - INT4_MIN_GAIN) * ms[best]]
-    best = quick[0] if quick else best
-    return best.dtype, best.packed, best.int4
+    return quick[0] if quick else best
 
 
 def default_variant(variants: list[Variant]) -> Variant:
@@ -163,16 +162,15 @@ def choose_head_variant(target: torch.nn.Module, make: Callable[[Variant], Any],
     first = make(variants[0])
     key = _key(first.head, variants)
     choice = HeadChoice.cached(key, cache_dir, usable=lambda c: c.variant in variants)
-    if choice is None and not measure:
-        fallback = default_variant(variants)
-        return (first if fallback == variants[0] else make(fallback)), None
-    if choice is None:
+    if choice is None and measure:
         drafters = {variants[0]: first} | {v: make(v) for v in variants[1:]}
         run = timer or (lambda d: time_round(target, d, vocab_size))
         samples = quietly("the draft head's kernels", lambda: interleaved(variants, lambda v: run(drafters[v]),
                                                                           REPEATS, piece), check=timer is None)
         ms = {v: statistics.median(s) for v, s in samples.items()}
-        dtype, packed, int4 = _pick(variants, ms)
-        choice = HeadChoice(dtype, packed, {v.label: round(ms[v], 4) for v in variants}, int4, key=key).save(cache_dir)
+        best = _pick(variants, ms)
+        choice = HeadChoice(best.dtype, best.packed, {v.label: round(ms[v], 4) for v in variants}, best.int4, key=key)
+        choice.save(cache_dir)
         return drafters[choice.variant], choice
-    return (first if choice.variant == variants[0] else make(choice.variant)), choice
+    kept = choice.variant if choice is not None else default_variant(variants)
+    return (first if kept == variants[0] else make(kept)), choice

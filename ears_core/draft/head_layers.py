@@ -32,8 +32,7 @@ def supports(body: nn.Module) -> bool:
 
 def _layer(layer: nn.Module) -> Layer:
     """A head decoder layer as the pass's Layer over its own modules (module terms: by hand); int4 q / k / v and
-    gate / up each as one kernel call (int4_linear.py: side by side), made once for the modules the layer holds
-    (a drafter builds its layers every request)."""
+    gate / up each as one kernel call (int4_linear.py: side by side), made once for its modules, not per request."""
     attn, mlp = layer.self_attn, layer.mlp
     parts = (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
     made = layer.__dict__.get("_ears_side_by_side")
@@ -89,8 +88,7 @@ class HeadLayers(Decoder):
 
 
 def head_layers(head: nn.Module, want_graphs: bool) -> object:
-    """A ``GraphedHead`` (model/cuda/graphed.py; one per head, shared by every generation's drafter) where passes are
-    captured and ``want_graphs``; else ``HeadLayers``."""
+    """``HeadLayers``, or where passes are captured and ``want_graphs`` the head's one ``GraphedHead`` (graphed.py)."""
     from ears_core.model.cuda.cuda_graphs import graphs_wanted
     from ears_core.model.cuda.graphed import GraphedHead
 

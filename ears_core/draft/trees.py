@@ -39,14 +39,12 @@ from torch import Tensor
 from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
 
 __all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-           "additive_mask", "draft_pass", "ranked", "tree_attention_mask", "tree_position_ids", "tree_visibility"]
+           "additive_mask", "draft_pass", "ranked", "tree_position_ids", "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
-# expand(node_ids, tree) -> (len(node_ids), V_model) draft logits after each of those nodes
-ExpandFn = Callable[[list[int], "DraftTree"], Tensor]
-KeepFn = Callable[[float, int, int], bool]  # (priority, nodes so far, depth) -> draw this node?
-# level value: (the node's draft probability at its parent, depth, rank) -> P(it stands | its parent stood)
-LevelFn = Callable[[float, int, int], float]
+ExpandFn = Callable[[list[int], "DraftTree"], Tensor]  # (node ids, tree) -> (m, V_model) draft logits after each
+KeepFn = Callable[[float, int, int], bool]  # (priority, nodes so far, depth) -> draw this node? False ends the tree
+LevelFn = Callable[[float, int, int], float]  # (draft probability at the parent, depth, rank) -> P(stands | parent did)
 
 
 @dataclass(frozen=True)
@@ -73,6 +71,15 @@ class TreeSpec:
         """Whether a node can have more than one child."""
         return self.width != 1 and self.budget > 1
 
+    @property
+    def kmax(self) -> int:
+        """The most children of one node (a node's ``ranked`` takes one more)."""
+        return min(self.budget, self.width or self.budget)
+
+    def fixed_siblings(self, greedy: bool) -> bool:
+        """Whether siblings are fixed (module terms): "fixed", or "auto" at T = 0 (``greedy``)."""
+        return self.siblings == "fixed" or (self.siblings == "auto" and greedy)
+
     def capped(self, depth: int) -> "TreeSpec":
         """The same spec no deeper than ``depth`` (the tokens a round may still emit, minus one)."""
         return TreeSpec(self.budget, max(0, min(self.depth, depth)), self.width, self.siblings)
@@ -96,9 +103,10 @@ class TreeDraws:
             x = splitmix64(x ^ (part & MASK64))
         return (x & ((1 << 62) - 1)) | (1 << 62)  # positive, and never a plain position
 
-    def uniform(self, depth: int, ranks: Sequence[int], device: torch.device) -> Tensor:
-        """() float32: ``counter_uniforms`` of the node's key, computed on the host (the same value)."""
-        return torch.tensor(host_uniforms(self.seed, [self.draft_key(depth, ranks)], Stream.DRAFT)[0], device=device)
+    def uniforms(self, nodes: Sequence[tuple[int, Sequence[int]]], device: torch.device) -> Tensor:
+        """(n,) float32: ``counter_uniforms`` of the keys of nodes (depth, ranks), computed on the host (the same)."""
+        keys = [self.draft_key(depth, ranks) for depth, ranks in nodes]
+        return torch.tensor(host_uniforms(self.seed, keys, Stream.DRAFT), device=device)
 
 
 def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int) -> list[int]:
@@ -171,21 +179,12 @@ def ranked(s: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return vals.gather(-1, by_val), ids.gather(-1, by_val)
 
 
-def _top(s: Tensor, k: int) -> tuple[list[list[float]], list[list[int]]]:
-    """``ranked``'s k largest values and their tokens, read to the host."""
-    vals, ids = ranked(s, k)
-    return vals[:, :k].tolist(), ids[:, :k].tolist()
-
-
-def build_tree(
-    root_logits: Tensor, expand: ExpandFn, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, *,
-    greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
-    level: LevelFn | None = None,
-) -> DraftTree:
-    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate). root_logits (V_model,): the
-    draft's logits for depth 1; ``expand(ids, tree)``: its logits over nodes ``ids`` (their ancestors already run).
-    ``greedy`` (T = 0): "auto" means fixed siblings. ``rank_fn`` (default ``probs_fn``) scores, ``probs_fn`` draws.
-    ``keep(priority (with ``level``: estimate), nodes so far, depth)``, asked before each draw: False ends it."""
+def build_tree(root_logits: Tensor, expand: ExpandFn, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, *,
+               greedy: bool = False, rank_fn: ProbsFn | None = None, keep: KeepFn | None = None,
+               level: LevelFn | None = None) -> DraftTree:
+    """Best-first expansion up to ``spec`` (module terms: slot, score, estimate) from root_logits (V_model,), the
+    draft's logits for depth 1; ``expand`` runs nodes whose ancestors it ran. ``rank_fn`` (default ``probs_fn``)
+    scores, ``probs_fn`` draws; ``keep``, asked before each draw (with ``level``: the estimate as its priority)."""
     b = _Builder(root_logits, spec, probs_fn, draws, greedy, rank_fn, level)
     if spec.depth == 0:
         return b.tree
@@ -210,10 +209,9 @@ class _Builder:
     def __init__(self, root_logits: Tensor, spec: TreeSpec, probs_fn: ProbsFn, draws: TreeDraws, greedy: bool,
                  rank_fn: ProbsFn | None, level: LevelFn | None) -> None:
         self.spec, self.probs_fn, self.draws, self.level = spec, probs_fn, draws, level
-        self.fixed = spec.siblings == "fixed" or (spec.siblings == "auto" and greedy)
+        self.fixed = spec.fixed_siblings(greedy)
         self.score_fn = rank_fn if rank_fn is not None else probs_fn
         self.dev = root_logits.device
-        self.kmax = min(spec.budget, spec.width or spec.budget)
         self.dists: dict[int, _Dist] = {-1: self.prepare(root_logits[None])[0]}  # node id -> dist; -1 root
         self.vocab = self.dists[-1].q.shape[-1]
         self.tree = DraftTree.empty(self.vocab, self.dev, "fixed" if self.fixed else "sampled")
@@ -227,7 +225,7 @@ class _Builder:
         """(m, V_model) -> one _Dist per row; a sampled node has no more slots than q has tokens with mass."""
         s, one = self.score_fn(logits), self.fixed or self.score_fn is self.probs_fn  # (m, V); one: s draws too
         q = s if one else self.probs_fn(logits)  # (m, V)
-        vals, ids = _top(s, self.kmax)
+        vals, ids = (t[:, : self.spec.kmax].tolist() for t in ranked(s, self.spec.kmax))  # read to the host
         if one:
             return [_Dist(s[j], s[j], vals[j], ids[j], []) for j in range(s.shape[0])]
         mass = (q > 0).sum(dim=-1).tolist()  # (m,) tokens q can still draw
@@ -270,7 +268,7 @@ class _Builder:
             q_node[d.drawn] = 0.0
             q_node = q_node / q_node.sum()
         ranks = ([] if parent < 0 else self.tree.path_ranks(parent)) + [rank]
-        return int(sample_with_uniforms(q_node, self.draws.uniform(depth, ranks, self.dev))), q_node
+        return int(sample_with_uniforms(q_node, self.draws.uniforms([(depth, ranks)], self.dev)[0])), q_node
 
     def add_child(self, parent: int, rank: int, depth: int, priority: float) -> None:
         """Draw the slot's node, add it, and promise its next sibling and its first child."""
@@ -314,15 +312,6 @@ def ancestor_matrix(parents: Sequence[int], device: torch.device | None = None) 
     return anc.to(device) if device is not None else anc
 
 
-def tree_attention_mask(
-    parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int], dtype: torch.dtype,
-    device: torch.device,
-) -> Tensor:
-    """(1, 1, R, prefix_len + C) additive mask (``tree_visibility``): keys the prefix (visible to all), then entries
-    ``cols`` in cache order; queries entries ``rows``. Pass it with explicit position ids and the cache."""
-    return additive_mask(tree_visibility(parents, prefix_len, rows, cols), dtype).to(device)
-
-
 def additive_mask(seen: Tensor, dtype: torch.dtype) -> Tensor:
     """(R, C) bool, True where a query may attend -> (1, 1, R, C) additive mask on seen's device: 0
     where it may attend, the dtype's minimum elsewhere (what a transformers model takes)."""
@@ -331,8 +320,8 @@ def additive_mask(seen: Tensor, dtype: torch.dtype) -> Tensor:
 
 def tree_visibility(parents: Sequence[int], prefix_len: int, rows: Sequence[int], cols: Sequence[int],
                     device: torch.device | None = None) -> Tensor:
-    """(R, prefix_len + C) bool, True where query entry ``rows[r]`` may attend: the prefix, then
-    entries ``cols`` in cache order that are the row's ancestors or itself (``tree_attention_mask``)."""
+    """(R, prefix_len + C) bool, True where query entry ``rows[r]`` may attend: the prefix (visible to all), then
+    entries ``cols`` in cache order that are the row's ancestors or itself (``additive_mask`` makes it a model's)."""
     anc = ancestor_matrix(parents)
     seen = anc[list(rows)][:, list(cols)]  # (R, C)
     return torch.cat([torch.ones(len(rows), prefix_len, dtype=torch.bool), seen], dim=1).to(device)
