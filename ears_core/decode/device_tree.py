@@ -48,7 +48,7 @@ from ears_core.decode.device_round import HostReader
 from ears_core.decode.device_walk import device_walk
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.tree import TreeHost, TreeShape
-from ears_core.decode.verify import DraftKind, debugging
+from ears_core.decode.verify import debugging
 from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts
 from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree
 from ears_core.draft.trees import TreeDraws, TreeSpec, accept_uniforms
@@ -122,8 +122,4 @@ class DeviceTreeShape(TreeShape):
         zeros = torch.zeros(n, dtype=torch.float64, device=dev)
         packed = pack(v, tokens, alive, getattr(tree, "score_t", zeros), getattr(tree, "priority_t", zeros))
         host = unpack(self.reader.read(packed), n, self.max_depth)  # the round's one host read
-        self.path = host.path
-        k = host.num_accepted
-        events, drafts, record = host.records(v, tree, produced, step)  # the distortion: reads of its own (module terms)
-        pardoned = sum(1 for a in self.path if host.kinds[a] == int(DraftKind.PARDONED))
-        return Round(sum(host.alive), k, v.next_token, events, drafts, pardoned, [], None, record)
+        return self.finish(v, host, produced, step)  # the distortion: reads of its own (module terms)

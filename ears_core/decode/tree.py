@@ -161,12 +161,16 @@ class TreeShape:
             sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],  # (1, D+1)
             with_distortion=ctx.with_distortion, siblings=tree.siblings, draft_support=self.support, check=self.check,
         )
-        host = TreeHost.read(v, tree)  # the round's host reads
+        return self.finish(v, TreeHost.read(v, tree), produced, step)  # the round's host reads
+
+    def finish(self, v: Any, host: TreeHost, produced: int, step: int) -> Round:
+        """The round from its verdict ``v`` read to the host: the path kept for the cache cuts, the records, the
+        nodes drawn (alive) counted as drafted."""
         self.path = host.path
-        events, drafts, record = host.records(v, tree, produced, step)
+        events, drafts, record = host.records(v, self.tree, produced, step)
         pardoned = sum(1 for a in self.path if host.kinds[a] == int(DraftKind.PARDONED))
-        return Round(tree.size, host.num_accepted, v.next_token, events, drafts, pardoned, self.estimates, self.expected,
-                     record)
+        return Round(sum(host.alive), host.num_accepted, v.next_token, events, drafts, pardoned, self.estimates,
+                     self.expected, record)
 
     def commit(self, cache: DynamicCache, rnd: Round) -> None:
         keep_path(cache, self.prefix, self.tree.size, self.path)

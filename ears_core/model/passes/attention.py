@@ -47,8 +47,9 @@ def pass_inputs(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tenso
         raise ValueError(f"{who} decodes one sequence at a time: ids (1, T), not {tuple(input_ids.shape)}")
     cache = cache if cache is not None else model.new_cache()
     if not isinstance(cache, KVBuffer) or (store is not None and cache.kv is not store):
-        raise TypeError(f"{who} keeps its keys and values in a KVBuffer on its own store, not this {type(cache).__name__}"
-                        ": make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
+        where = " on its own store" if store is not None else ""
+        raise TypeError(f"{who} keeps its keys and values in a KVBuffer{where}, not this {type(cache).__name__}: "
+                        "make one with model.new_cache() (ears_core.model.passes.kv_cache.new_cache)")
     return int(input_ids.shape[1]), cache, _visible(attention_mask, who)
 
 
