@@ -22,6 +22,16 @@ def never_busy(monkeypatch):
     monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 1.0)
 
 
+@pytest.fixture(scope="module", params=("best", "portable"))
+def cpu_form(request):
+    """A module's tests that ask for it run once per kernel mode (ears_core/model/kernels/cpu_forms.py): this
+    machine's best forms, then the portable ones every CPU has (no oneDNN packing): a machine of one CPU class
+    proves the code the others run."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EARS_CPU_KERNELS", request.param)
+        yield request.param
+
+
 def tiny_llama(seed: int, *, vocab: int = 96, layers: int = 2, hidden: int = 32, std: float = 0.3,
                eos: int | None = None, max_pos: int = 256) -> LlamaForCausalLM:
     """A seeded random Llama. A large init std makes its distributions peaked, like a real LM's."""

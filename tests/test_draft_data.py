@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from ears_core.model.kernels import gguf_q4
+from ears_core.model.kernels import cpu_forms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
 import draft_data as dd  # noqa: E402
@@ -203,7 +203,7 @@ def test_features_are_the_targets_hidden_states_and_resume(tmp_path, model):
     assert redo["shards"] == 1
 
 
-@pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
+@pytest.mark.skipif(not cpu_forms.int4_runs(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 activations")
 def test_lean_features_are_the_lean_targets_hidden_states_one_answer_at_a_time(tmp_path, model):
     from ears_core.model.loading.lean_target import from_float_model
 

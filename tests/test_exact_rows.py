@@ -15,7 +15,7 @@ from transformers import AttentionInterface
 
 from conftest import tiny_llama
 from ears_core import autoregressive, generate, load_pair
-from ears_core.model.kernels import exact_rows
+from ears_core.model.kernels import exact_rows, packed_linear
 from ears_core.model.loading import hub
 from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, EXACT_ATTENTION, exact_attention, make_rows_exact, rows_agree
 from ears_core.model.kernels.packed_linear import PackedLinear
@@ -33,6 +33,8 @@ def _bfloat16_linears_are_row_invariant() -> bool:
 
 needs_invariant_linears = pytest.mark.skipif(not _bfloat16_linears_are_row_invariant(),
                                              reason="this CPU's bfloat16 matmul rounds by row count")
+needs_bfloat16_packing = pytest.mark.skipif(not packed_linear.available(torch.bfloat16),
+                                            reason="needs oneDNN's bfloat16 packing (tried: model/kernels/cpu_forms.py)")
 
 
 def test_a_fixed_case_with_a_known_answer() -> None:
@@ -77,6 +79,7 @@ def test_rows_agree_holds_for_exact_attention_and_catches_width_dependent_roundi
     assert not rows_agree(model, (2, 9))
 
 
+@needs_bfloat16_packing
 def test_make_rows_exact_leaves_a_model_it_cannot_make_exact_as_it_was(monkeypatch) -> None:
     model = tiny_llama(0).to(torch.bfloat16)
     model.lm_head = PackedLinear(model.lm_head)
@@ -89,6 +92,7 @@ def test_make_rows_exact_leaves_a_model_it_cannot_make_exact_as_it_was(monkeypat
     assert not hasattr(model, "ears_row_cap")
 
 
+@needs_bfloat16_packing
 def test_a_packed_layer_with_a_row_cap_multiplies_chunk_by_chunk() -> None:
     g = torch.Generator().manual_seed(2)
     layer = PackedLinear(torch.nn.Linear(16, 8, dtype=torch.bfloat16))

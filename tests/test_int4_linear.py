@@ -7,14 +7,14 @@ from torch import nn
 from conftest import tiny_llama
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.draft.head_kernels import INT4_MIN_GAIN, MIN_GAIN, Variant, _pick, candidates
-from ears_core.model.kernels import gguf_q4
+from ears_core.model.kernels import cpu_forms
 from ears_core.model.kernels.gguf_q4 import dequantize_q4_1
 from ears_core.model.kernels.int4_linear import Int4Linear, q4_1_blocks, quantize_linears, round_trip, side_by_side, takes
 
-CPU = torch.device("cpu")
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 F32, F32P, BF, BFP = Variant("float32", False), Variant("float32", True), Variant("bfloat16", False), Variant("bfloat16", True)
 I4 = Variant("bfloat16", False, True)
-needs_kernel = pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
+needs_kernel = pytest.mark.skipif(not cpu_forms.int4_runs(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 activations")
 
 
 def _layer_and_rows(n_in: int, n_out: int, rows: int, seed: int, bias: bool) -> tuple[nn.Linear, torch.Tensor]:
@@ -56,21 +56,25 @@ def test_only_shapes_the_kernel_takes_are_swapped():
     assert [takes(m) for m in (net[0], net[2][0], net[2][1])] == [True, False, False]  # 16 inputs; 24 outputs
     with pytest.raises(ValueError, match="multiple of 32 and outputs of 16, not 16 -> 16"):
         Int4Linear(net[2][0])
-    if gguf_q4.available():
+    if cpu_forms.int4_runs():
         assert quantize_linears(net) == 1 and isinstance(net[0], Int4Linear) and isinstance(net[2][0], nn.Linear)
 
 
-def test_the_int4_variant_is_offered_beside_the_lean_target_only():
-    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=True) == [BF, BFP]
-    want = [BF, BFP, I4] if gguf_q4.available() else [BF, BFP]
-    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=True, int4=True) == want
-    assert candidates(CPU, torch.bfloat16, env={}, bf16=False, packing=False, int4=True) == [BF]  # no native bf16
+def test_the_int4_variant_is_offered_beside_the_lean_target_where_its_kernel_runs():
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=True, int4_runs=True) == [BF, BFP]
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=True, int4=True, int4_runs=True) == [BF, BFP, I4]
+    # no native bfloat16 and no oneDNN bfloat16 (an AVX2 CPU): the int4 kernel still runs there, and is offered
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=False, packing=False, int4=True, int4_runs=True) == [BF, I4]
+    assert candidates(CPU, torch.bfloat16, env={}, bf16=True, packing=False, int4=True, int4_runs=False) == [BF]
     assert candidates(CPU, torch.bfloat16, env={"EARS_DRAFT_DTYPE": "float32"}, bf16=True, int4=True,
-                      packing=False) == [F32]
-    if gguf_q4.available():
-        assert candidates(CPU, torch.float32, env={"EARS_DRAFT_DTYPE": "INT4"}, bf16=True) == [I4]
-    with pytest.raises(ValueError, match="EARS_DRAFT_DTYPE=int4 needs a CPU with native bfloat16"):
-        candidates(CPU, torch.float32, env={"EARS_DRAFT_DTYPE": "int4"}, bf16=False)
+                      packing=False, int4_runs=True) == [F32]
+    assert candidates(CPU, torch.float32, env={"EARS_DRAFT_DTYPE": "INT4"}, bf16=False, int4_runs=True) == [I4]
+    with pytest.raises(ValueError, match="EARS_DRAFT_DTYPE=int4 needs PyTorch's CPU int4 kernel, which does not run here"):
+        candidates(CPU, torch.float32, env={"EARS_DRAFT_DTYPE": "int4"}, int4_runs=False)
+    with pytest.raises(ValueError, match="does not run here"):  # a GPU: the CPU kernel is not its
+        candidates(CUDA, torch.bfloat16, env={"EARS_DRAFT_DTYPE": "int4"}, int4_runs=True)
+    want = [BF, I4] if cpu_forms.int4_runs() else [BF]  # asked of this machine: the kernel is tried
+    assert candidates(CPU, torch.bfloat16, env={}, packing=False, int4=True) == want
     assert I4.label == "int4" and I4.torch_dtype == torch.bfloat16
 
 

@@ -14,7 +14,7 @@ from transformers import DynamicCache
 from conftest import tiny_llama
 from ears_core import GreedyRule, autoregressive, generate, load_pair, tree_generate
 from ears_core.draft.drafters import ModelDrafter
-from ears_core.model.kernels import gguf_q4
+from ears_core.model.kernels import cpu_forms, gguf_q4
 from ears_core.model.loading import lean_target, target_path
 from ears_core.model.kernels.exact_rows import rows_agree
 from ears_core.model.kernels.gguf_q4 import (dequantize_q4_1, int4_linear, pack_q4_1, q4_1_parts, q8_0_to_tensor,
@@ -24,8 +24,11 @@ from ears_core.model.passes.kv_cache import drop_last_positions, keep_tail_posit
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.loading.lean_target import from_float_model
+from ears_core.model.kernels.exact_head import layouts_here
+from ears_core.model.kernels.packed_linear import PackedLinear
 
-pytestmark = pytest.mark.skipif(not gguf_q4.available(), reason="this torch has no CPU int4 kernel")
+pytestmark = pytest.mark.skipif(not cpu_forms.int4_runs(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 activations")
+once_per_form = pytest.mark.usefixtures("cpu_form")  # the tests of a lean model: once per kernel mode (conftest.py)
 
 
 def _block(d: float, m: float, codes: list[int]) -> bytes:
@@ -94,7 +97,7 @@ def _tied_tiny(seed: int = 0, **kw) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="module")
-def lean_and_reference() -> tuple[torch.nn.Module, torch.nn.Module]:
+def lean_and_reference(cpu_form: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     ref = _tied_tiny(0, std=0.1)
     lean = from_float_model(ref)  # ref's linears now hold the same blocks, dequantised
     return lean, ref
@@ -171,6 +174,7 @@ def test_lean_rows_do_not_depend_on_the_pass_width(lean_and_reference) -> None:
         assert not all(rows_agree(bf16, (9, 17, 40), prompt_len=p, seed=s) for p in (24, 40, 100) for s in range(3))
 
 
+@once_per_form
 def test_greedy_speculative_output_on_a_lean_target_is_its_own_greedy_output() -> None:
     ref = _tied_tiny(0, vocab=96, std=0.3)
     draft = copy.deepcopy(ref)
@@ -208,12 +212,17 @@ def test_ears_lean_is_read_and_a_bad_value_names_the_fix(monkeypatch) -> None:
 
 
 @pytest.mark.slow
+@once_per_form
 def test_the_embedded_pair_runs_lean_and_greedy_output_is_the_target_s(monkeypatch) -> None:
     if not lean_target.supported():
-        pytest.skip("this CPU has no native bfloat16: the embedded target runs the float path here")
+        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations")
     monkeypatch.setenv("EARS_LEAN", "1")
     pair = load_pair()
     assert pair.target.ears_kernels == "lean-int4" and pair.dtype == torch.bfloat16 and pair.rows_exact is True
+    layout = pair.target.head_form.form.layout  # kernels/exact_head.py: a form this machine runs in this mode
+    assert layout in layouts_here(torch.bfloat16) and (layout != "packed" or cpu_forms.mode() == "best")
+    if cpu_forms.mode() == "portable":  # no oneDNN packing anywhere, the draft head's layers included
+        assert not any(isinstance(m, PackedLinear) for m in pair.new_drafter().head.modules())
     for prompt in ("What is the capital of France?", "Write a haiku about the sea."):
         ids = pair.encode(prompt)
         base = autoregressive(pair.target, ids, temperature=0.0, max_new_tokens=40)
@@ -225,7 +234,7 @@ def test_the_embedded_pair_runs_lean_and_greedy_output_is_the_target_s(monkeypat
 
 @pytest.mark.slow
 def test_a_cpu_without_the_kernel_keeps_the_float_target(monkeypatch) -> None:
-    monkeypatch.setattr(gguf_q4, "available", lambda: False)
+    monkeypatch.setattr(cpu_forms, "int4_runs", lambda: False)
     monkeypatch.delenv("EARS_LEAN", raising=False)
     pair = load_pair(draft=None)
     assert type(pair.target).__name__ == "LlamaForCausalLM"
@@ -233,7 +242,7 @@ def test_a_cpu_without_the_kernel_keeps_the_float_target(monkeypatch) -> None:
     with pytest.raises(ModelLoadError, match="EARS_LEAN=1 but the lean int4 target cannot run here"):
         load_pair(draft=None)
     monkeypatch.setenv("EARS_LEAN", "0")
-    monkeypatch.setattr(gguf_q4, "available", lambda: True)
+    monkeypatch.setattr(cpu_forms, "int4_runs", lambda: True)
     assert type(load_pair(draft=None).target).__name__ == "LlamaForCausalLM"  # the float reference, asked for
 
 

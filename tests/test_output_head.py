@@ -50,7 +50,7 @@ def test_plan_head_keeps_the_fastest_median_on_a_fake_clock(monkeypatch):
         spike = 50.0 if next(calls) % 7 == 0 else 0.0
         now[0] += (cost[layout][h.shape[0] - 1] + spike) / 1000
 
-    monkeypatch.setattr(output_head, "_run", fake_run)
+    monkeypatch.setattr(output_head, "run_layout", fake_run)
     plan = plan_head(torch.zeros(8, 4), max_rows=4, repeats=5, clock=lambda: now[0])
     want = [min(LAYOUTS, key=lambda n: cost[n][r]) for r in range(4)]
     assert plan.layouts == want == ["xw", "wx", "wx", "linear"]

@@ -8,7 +8,8 @@ variant       (dtype, packed, int4): the head dtype, oneDNN-packed linears (mode
               a quarter of the bytes for a few points of acceptance (docs/benchmarks.md), offered with the lean
               int4 target and kept only if ``INT4_MIN_GAIN`` cheaper than the best float variant.
 candidates    ``EARS_DRAFT_DTYPE`` set: that one. Else float32 and bfloat16 for a float32 target on a CPU with
-              native bfloat16, or the target's dtype; each packed and as loaded where oneDNN is here; then int4.
+              native bfloat16, or the target's dtype; each packed and as loaded where oneDNN packs that dtype here;
+              then int4 where its kernel runs here (both tried on a tiny input: model/kernels/cpu_forms.py).
 choice        a drafting round timed in each candidate after a target pass, the candidates taking turns
               ``REPEATS`` times: the lowest median, but the first (as loaded) unless one is ``MIN_GAIN`` cheaper
               (the winner depends on the CPU: docs/measurements.md); cached.
@@ -82,17 +83,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str, str] | None = None,
-               bf16: bool | None = None, packing: bool | None = None, int4: bool = False) -> list[Variant]:
-    """The variants to time (module terms), the default first. ``bf16``/``packing``: whether this CPU has native
-    bfloat16 and oneDNN (None: ask torch); ``int4``: offer int4. A ValueError names a bad override."""
+               bf16: bool | None = None, packing: bool | None = None, int4: bool = False,
+               int4_runs: bool | None = None) -> list[Variant]:
+    """The variants to time (module terms), the default first. ``bf16``: whether this CPU has native bfloat16;
+    ``packing``: whether oneDNN packs here (None: tried per dtype, kernels/cpu_forms.py); ``int4``: offer int4;
+    ``int4_runs``: whether its kernel runs here (None: tried). A ValueError names a bad override."""
     choice = (os.environ if env is None else env).get("EARS_DRAFT_DTYPE", "").strip().lower()
     if choice and choice not in (*DRAFT_DTYPES, INT4, INT4_LAYERS):
         raise ValueError(f"EARS_DRAFT_DTYPE={choice!r} is not a draft dtype: use one of "
                          f"{', '.join((*DRAFT_DTYPES, INT4, INT4_LAYERS))} (or leave it unset to measure on this machine)")
+    int4_here = device.type == "cpu" and (supported() if int4_runs is None else int4_runs)
     if choice in (INT4, INT4_LAYERS):
-        if device.type != "cpu" or not supported(bf16):
-            raise ValueError(f"EARS_DRAFT_DTYPE={choice} needs a CPU with native bfloat16 and PyTorch's int4 kernel: "
-                             "leave it unset to measure the float variants here")
+        if not int4_here:
+            raise ValueError(f"EARS_DRAFT_DTYPE={choice} needs PyTorch's CPU int4 kernel, which does not run here "
+                             "with bfloat16 activations: leave it unset to measure the float variants here")
         return [INT4_VARIANT if choice == INT4 else INT4_LAYERS_VARIANT]
     if device.type != "cpu":
         return [Variant(choice or _dtype_name(target_dtype), False)]
@@ -102,11 +106,13 @@ def candidates(device: torch.device, target_dtype: torch.dtype, *, env: dict[str
         dtypes = ["float32", "bfloat16"]
     else:
         dtypes = [_dtype_name(target_dtype)]
-    if packing is None:
+
+    def packs(dtype: str) -> bool:
         from ears_core.model.kernels.packed_linear import available
-        packing = available()
-    found = [Variant(d, p) for d in dtypes for p in ((False, True) if packing else (False,))]
-    return found + ([INT4_VARIANT] if int4 and not choice and supported(bf16) else [])
+        return available(DRAFT_DTYPES[dtype]) if packing is None else packing
+
+    found = [Variant(d, p) for d in dtypes for p in ((False, True) if packs(d) else (False,))]
+    return found + ([INT4_VARIANT] if int4 and not choice and int4_here else [])
 
 
 def _key(head: Any, variants: list[Variant]) -> str:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ears_core.model.measuring.measured import Measured, interleaved, machine_tag
 
-__all__ = ["LAYOUTS", "HeadPlan", "PlannedLinear", "choose_layouts", "install_planned_head", "plan_head"]
+__all__ = ["LAYOUTS", "HeadPlan", "PlannedLinear", "choose_layouts", "install_planned_head", "plan_head", "run_layout"]
 
 LAYOUTS = ("linear", "wx", "xw")
 MIN_ELEMENTS = 1 << 22  # V x d below this (4M weights, 16 MB in float32): not worth a plan
@@ -64,14 +64,14 @@ class PlannedLinear(torch.nn.Module):
         layout = self.plan.layout(x[..., 0].numel())
         if layout == "linear" or x.requires_grad:
             return F.linear(x, self.weight, self.bias)
-        y = _run(layout, x.reshape(-1, x.shape[-1]), self.weight.detach(), self.weight_t)  # (r, V)
+        y = run_layout(layout, x.reshape(-1, x.shape[-1]), self.weight.detach(), self.weight_t)  # (r, V)
         return (y if self.bias is None else y + self.bias).reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, plan={self.plan.layouts}"
 
 
-def _run(layout: str, h: Tensor, w: Tensor, w_t: Tensor | None) -> Tensor:
+def run_layout(layout: str, h: Tensor, w: Tensor, w_t: Tensor | None) -> Tensor:
     """h (r, d) through W (V, d) in ``layout`` (module terms; ``w_t`` W^T, for ``xw``) -> (r, V)."""
     if layout == "linear":
         return F.linear(h, w)
@@ -89,7 +89,7 @@ def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
 
     def time_one(case: tuple[int, str]) -> float:
         t0 = clock()
-        _run(case[1], h[: case[0]], w, w_t)
+        run_layout(case[1], h[: case[0]], w, w_t)
         return (clock() - t0) * 1000
 
     cases = [(r, name) for r in range(1, max_rows + 1) for name in LAYOUTS]

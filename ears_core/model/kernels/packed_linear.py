@@ -7,7 +7,7 @@ packed        the weights reordered once into oneDNN's blocked layout, beside th
               nearly flat in r for r <= 8, where MKL's ``F.linear`` reads each weight once per row.
 kernel choice packed or as loaded (with the planned head: output_head.py), for a whole model: passes over m in
               ``MEASURED_M`` tokens timed in both modes, interleaved; packed kept only if ``MIN_GAIN`` cheaper.
-scope         CPU, float32 or bfloat16, at least ``MIN_ELEMENTS`` linear weights; a call that needs gradients,
+scope         CPU, float32 or bfloat16 where oneDNN packs that dtype here (cpu_forms.py), at least ``MIN_ELEMENTS`` linear weights; a call that needs gradients,
               or an input on another device or dtype, runs the original layer; a weight changed in place is
               packed again at its next call.
 row cap       ``max_rows`` (None by default): more rows run that many at a time (exact_rows.py: row cap).
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ears_core.model.kernels import cpu_forms
 from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, keep_first, machine_tag
 from ears_core.model.kernels.output_head import PlannedLinear
 from ears_core.model.measuring.pass_times import measure_pass_ms
@@ -34,10 +35,9 @@ MIN_GAIN = 0.03  # packed must be >= 3 % cheaper over the measured passes to be 
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def available() -> bool:
-    """oneDNN is built into this torch and exposes the two ops used here."""
-    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """oneDNN packs and runs a ``dtype`` linear weight here, tried (kernels/cpu_forms.py: never when portable)."""
+    return cpu_forms.onednn_packs(dtype)
 
 
 class PackedLinear(nn.Module):
@@ -88,7 +88,7 @@ def _linears(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
 def pack_layer(layer: nn.Module) -> nn.Module:
     """``PackedLinear(layer)`` for a CPU float32 / bfloat16 linear layer when oneDNN is here, else ``layer``."""
     w = layer.weight
-    return PackedLinear(layer) if available() and w.device.type == "cpu" and w.dtype in _DTYPES else layer
+    return PackedLinear(layer) if w.device.type == "cpu" and w.dtype in _DTYPES and available(w.dtype) else layer
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -155,7 +155,7 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
         return None  # already decided for this model
     layers = _linears(model)
     w = layers[0][2].weight if layers else None
-    if (not available() or w is None or w.device.type != "cpu" or w.dtype not in _DTYPES
+    if (w is None or w.device.type != "cpu" or w.dtype not in _DTYPES or not available(w.dtype)
             or sum(layer.weight.numel() for _, _, layer in layers) < MIN_ELEMENTS):
         return None
     key = _key(model)

@@ -8,7 +8,8 @@ blocks file    ``lean/blocks.safetensors`` in the prepared folder: the GGUF tens
                each one's GGUF type in the metadata: a memory map, where the GGUF parses its vocabulary first
                (3 s). In a subfolder: loaders that take a folder's ``*.safetensors`` (vLLM) never see it.
 from floats    ``q4_1_blocks`` (kernels/int4_linear.py) quantises a float Llama's weights: any Llama runs lean.
-supported      the int4 kernel is here and the CPU multiplies bfloat16 natively (else the kernel is slow).
+supported      PyTorch's int4 kernel runs here with bfloat16 activations (AVX2, AVX512, AVX512-BF16, AMX; ARM as far
+               as its kernel runs): tried on a tiny input, never read from CPU flags (kernels/cpu_forms.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ears_core.model.kernels import gguf_q4
+from ears_core.model.kernels import cpu_forms
 from ears_core.model.kernels.gguf_q4 import pack_q4_1, q4_1_parts, q8_0_to_tensor, rotary_row_order
 from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.passes.decoder import Layer
@@ -36,11 +37,9 @@ _SOURCE_KEY = "gguf_bytes"  # the blocks file's metadata: the size of the GGUF i
 Tensors = dict[str, tuple[str, np.ndarray]]  # GGUF tensor name -> (its GGUF type name, its raw data)
 
 
-def supported(bf16: bool | None = None) -> bool:
-    """Module terms: the int4 kernel is here and the CPU has native bfloat16 (``bf16``: that answer given)."""
-    from ears_core.model.loading.hub import native_bf16
-
-    return gguf_q4.available() and (native_bf16() if bf16 is None else bf16)
+def supported() -> bool:
+    """Module terms: PyTorch's int4 kernel runs here on bfloat16 activations, tried (kernels/cpu_forms.py)."""
+    return cpu_forms.int4_runs()
 
 
 def _stack(parts: list[tuple[Tensor, Tensor, Tensor]]) -> Any:

@@ -5,10 +5,11 @@ Terms
 -----
 lean step     the layer loop (decoder.py) with the ``int4`` linear kind (the GGUF's Q4_1 blocks, scales in
               bfloat16: kernels/gguf_q4.py) and the ``Exact`` policy over a ``KVBuffer``; the output head in
-              bfloat16 through a oneDNN-packed weight. Target-only and speculative decoding both run it.
+              bfloat16 in the fastest exact form this machine runs (kernels/exact_head.py). Target-only and
+              speculative decoding both run it.
 exact rows    row j of a pass over m tokens equals, bit for bit, a one-token pass at its position: the int4
-              kernel and the packed head are row-invariant (up to ``ROW_CAP`` rows a call), and the attention
-              runs in float64 over a float64 cache.
+              kernel is row-invariant (decoder.py: ``ROW_CAP`` rows a call), the head runs rows in chunks its form
+              proved exact, and the attention runs in float64 over a float64 cache.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import PassOutput, pass_inputs
-from ears_core.model.passes.decoder import ROW_CAP, Decoder, Exact, Layer, int4_kind, rotation_tables
+from ears_core.model.passes.decoder import Decoder, Exact, Layer, int4_kind, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
 __all__ = ["LeanLlama"]
@@ -50,7 +51,7 @@ class LeanLlama(nn.Module):
         self.embed = nn.Embedding.from_pretrained(embedding, freeze=True)  # (V, d) bfloat16, tied to the head
         self.head = nn.Module()  # the output head as ``get_output_embeddings()`` returns it: a ``weight`` (V, d)
         self.head.weight = self.embed.weight
-        self._head_packed = torch.ops.mkldnn._reorder_linear_weight(embedding, None)  # oneDNN layout, same values
+        self.head_form: Any = None  # kernels/exact_head.py: ExactHead, installed at load or at the first pass
         self.attn_dtype = attn_dtype
         self.row_plan: dict[int, tuple[int, ...]] = {}  # rows -> chunk sizes for the int4 calls (measuring/lean_plan.py)
         self.ears_kernels = "lean-int4"
@@ -74,7 +75,10 @@ class LeanLlama(nn.Module):
         return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype, exact=True)))
 
     def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
-        return torch.ops.mkldnn._linear_pointwise(h, self._head_packed, None, "none", [], "")
+        if self.head_form is None:  # not installed by the loader (lean_target.py): this machine's form, untimed
+            from ears_core.model.kernels.exact_head import install_exact_head
+            install_exact_head(self, measure=False)
+        return self.head_form(h)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
@@ -91,9 +95,7 @@ class LeanLlama(nn.Module):
         with cache.kv.lock:  # kv_cache.py: threads
             x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
             cache.length = n + m
-        keep = x if not logits_to_keep else x[-logits_to_keep:]
-        chunks = keep.split(ROW_CAP)  # at most ROW_CAP rows a call (module terms: exact rows)
-        logits = self._logits(keep) if len(chunks) == 1 else torch.cat([self._logits(c) for c in chunks])
+        logits = self._logits(x if not logits_to_keep else x[-logits_to_keep:])  # (kept, V)
         states = None if hidden is None else tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
         return PassOutput(logits[None], states, cache)  # logits (1, kept, V)
 

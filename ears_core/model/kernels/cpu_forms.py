@@ -1,0 +1,118 @@
+"""Which kernel forms this CPU runs, found by trying each op on a tiny input, never from a list of CPU flags.
+
+Terms
+-----
+form        one way to compute an op on a CPU: ``int4`` (PyTorch's int4 kernel on bfloat16 activations:
+            kernels/gguf_q4.py), ``onednn`` (a linear layer's weight packed by oneDNN, per dtype:
+            kernels/packed_linear.py, the lean target's output head), ``float64 attention`` (SDPA in float64:
+            kernels/exact_rows.py). A flag list lies both ways: oneDNN refuses bfloat16 packing without AVX512BW
+            even where the int4 kernel runs with bfloat16 activations (AVX2), and a CPU may have flags a VM hides.
+probe       the op run once on a tiny input inside ``try``, its result compared with a plain reference; a refusal,
+            an error or a wrong answer all read "does not run". Asked once per process and form.
+portable    ``EARS_CPU_KERNELS=portable``: only the forms every CPU that PyTorch supports has, plain ATen ops
+            (``F.linear``, matrix products, SDPA) and the int4 kernel; no oneDNN packing. ``best`` (the default):
+            every form that runs here, the fastest chosen by measurement where the code chooses. Tests force
+            ``portable`` so a machine of one class proves the code another class runs.
+class       what ATen's own kernels were built for here (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``,
+            ``AVX512``, ``DEFAULT`` on ARM without SVE, ...; ``ATEN_CPU_CAPABILITY=avx2`` lowers it).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["MODES", "cpu_class", "float64_attention_runs", "int4_runs", "mode", "onednn_packs", "report",
+           "tried"]
+
+MODES = ("best", "portable")
+ENV = "EARS_CPU_KERNELS"
+
+
+def mode() -> str:
+    """``$EARS_CPU_KERNELS`` as ``best`` (unset) or ``portable`` (module terms); a bad value raises ValueError."""
+    raw = os.environ.get(ENV, "").strip().lower() or "best"
+    if raw not in MODES:
+        raise ValueError(f"{ENV}={raw!r}: use best (the default: every kernel form that runs here) or portable "
+                         "(plain ATen ops and the int4 kernel only)")
+    return raw
+
+
+def cpu_class() -> str:
+    """The class ATen's kernels run at here (module terms), e.g. ``AVX2``."""
+    get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
+    return str(get()) if get is not None else "unknown"
+
+
+def tried(fn: Callable[[], bool]) -> bool:
+    """fn() (a probe: module terms), with any exception read as False."""
+    try:
+        return bool(fn())
+    except Exception:  # a refused op raises RuntimeError, NotImplementedError, ... : all mean "not here"
+        return False
+
+
+@functools.cache
+def _int4_probe() -> bool:
+    from ears_core.model.kernels.gguf_q4 import available, dequantize_q4_1, int4_linear, pack_q4_1
+
+    if not available():
+        return False
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (32, 64), generator=g, dtype=torch.uint8)  # (N, K)
+    d = torch.rand(32, 2, generator=g) / 8 + 0.01  # (N, K / 32): exact in bfloat16 only roughly
+    m = -torch.rand(32, 2, generator=g)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)  # (r, K)
+    got = int4_linear(x, pack_q4_1(codes, d, m)).float()  # (r, N)
+    want = x.float() @ dequantize_q4_1(codes, d, m).t()
+    return got.shape == want.shape and bool(torch.allclose(got, want, rtol=3e-2, atol=0.15))
+
+
+def int4_runs() -> bool:
+    """Whether PyTorch's CPU int4 kernel runs here with bfloat16 activations and gives the right answer (module
+    terms: probe); the lean target and the draft head's int4 variant need it."""
+    return tried(_int4_probe)
+
+
+@functools.cache
+def _onednn_probe(dtype: torch.dtype) -> bool:
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 64, generator=g).to(dtype)  # (out, in)
+    x = torch.randn(3, 64, generator=g).to(dtype)  # (r, in)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+    got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "").float()
+    return bool(torch.allclose(got, F.linear(x.float(), w.float()), rtol=2e-2, atol=0.1))
+
+
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs and runs a ``dtype`` linear weight here (module terms: probe); never when portable."""
+    return mode() == "best" and tried(lambda: _onednn_probe(dtype))
+
+
+@functools.cache
+def _float64_attention_probe() -> bool:
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, n, 8, generator=g, dtype=torch.float64) for n in (3, 5, 5))
+    got = F.scaled_dot_product_attention(q, k[:, :2], v[:, :2], enable_gqa=True)  # (1, 4, 3, 8)
+    keys = k[:, :2].repeat_interleave(2, 1)  # (1, 4, 5, 8)
+    want = torch.softmax(q @ keys.transpose(-1, -2) / 8 ** 0.5, -1) @ v[:, :2].repeat_interleave(2, 1)
+    return bool(torch.allclose(got, want))
+
+
+def float64_attention_runs() -> bool:
+    """Whether SDPA runs in float64 with grouped queries here (module terms: probe): the exact attention."""
+    return tried(_float64_attention_probe)
+
+
+def report() -> dict[str, object]:
+    """What this machine runs, for the docs and the bench: the class, the mode and each form's probe."""
+    return {"cpu_class": cpu_class(), "mode": mode(), "int4": int4_runs(),
+            "onednn_bfloat16": onednn_packs(torch.bfloat16), "onednn_float32": onednn_packs(torch.float32),
+            "float64_attention": float64_attention_runs()}
