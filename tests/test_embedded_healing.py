@@ -209,10 +209,7 @@ def test_weights_cut_short_are_prepared_again_from_the_gguf(tmp_path, monkeypatc
     (about a minute) and the remade model gives the tokens the first preparation checked."""
     source = embedded.prepare_embedded()  # where `make test` prepared it
     folder = tmp_path / embedded.CACHE_SUBDIR
-    folder.mkdir()
-    for path in source.iterdir():
-        if path.is_file() and path.name != "model.safetensors":
-            shutil.copy(path, folder / path.name)
+    shutil.copytree(source, folder, ignore=lambda at, names: ["model.safetensors"] if Path(at) == source else [])
     with open(source / "model.safetensors", "rb") as whole, open(folder / "model.safetensors", "wb") as cut:
         cut.write(whole.read(100 << 20))
     monkeypatch.setenv("EARS_CACHE", str(tmp_path))

@@ -131,12 +131,16 @@ def _shards(folder: Path) -> list[str]:
 
 def folder_damage(folder: str | Path, kind: str) -> str | None:
     """Damage (module terms) of a Hugging Face folder that a ``kind`` (``"model"`` or ``"tokenizer"``) failed to
-    load from: a file it needs that is missing, or a top-level JSON or safetensors file that is not whole."""
+    load from: a file it needs that is missing, or a top-level JSON or safetensors file that is not whole. None for
+    a folder with no config, weights or tokenizer file: not a model's folder."""
     folder = Path(folder)
     present = sorted(p.name for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    weights = any(n.endswith(".safetensors") or n.startswith("pytorch_model") for n in present)
+    if "config.json" not in present and not weights and not any(n in TOKENIZER_FILES for n in present):
+        return None  # not a model's folder at all, rather than a damaged one
     if "config.json" not in present and kind == "model":
         return "config.json is missing"
-    if kind == "model" and not any(n.endswith(".safetensors") or n.startswith("pytorch_model") for n in present):
+    if kind == "model" and not weights:
         return "no weights file (model.safetensors) is in it"
     if kind == "tokenizer" and not any(n in TOKENIZER_FILES for n in present):
         return f"no tokenizer file ({' or '.join(TOKENIZER_FILES[:3])}) is in it"
