@@ -72,7 +72,7 @@ def test_a_damaged_folder_names_the_file_and_the_fix(tmp_path, fault):
     with pytest.raises(ModelLoadError) as raised:  # never SafetensorError, JSONDecodeError, tokenizers' Exception
         load_pair(str(folder), None, device="cpu")
     message = str(raised.value)
-    assert said in message and f"save or copy the target" in message and f"into {folder} again" in message
+    assert said in message and "save or copy the target" in message and f"into {folder} again" in message
     assert raised.value.__cause__ is not None  # the library's error stays attached for the log
 
 
@@ -185,7 +185,7 @@ def test_a_cache_that_cannot_be_written_keeps_a_measurement_for_this_process(tmp
     assert any("this measurement serves this process only" in r.getMessage() for r in caplog.records)
 
 
-F32, BF, BF_PACKED = Variant("float32", False), Variant("bfloat16", False), Variant("bfloat16", True)
+F32, BF = Variant("float32", False), Variant("bfloat16", False)
 
 
 @pytest.mark.parametrize("cached", [{"dtype": "bfloat16", "packed": True}, {"dtype": "float16"}, {"int4": True},

@@ -136,10 +136,12 @@ def _writable(folder: Path) -> bool:
 
 
 def _cannot_write(folder: Path, damage: str | None, why: str) -> ModelLoadError:
+    """The error of a folder that cannot be prepared where it is (module terms: healing)."""
     unusable = f"cannot be used ({damage}) and " if damage else ""
+    delete = f", delete {folder}" if folder.exists() else ""
     return ModelLoadError(f"the embedded target's prepared folder {folder} {unusable}cannot be written ({why}): run "
-                          f"{PREPARE_AGAIN} as a user who can write {folder.parent}, delete {folder}, or set "
-                          "EARS_CACHE to a writable folder with 700 MiB free")
+                          f"{PREPARE_AGAIN} as a user who can write {folder.parent}{delete}, or set EARS_CACHE to a "
+                          "writable folder with 700 MiB free")
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import types
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,7 +43,7 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
     if origin is dict:
         return isinstance(value, dict) and all(_fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items())
-    if args:  # a union such as ``str | None``
+    if origin in (typing.Union, types.UnionType):  # such as ``str | None``
         return any(value is None if a is type(None) else _fits(value, a) for a in args)
     return True  # a type this module does not know: the dataclass decides
 
@@ -51,9 +52,12 @@ def fits(cls: type[R], data: Any) -> R | None:
     """``cls(**data)`` when ``data`` fits it (module terms), else None."""
     if not isinstance(data, dict):
         return None
-    hints = typing.get_type_hints(cls)
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError):  # an annotation only a type checker resolves: the dataclass decides
+        hints = {}
     names = {f.name for f in dataclasses.fields(cls) if f.init}
-    if not set(data) <= names or not all(_fits(v, hints[k]) for k, v in data.items()):
+    if not set(data) <= names or not all(_fits(v, hints.get(k, Any)) for k, v in data.items()):
         return None
     try:
         return cls(**data)
