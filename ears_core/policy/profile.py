@@ -4,7 +4,8 @@ Terms
 -----
 profile      a ``PriceCurve`` (policy/costs.py) of the target's passes over m = 1 .. max_m new tokens
              (model/measuring/pass_times.py), measured once per (model, device, dtype, threads, kernels) and cached
-             as JSON under ``$EARS_CACHE/costs/``.
+             as JSON under ``$EARS_CACHE/costs/``; a file that does not read back is measured again
+             (model/measuring/records.py).
 busy         a measurement during which this process's threads waited for a core more than
              ``timing.BUSY_SHARE`` of the time (timing.py: another job held the cores). It is measured
              again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
@@ -17,7 +18,6 @@ provisional  ``quick=True`` with nothing cached: one pass per width (a fraction 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -27,6 +27,7 @@ import torch
 
 from ears_core.model.measuring.measured import cache_file
 from ears_core.model.measuring.pass_times import measure_pass_ms
+from ears_core.model.measuring.records import read_record, write_record
 from ears_core.policy.costs import PriceCurve
 from ears_core.timing import MachineBusy, RunQueue
 
@@ -90,12 +91,7 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     ``quick``: module terms."""
     key = profile_key(target, key_extra)
     path = _cache_file(key, cache_dir)
-    cached = None
-    if path.is_file():
-        try:
-            cached = PriceCurve(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            pass  # a damaged or old file: measure again
+    cached = read_record(PriceCurve, path)  # None for a damaged or old file: measured again
     if cached is not None and cached.max_m < max_m:
         cached = None  # too short a curve: measured again and replaced
     if cached is not None and not refresh:
@@ -115,8 +111,5 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
                            min(curve.draft_ms, again.draft_ms), 0.0, key, again.measured_at)
     if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:
         return curve  # for this process only
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(curve.to_dict(), indent=1))
-    tmp.replace(path)
+    write_record(curve.to_dict(), path)
     return curve

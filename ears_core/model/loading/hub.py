@@ -8,6 +8,9 @@ source      a local folder in Hugging Face format (config.json, weights, tokeniz
 offline     nothing is downloaded unless ``allow_download=True`` and ``HF_HUB_OFFLINE`` is unset; a model
             missing from the local cache is a ``ModelLoadError`` naming the fix, never a hang.
 vocab_size  ``len(tokenizer)``: the token ids both models of a pair score (``check_tokenizers``).
+damaged     a folder (or a hub id's copy in the Hugging Face cache) a load fails on, whose files damage.py finds
+            missing or not whole: the ``ModelLoadError`` names the file and how to replace it, never a library's
+            own error (safetensors, tokenizers, json).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ears_core.model.loading.damage import folder_damage
 
 __all__ = ["ModelLoadError", "describe_device", "is_out_of_memory", "folder_or_hub_id", "load_tokenizer",
            "load_model", "check_tokenizers", "native_bf16", "resolve_dtype", "encode_prompt"]
@@ -65,14 +70,24 @@ def folder_or_hub_id(spec: str, role: str) -> tuple[str, bool]:
 
 def _call(what: str, loader: Callable[..., Any], spec: str, source: str, local: bool,
           allow_download: bool, **kwargs: Any) -> Any:
-    """loader(source, **kwargs), never downloading unless allowed; errors name the fix."""
+    """loader(source, **kwargs), never downloading unless allowed; errors name the fix (module terms: damaged)."""
     offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
     if not local:
         kwargs["local_files_only"] = offline or not allow_download
     try:
         return loader(source, **kwargs)
-    except (OSError, ValueError, KeyError, ImportError) as exc:
-        if local:
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise
+        folder = Path(source) if local else _hub_copy(spec)
+        damage = folder_damage(folder, what.split()[-1]) if folder is not None else None
+        if damage is None and not _reading_error(exc):
+            raise
+        if damage is not None:
+            fix = (f"{damage}: save or copy the {what} into {folder} again" if local else
+                   f"its copy in the Hugging Face cache ({folder}) is damaged, {damage}: fetch it again with "
+                   f"`hf download {spec} --force-download`")
+        elif local:
             fix = (f"check that {source} holds a Hugging Face {what} "
                    "(config.json and *.safetensors for a model; tokenizer.json / tokenizer_config.json)")
         elif kwargs["local_files_only"]:
@@ -84,6 +99,25 @@ def _call(what: str, loader: Callable[..., Any], spec: str, source: str, local: 
         detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
         raise ModelLoadError(f"could not load the {what} {spec!r}: {fix} "
                              f"[{type(exc).__name__}: {detail}]") from exc
+
+
+def _reading_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is how a library says a file could not be read (module terms: damaged)."""
+    from safetensors import SafetensorError
+
+    # tokenizers raises a bare Exception for a tokenizer.json it cannot parse
+    return isinstance(exc, (OSError, ValueError, KeyError, ImportError, SafetensorError)) or type(exc) is Exception
+
+
+def _hub_copy(spec: str) -> Path | None:
+    """The folder of a hub id's copy in the local Hugging Face cache, None when there is none."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(spec, "config.json")
+    except Exception:  # an id the cache cannot hold
+        return None
+    return Path(found).parent if isinstance(found, str) else None
 
 
 def load_tokenizer(spec: str, source: str, local: bool, role: str, allow_download: bool) -> Any:

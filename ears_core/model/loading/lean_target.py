@@ -29,11 +29,11 @@ from ears_core.model.kernels.int4_linear import q4_1_blocks
 from ears_core.model.passes.decoder import Layer
 from ears_core.model.passes.lean_llama import LeanLlama
 
-__all__ = ["BLOCKS_FILE", "blocks_file", "blocks_path", "from_float_model", "from_gguf", "gguf_tensors", "supported"]
+__all__ = ["BLOCKS_FILE", "SOURCE_KEY", "blocks_file", "blocks_path", "from_float_model", "from_gguf", "gguf_tensors", "supported"]
 
 _LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 BLOCKS_FILE = "lean/blocks.safetensors"  # under the prepared folder (module terms)
-_SOURCE_KEY = "gguf_bytes"  # the blocks file's metadata: the size of the GGUF it was made from
+SOURCE_KEY = "gguf_bytes"  # the blocks file's metadata: the size of the GGUF it was made from
 Tensors = dict[str, tuple[str, np.ndarray]]  # GGUF tensor name -> (its GGUF type name, its raw data)
 
 
@@ -67,18 +67,20 @@ def blocks_path(folder: str | Path) -> Path:
 
 
 def blocks_file(folder: str | Path, gguf: str | Path) -> Path:
-    """``folder``'s blocks file made from ``gguf`` (module terms), written first where it is missing or was
-    made from another file; written to a temporary sibling and renamed, so a reader never sees half of it."""
-    from safetensors import safe_open
+    """``folder``'s blocks file made from ``gguf`` (module terms), written first where it is missing, damaged or
+    was made from another file; written to a temporary sibling and renamed, so a reader never sees half of it."""
     from safetensors.numpy import save_file
 
+    from ears_core.model.loading.damage import safetensors_metadata
+
     path, size = blocks_path(folder), str(Path(gguf).stat().st_size)
-    if path.is_file():
-        with safe_open(str(path), "np") as f:
-            if (f.metadata() or {}).get(_SOURCE_KEY) == size:
-                return path
+    try:
+        if safetensors_metadata(path).get(SOURCE_KEY) == size:
+            return path
+    except (OSError, ValueError):  # missing or damaged: written again
+        pass
     tensors = gguf_tensors(gguf)
-    meta = {name: kind for name, (kind, _) in tensors.items()} | {_SOURCE_KEY: size}
+    meta = {name: kind for name, (kind, _) in tensors.items()} | {SOURCE_KEY: size}
     path.parent.mkdir(exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)

@@ -73,6 +73,12 @@ def measure_widths(model: Any, widths: int = MEASURED, rounds: int = 7, calls: i
     return [round(min(samples[w]), 4) for w in range(1, widths + 1)]
 
 
+def _usable(plan: RowPlan) -> bool:
+    """Whether a cached plan covers every width planned, each m in chunks of 1 or more rows that add up to m."""
+    return len(plan.chunks) >= MAX_PLANNED and all(c and min(c) >= 1 and sum(c) == m
+                                                   for m, c in enumerate(plan.chunks, 1))
+
+
 def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False,
                      measure: bool = True, piece: Callable[[], Any] | None = None) -> RowPlan | None:
     """Give a LeanLlama its row plan: read from the cache, or measured (about a second; each round in
@@ -80,7 +86,7 @@ def install_row_plan(model: Any, cache_dir: str | os.PathLike | None = None, ref
     ``measure=False`` and nothing cached, the default plan, and None (module terms)."""
     layer = model.layers[0]
     key = f"{layer.qkv.out_features}x{layer.gate_up.out_features}x{layer.down.in_features}|{machine_tag(torch.bfloat16)}"
-    plan = RowPlan.cached(key, cache_dir, refresh, lambda p: len(p.chunks) >= MAX_PLANNED)
+    plan = RowPlan.cached(key, cache_dir, refresh, _usable)
     if plan is None and measure:
         cost = quietly("the int4 row plan", lambda: measure_widths(model, piece=piece))
         plan = RowPlan(best_chunks(cost), cost, key=key).save(cache_dir)

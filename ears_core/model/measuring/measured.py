@@ -4,7 +4,7 @@ Terms
 -----
 record       a dataclass under ``Measured`` (the int4 row plan, the output head's layouts, packed linears, the
              draft head's variant) with ``key`` (the shapes and the ``machine_tag``) and ``measured_at``; cached as
-             ``$EARS_CACHE/kernels/<KIND>-<key>.json``, written atomically; a missing or stale one reads as None.
+             ``$EARS_CACHE/kernels/<KIND>-<key>.json`` (records.py); a missing, damaged or stale one reads as None.
 interleaved  every round times every candidate, reversed every other round: a slow moment hits them all.
 margin       ``keep_first(ms, margin)``: the cheapest, but the first (the default) unless one is ``margin`` cheaper.
 quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores raise ``MachineBusy`` (never cached).
@@ -12,7 +12,6 @@ quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores r
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -23,6 +22,7 @@ from typing import Any, Callable, ClassVar, Sequence, TypeVar
 
 import torch
 
+from ears_core.model.measuring.records import read_record, write_record
 from ears_core.timing import MachineBusy, RunQueue
 
 __all__ = ["MEASURED_M", "Measured", "cache_file", "interleaved", "keep_first", "machine_tag", "quietly"]
@@ -59,24 +59,15 @@ class Measured:
     @classmethod
     def cached(cls: type[R], key: str, cache_dir: str | os.PathLike | None, refresh: bool = False,
                usable: Callable[[R], bool] = lambda record: True) -> R | None:
-        """The record cached under ``key``; None when ``refresh``, missing, damaged or not ``usable`` (stale)."""
-        path = cls.file(key, cache_dir)
-        if refresh or not path.is_file():
-            return None
-        try:
-            record = cls(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
-            return None
-        return record if usable(record) else None
+        """The record cached under ``key``; None when ``refresh``, missing, damaged (records.py: read back) or not
+        ``usable`` here (stale, or a kernel form this machine does not offer)."""
+        record = None if refresh else read_record(cls, cls.file(key, cache_dir))
+        return record if record is not None and usable(record) else None
 
     def save(self: R, cache_dir: str | os.PathLike | None) -> R:
-        """Stamp ``measured_at`` and write the record under its key, atomically; the record."""
+        """Stamp ``measured_at`` and write the record under its key (records.py: written); the record."""
         self.measured_at = time.strftime("%Y-%m-%d %H:%M:%S")
-        path = self.file(self.key, cache_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1))
-        tmp.replace(path)
+        write_record(asdict(self), self.file(self.key, cache_dir))
         return self
 
 
