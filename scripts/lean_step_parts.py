@@ -107,7 +107,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     model = lean_embedded(prepare_embedded())
     if model is None:
-        raise SystemExit("the lean target does not run on this CPU (no int4 kernel, no native bfloat16 or rows not exact)")
+        raise SystemExit("the lean target does not run on this CPU (its int4 kernel does not run here or rows are not exact)")
     for width in a.widths:
         whole = mean_pass_ms(model, a.steps, a.repeats, width)
         print(f"a pass over {width} token(s): {whole:.2f} ms (mean of {a.steps} after a 64-token prompt, best of {a.repeats})")

@@ -38,6 +38,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ears_core.model.loading.damage import file_table, safetensors_metadata, table_damage, whole_damage
+from ears_core.model.measuring.records import cache_root
 from ears_core.model.loading.hub import ModelLoadError, encode_prompt
 from ears_core.model.loading.lean_target import BLOCKS_FILE, SOURCE_KEY, blocks_file
 
@@ -52,11 +53,6 @@ REQUIRED = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_con
 PREPARE_AGAIN = "`python -m ears_core.model.loading.embedded --prepare --force`"
 LOG = logging.getLogger("ears_studio")
 _CHECK_PROMPT = "What is the capital of France?"
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The folder holding prepared models: cache_dir, else $EARS_CACHE, else ~/.cache/ears_studio."""
-    return Path(cache_dir or os.environ.get("EARS_CACHE") or "~/.cache/ears_studio").expanduser()
 
 
 def find_embedded_gguf() -> Path:

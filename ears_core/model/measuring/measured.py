@@ -72,8 +72,8 @@ class Measured:
 
 
 def cache_file(folder: str, name: str, cache_dir: str | os.PathLike | None) -> Path:
-    """<``embedded.cache_root``>/<folder>/<name>, with "_" for any character of ``name`` a file name should not hold."""
-    from ears_core.model.loading.embedded import cache_root
+    """<``records.cache_root``>/<folder>/<name>, with "_" for any character of ``name`` a file name should not hold."""
+    from ears_core.model.measuring.records import cache_root
 
     return cache_root(cache_dir) / folder / "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 

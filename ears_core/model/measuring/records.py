@@ -24,10 +24,15 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["fits", "read_record", "write_record"]
+__all__ = ["cache_root", "fits", "read_record", "write_record"]
 
 LOG = logging.getLogger("ears_studio")
 R = TypeVar("R")
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The folder holding prepared models and cached records: cache_dir, else $EARS_CACHE, else ~/.cache/ears_studio."""
+    return Path(cache_dir or os.environ.get("EARS_CACHE") or "~/.cache/ears_studio").expanduser()
 
 
 def _fits(value: Any, hint: Any) -> bool:
