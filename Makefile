@@ -39,8 +39,14 @@ browser:
 # time the container's stop, which a busy second core would stretch past its grace. pytest's exit code 5 (no
 # tests) fails too.
 DOCKER_TESTS := tests/test_docker_image.py
+# The lean target's and the kernels' tests again as an AVX2-only CPU (most laptops) runs them, whatever CPU this is:
+# ATen's kernels take their AVX2 code and oneDNN its AVX2 ceiling (it then refuses bfloat16 packing, as on such a
+# CPU); their tests run once per kernel mode (tests/conftest.py, cpu_form), the portable one included.
+AVX2_TESTS := tests/test_lean.py tests/test_exact_head.py tests/test_cpu_forms.py tests/test_int4_linear.py \
+              tests/test_exact_rows.py
 test: install browser
 	$(PY) -m pytest -n 2 --dist loadfile --ignore=$(DOCKER_TESTS)
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -n 2 --dist loadfile $(AVX2_TESTS)
 	$(PY) -m pytest $(DOCKER_TESTS)
 
 # Skip the tests marked slow.

@@ -26,7 +26,7 @@ draft dtype the dtype and kernels an EAGLE-style head computes with (draft/head_
             stored in bfloat16, so only its rows of the target's output head are rounded.
 offline     nothing is downloaded unless ``allow_download=True`` is passed (model/loading/hub.py).
 provisional a load measures nothing that a default can stand in for (a cold start in seconds): the lean
-            target's int4 row plan and an EAGLE head's kernels are read from the cache, else defaults
+            target's int4 row plan and output head form and an EAGLE head's kernels are read from the cache, else defaults
             listed in ``ModelPair.pending``; ``settle()`` measures them (a server's session does it between
             requests, serve/prices.py), caches them and puts them in force.
 """
@@ -149,6 +149,11 @@ def _pending(pair: ModelPair, head_folder: Path | None, cache_dir: Any) -> list[
             install_row_plan(target, cache_dir, piece=piece)
             target.ears_rows_provisional = False
         found.append(Pending("the int4 row plan", rows))
+    if getattr(target, "ears_head_provisional", False):
+        def head_form(piece: Any) -> None:  # its layout sets the logits' bits: the requests after it run the new one
+            from ears_core.model.kernels.exact_head import install_exact_head
+            install_exact_head(target, cache_dir, measure=True, piece=piece)
+        found.append(Pending("the output head's form", head_form))
     if head_folder is not None and getattr(pair.draft, "kernel_provisional", False):
         def head(piece: Any) -> None:  # the new template serves the generations that start after it
             pair.draft = load_head_draft(target, pair.dtype, pair.vocab_size, head_folder, measure=True, piece=piece)

@@ -140,6 +140,18 @@ def _peer(threads: int, tokens: int) -> dict[str, Any]:
     return measure(find_embedded_gguf(), threads=threads, repeats=5, tokens=tokens)
 
 
+def _cpu_name() -> str:
+    """The CPU's model name and the vector extensions it lists (what a reader of the figures compares)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    wanted = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "avx_vnni")]
+    return f"{name or platform.machine()} ({' '.join(wanted) or 'no AVX2'})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", type=int, default=16)
@@ -192,7 +204,11 @@ def main() -> None:
         print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s)", flush=True)
     if a.peer:
         peer.append(_peer(a.threads, a.tokens))
+    from ears_core.model.kernels.cpu_forms import report
+
     result = {"machine": f"{platform.processor() or platform.machine()}, {a.threads} threads, torch {torch.__version__}",
+              "cpu": _cpu_name(), "kernel_forms": report(),
+              "heads": {dt: str(getattr(s.pair.target, "head_form", None)) for dt, s in sessions.items()},
               "prompts": len(prompts), "tokens": a.tokens, "repeats": a.repeats, "minutes": round((time.time() - t0) / 60, 1),
               "dtypes": {dt: {"price_curve": describe(s.prices), "profile": s.profile_text(), "settings": _fold(runs[dt])}
                          for dt, s in sessions.items()}}

@@ -55,10 +55,10 @@ def test_the_run_queue_sees_another_job_on_the_cores():
 
 
 @contextlib.contextmanager
-def _crowded_cores():
-    """Other processes spinning on every core, twice over, for the block (at most 5 s)."""
+def _crowded_cores(seconds: float = 5):
+    """Other processes spinning on every core, twice over, for the block (at most ``seconds``)."""
     cores = len(os.sched_getaffinity(0))
-    spin = "import time\nstop = time.perf_counter() + 5\nwhile time.perf_counter() < stop: pass"
+    spin = f"import time\nstop = time.perf_counter() + {seconds}\nwhile time.perf_counter() < stop: pass"
     others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * cores)]
     try:
         time.sleep(0.3)  # they are spinning
@@ -131,7 +131,7 @@ def test_a_quick_provisional_curve_is_not_cached_and_running_prices_replace_it_f
     assert quick.curve.verify(3) < 70 < slow.curve.verify(3)
 
 
-@pytest.mark.skipif(not supported(), reason="needs the int4 kernel and native bfloat16")
+@pytest.mark.skipif(not supported(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 activations")
 def test_a_row_plan_is_default_until_measured_and_the_same_bits_either_way(tmp_path):
     lean = from_float_model(tiny_llama(0, vocab=96, hidden=64))
     assert lean_plan.install_row_plan(lean, tmp_path, measure=False) is None
@@ -144,7 +144,7 @@ def test_a_row_plan_is_default_until_measured_and_the_same_bits_either_way(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not supported(), reason="needs the int4 kernel and native bfloat16")
+@pytest.mark.skipif(not supported(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 activations")
 def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_path):
     from ears_core import pair as em
     from ears_core.draft import head_kernels
@@ -160,7 +160,7 @@ def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_pa
     monkeypatch.setattr(lean_plan, "measure_widths", lambda *a, **k: pytest.fail("the row plan was measured"))
     pair = em.load_pair()
     assert type(pair.target).__name__ == "LeanLlama"
-    assert pair.provisional == ["the int4 row plan", "the draft head's kernels"]
+    assert pair.provisional == ["the int4 row plan", "the output head's form", "the draft head's kernels"]
     assert pair.draft.kernel_provisional and pair.draft.kernel_choice is None
     assert not list(tmp_path.glob("kernels/*.json"))
 
@@ -190,3 +190,36 @@ def test_settling_runs_in_pieces_and_a_decode_puts_it_aside(monkeypatch):
     activity.end(mark)
     assert runner.wait(10) and done == [["x"]] and pair.provisional == []
     assert "decoding" not in log and runner.attempts >= 2 and log.count("quiet") >= 8  # the unit ran again, whole
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["lean", "float"])
+def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, tmp_path, form):
+    """Two spinning processes per core through the warm-up (timing.py: busy, with the real threshold) and a cache
+    holding only the prepared target, so every choice is measured: the warm-up keeps the defaults it cannot measure and
+    says so, the session decodes, and only a caller asking for strictness gets MachineBusy."""
+    if form == "lean" and not supported():
+        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations")
+    if not list(__import__("pathlib").Path("/proc/self/task").glob("*/schedstat")):
+        pytest.skip("this kernel does not report run-queue waits")
+    from ears_core import GreedyRule, generate, load_pair
+    from ears_core.model.loading.embedded import CACHE_SUBDIR, prepare_embedded
+    from ears_core.serve.session import Session
+
+    (tmp_path / CACHE_SUBDIR).symlink_to(prepare_embedded())
+    monkeypatch.setenv("EARS_CACHE", str(tmp_path))
+    monkeypatch.setenv("EARS_LEAN", "1" if form == "lean" else "0")
+    monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
+    monkeypatch.setattr(profile, "BUSY_TRIES", 1)  # a busy price measurement is not made three times over
+    pair = load_pair()  # quiet: a load measures nothing, so what follows is the warm-up's
+    with _crowded_cores(seconds=600):
+        session = Session(pair, cache_dir=tmp_path)
+        session.warm_up()
+        assert session.provisional, "busy cores, yet every measurement was kept as this machine's"
+        assert "provisional until measured on quiet cores" in session.profile_text()
+        ids = pair.encode("What is the capital of France?")
+        out = generate(*pair, ids, rule=GreedyRule(), temperature=0.0, max_new_tokens=8, k=2)
+        assert len(out.token_ids) == 8
+        with pytest.raises(MachineBusy):
+            Session(pair, cache_dir=tmp_path).warm_up(strict=True)
+    assert not list(tmp_path.glob("costs/*.json"))  # nothing measured on busy cores was cached

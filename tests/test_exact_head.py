@@ -76,8 +76,8 @@ def test_the_choice_takes_the_layout_whose_plan_costs_least(monkeypatch, weight)
 
     monkeypatch.setattr(_Weights, "run", fake_run)
     monkeypatch.setattr(exact_head, "time", SimpleNamespace(perf_counter=lambda: now[0]))
-    form, quiet = choose_head_form(weight)
-    assert quiet and "wx" not in form.ms  # ten times dearer on one row: pruned before its widths are timed
+    form = choose_head_form(weight)
+    assert "wx" not in form.ms  # ten times dearer on one row: pruned before its widths are timed
     # planned over r = 1, 3, 5: linear 5 + 7 + (8 + 5) = 25 against xw's 3 + 9 + 15 = 27 and packed's 31.5
     assert form.layout == "linear" and form.plan(5) == [4, 1] and form.width == 16
     assert form.ms["linear"]["8"] == 12.0 and "16" not in form.ms["linear"]  # widths past 8 untimed
@@ -85,16 +85,34 @@ def test_the_choice_takes_the_layout_whose_plan_costs_least(monkeypatch, weight)
 
 def test_the_form_is_cached_read_back_and_refused_where_its_layout_does_not_run(monkeypatch, tmp_path, weight) -> None:
     model = SimpleNamespace(get_output_embeddings=lambda: SimpleNamespace(weight=weight))
-    first = install_exact_head(model, tmp_path)
-    assert first.ms and model.head_form.form is first
+    first = install_exact_head(model, tmp_path, measure=True)
+    assert first.ms and model.head_form.form is first and not model.ears_head_provisional
     again = install_exact_head(model, tmp_path)
     assert again.layout == first.layout and again.measured_at == first.measured_at  # read back, not measured
     stale = HeadForm.file(first.key, tmp_path)
     stale.write_text(stale.read_text().replace(f'"layout": "{first.layout}"', '"layout": "nonesuch"'))
-    third = install_exact_head(model, tmp_path)
+    third = install_exact_head(model, tmp_path, measure=True)
     assert third.layout in layouts_here(weight.dtype)  # a layout that does not run here is measured again
     stale.write_text("{not json")
-    assert install_exact_head(model, tmp_path).layout in layouts_here(weight.dtype)
-    untimed = install_exact_head(model, tmp_path / "empty", measure=False)
-    assert untimed.ms == {} and untimed.layout == layouts_here(weight.dtype)[0]
+    assert install_exact_head(model, tmp_path, measure=True).layout in layouts_here(weight.dtype)
+    untimed = install_exact_head(model, tmp_path / "empty")  # a load: nothing timed
+    assert untimed.ms == {} and untimed.layout == layouts_here(weight.dtype)[0] and model.ears_head_provisional
     assert not HeadForm.file(untimed.key, tmp_path / "empty").exists()  # nothing measured: nothing cached
+
+
+def test_a_busy_machine_leaves_the_form_untimed_and_raises_for_the_caller_to_retry(monkeypatch, tmp_path, weight) -> None:
+    import ears_core.timing
+    from ears_core.model.measuring import measured
+    from ears_core.timing import MachineBusy, RunQueue
+
+    class Busy(RunQueue):
+        def __exit__(self, *exc):
+            self.waited_share = 0.9
+
+    monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
+    monkeypatch.setattr(measured, "RunQueue", Busy)
+    model = SimpleNamespace(get_output_embeddings=lambda: SimpleNamespace(weight=weight))
+    install_exact_head(model, tmp_path)
+    with pytest.raises(MachineBusy, match="the output head's form"):
+        install_exact_head(model, tmp_path, measure=True)
+    assert model.ears_head_provisional and not list(tmp_path.glob("kernels/*.json"))  # the default stays, uncached

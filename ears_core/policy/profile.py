@@ -78,7 +78,7 @@ def _cache_file(key: str, cache_dir: str | os.PathLike | None) -> Path:
 
 def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str | os.PathLike | None = None,
                     refresh: bool = False, key_extra: str = "", piece: Callable[[], Any] | None = None,
-                    quick: bool = False) -> PriceCurve:
+                    quick: bool = False, strict: bool = False) -> PriceCurve:
     """The cached profile for this (model, device, dtype, threads), or a new measurement (a few
     seconds) written to the cache. ``refresh`` measures again and returns the new curve; it replaces
     the cached one when its step is at most ``REFRESH_SLOWER`` times the cached step (the machine
@@ -88,7 +88,7 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     process only: another job on the cores only ever adds time, and a profile measured under it
     (e.g. a refresh asked for while a training job ran) would mislead every later process here.
     ``piece``: as ``measure_prices``'s (a measurement it stops writes nothing). A busy machine and
-    ``quick``: module terms."""
+    ``quick``: module terms; ``strict``: a busy machine raises MachineBusy even in a caller's thread."""
     key = profile_key(target, key_extra)
     path = _cache_file(key, cache_dir)
     cached = read_record(PriceCurve, path)  # None for a damaged or old file: measured again
@@ -102,9 +102,10 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
         return curve
     curve, busy = measured_quietly(target, max_m=max_m, key=key, piece=piece)
     if busy:
-        if piece is not None:
+        if piece is not None or strict:
             raise MachineBusy(f"the cores were busy through {BUSY_TRIES} price measurements: tried again later")
-        return curve  # for this process only
+        curve.provisional = True  # for this process only, moved fast by the runs' rounds (costs.py)
+        return curve
     if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:  # a refresh that reads much slower
         again = measure_prices(target, max_m=max_m, key=key, piece=piece)  # a passing slow moment? the faster of two, per m
         curve = PriceCurve([min(a, b) for a, b in zip(curve.verify_ms, again.verify_ms)],

@@ -5,6 +5,8 @@ Terms
 curve       this machine's price curve for the target (policy/costs.py), as ``RunningPrices``: a profile
             measured once per model, device, dtype and threads (cached on disk), moved by every finished
             run's rounds.
+busy        a warm-up on cores another job holds never fails: each measurement it spoils keeps the default in
+            force and is listed in ``provisional`` (``strict=True`` raises ``timing.MachineBusy`` instead).
 first use   with no curve yet, ``curve`` reads the cached profile or measures one, in a thread that exits: the
             one measurement ever made in a caller's thread (``warm_up`` makes it before any request).
             ``on_path(since)``: how long such a measurement held a request that began at ``since``.
@@ -34,6 +36,7 @@ from ears_core.policy.costs import PriceCurve, RunningPrices
 from ears_core.policy.profile import load_or_measure
 from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
+from ears_core.timing import MachineBusy
 
 __all__ = ["SessionPrices", "STALE", "ON_PATH"]
 
@@ -76,13 +79,20 @@ class SessionPrices:
         with self._lock:
             return sum(max(0.0, end - max(start, since)) for start, end in self._on_path)
 
-    def measure(self, piece: Any = None) -> PriceCurve:
+    def measure(self, piece: Any = None, strict: bool = False) -> PriceCurve:
         """This machine's curve measured afresh (``piece``: pass by pass, for the background), after the pair's
-        provisional choices are settled (they change the passes' prices: pair.py, ``ModelPair.settle``)."""
+        provisional choices are settled (they change the passes' prices: pair.py, ``ModelPair.settle``). In a
+        caller's thread (no ``piece``) a choice the busy cores spoil keeps its default and stays provisional,
+        unless ``strict`` (then ``timing.MachineBusy`` reaches the caller); in the background it is put aside."""
         settle = getattr(self.pair, "settle", None)
         if settle is not None:
-            settle(piece)
-        return load_or_measure(self.pair.target, max_m=self.max_m, cache_dir=self.cache_dir, refresh=True, piece=piece)
+            try:
+                settle(piece)
+            except MachineBusy:
+                if strict or piece is not None:
+                    raise
+        return load_or_measure(self.pair.target, max_m=self.max_m, cache_dir=self.cache_dir, refresh=True, piece=piece,
+                               strict=strict)
 
     @property
     def provisional(self) -> list[str]:
@@ -122,10 +132,11 @@ class SessionPrices:
         else:
             self.install(in_passing_thread(self.measure))
 
-    def before_warm_up(self) -> None:
-        """A warm-up's curve: measured now without the background, else the cached profile (module terms)."""
+    def before_warm_up(self, strict: bool = False) -> None:
+        """A warm-up's curve: measured now without the background, else the cached profile (module terms);
+        ``strict``: as ``measure``'s."""
         if not self.given and self.between is None:
-            self.install(self.measure())
+            self.install(self.measure(strict=strict))
         self.curve  # noqa: B018
 
     def after_warm_up(self) -> None:

@@ -183,7 +183,7 @@ class Session:
         """Stop measuring in the background (the session is dropped: a pair switched out)."""
         self.pricing.close()
 
-    def warm_up(self, tokens: int = 24) -> None:
+    def warm_up(self, tokens: int = 24, strict: bool = False) -> None:
         """Make sure of a price curve and run one short speculative generation with K = 2: the first
         kernels run, and the draft step and per-round overhead are measured. Where the drafter can
         branch, one short tree of fixed size follows, learnt from by nothing (its first passes with
@@ -192,11 +192,13 @@ class Session:
         A cached curve can be hours old, and a machine's curve moves (docs/measurements.md, price
         curves), so unless the caller gave one it is measured again: now, before the decodes, or
         with ``background_prices`` between requests, after them (the warm-up then only reads the
-        cached profile: a request waiting for a server's first load never waits for a measurement)."""
-        in_passing_thread(self._warm_up, tokens)  # leaves no OpenMP pool in the caller (passing.py)
+        cached profile: a request waiting for a server's first load never waits for a measurement).
+        On cores another job holds, a spoilt measurement keeps the default in force and says so in
+        ``provisional`` (``profile_text``); ``strict=True`` raises ``timing.MachineBusy`` instead."""
+        in_passing_thread(self._warm_up, tokens, strict)  # leaves no OpenMP pool in the caller (passing.py)
 
-    def _warm_up(self, tokens: int) -> None:
-        self.pricing.before_warm_up()
+    def _warm_up(self, tokens: int, strict: bool) -> None:
+        self.pricing.before_warm_up(strict)
         if self.pair.draft is not None:
             self._warm_up_decodes(tokens)
         self.pricing.after_warm_up()
@@ -213,12 +215,18 @@ class Session:
             for _ in self._tree_run(ids, cfg, *cfg.rule_and_temperature(), None).gen:  # .gen: not absorbed
                 pass
 
+    @property
+    def provisional(self) -> list[str]:
+        """What this session runs and prices by default until measured here: the pair's provisional choices and
+        a curve measured quickly or on busy cores (serve/prices.py)."""
+        return self.pricing.provisional
+
     def profile_text(self) -> str:
         """The price curve in force, and the draft head's measured dtype and kernels if it has them."""
         choice = getattr(self.pair.draft, "kernel_choice", None)  # head_kernels.HeadChoice or None
-        pending = self.pricing.provisional
+        pending = self.provisional
         return describe(self.prices) + (f"; draft head in {choice.variant.label}" if choice is not None else "") + (
-            f"; provisional until measured between requests: {', '.join(pending)}" if pending else "")
+            f"; provisional until measured on quiet cores: {', '.join(pending)}" if pending else "")
 
     def policy_for(self, rule: AcceptanceRule, temperature: float, k: int | None = None, draft_length: str = "policy",
                    *, gamma: int | None = None) -> dict[str, Any]:

@@ -14,24 +14,25 @@ form          (layout, exact width, chunk plan): r rows run in chunks of ``CHUNK
               split by ``lean_plan.best_chunks`` over the measured chunk costs (any such split, the same bits).
 choice        every layout that runs: its exact width, then its chunk costs c(w) timed interleaved (a layout
               ``PRUNE`` times dearer than the cheapest on one row is dropped first); the layout whose plan costs
-              least over r in ``MEASURED_M``; cached per machine (measured.py). A measurement the busy cores
-              spoil is used but not cached.
+              least over r in ``MEASURED_M``; cached per machine (measured.py). A load measures nothing: with
+              nothing cached it takes the first layout here at its exact width, untimed, and a session measures
+              the choice between requests (pair.py: provisional); the new layout serves the requests after it.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from ears_core.model.kernels import cpu_forms
 from ears_core.model.kernels.output_head import run_layout
-from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, machine_tag
-from ears_core.timing import RunQueue
+from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, machine_tag, quietly
 
 __all__ = ["CHUNKS", "ExactHead", "HeadForm", "choose_head_form", "exact_width", "install_exact_head", "layouts_here"]
 
@@ -109,39 +110,44 @@ def _plan(cost: dict[int, float]) -> list[list[int]]:
 
 
 @torch.inference_mode()
-def choose_head_form(weight: Tensor, *, measure: bool = True) -> tuple[HeadForm, bool]:
-    """The head's form here (module terms: choice) and whether its timing ran on quiet cores; ``measure`` False:
-    the first layout here with its exact width, untimed."""
+def choose_head_form(weight: Tensor, *, measure: bool = True, piece: Callable[[], Any] | None = None) -> HeadForm:
+    """The head's form here (module terms: choice), each round in ``piece()`` (between requests: serve/between.py);
+    busy cores raise ``MachineBusy`` (measured.py: quiet). ``measure`` False: the first layout here with its exact
+    width, untimed (``ms`` empty)."""
     weights = _Weights(weight)
     g = torch.Generator().manual_seed(0)
     h = torch.randn(max(CHUNKS), weight.shape[1], generator=g).to(weight.dtype)  # (16, d)
     names = layouts_here(weight.dtype)
     if not measure:
         width = exact_width(weights, names[0], h)
-        fewest_calls = {c: 1.0 for c in CHUNKS if c <= width}
-        return HeadForm(names[0], width, _plan(fewest_calls), {names[0]: width}), True
+        return HeadForm(names[0], width, _plan({c: 1.0 for c in CHUNKS if c <= width}), {names[0]: width})
 
     def once(case: tuple[str, int]) -> float:
         t0 = time.perf_counter()
         weights.run(case[0], h[: case[1]])
         return (time.perf_counter() - t0) * 1e3
 
-    with RunQueue() as queue:
-        one = interleaved([(n, 1) for n in names], once, 3)
+    def timed() -> tuple[dict[str, int], dict[tuple[str, int], list[float]]]:
+        one = interleaved([(n, 1) for n in names], once, 3, piece)
         cheapest = min(min(v) for v in one.values())
-        names = tuple(n for n in names if min(one[n, 1]) <= PRUNE * cheapest)
-        widths = {n: exact_width(weights, n, h) for n in names}
-        cases = [(n, c) for n in names for c in CHUNKS if c <= min(widths[n], 8)]
-        times = interleaved(cases, once, ROUNDS)
-    ms = {name: {str(c): round(min(times[n, c]), 4) for n, c in cases if n == name} for name in names}
+        kept = [n for n in names if min(one[n, 1]) <= PRUNE * cheapest]
+        widths = {}
+        for n in kept:
+            with (piece or nullcontext)():
+                widths[n] = exact_width(weights, n, h)
+        cases = [(n, c) for n in kept for c in CHUNKS if c <= min(widths[n], 8)]
+        return widths, interleaved(cases, once, ROUNDS, piece)
+
+    widths, times = quietly("the output head's form", timed)
+    ms = {name: {str(c): round(min(t), 4) for (n, c), t in times.items() if n == name} for name in widths}
 
     def planned(name: str) -> tuple[float, list[list[int]]]:
         cost = {int(c): t for c, t in ms[name].items()}
         chunks = _plan(cost)
         return sum(sum(cost[c] for c in chunks[r - 1]) for r in MEASURED_M), chunks
 
-    best = min(names, key=lambda n: planned(n)[0])
-    return HeadForm(best, widths[best], planned(best)[1], widths, ms), not queue.busy
+    best = min(widths, key=lambda n: planned(n)[0])
+    return HeadForm(best, widths[best], planned(best)[1], widths, ms)
 
 
 class ExactHead(nn.Module):
@@ -164,18 +170,20 @@ class ExactHead(nn.Module):
 
 
 def install_exact_head(model: Any, cache_dir: str | os.PathLike | None = None, refresh: bool = False,
-                       measure: bool = True) -> HeadForm:
-    """Give a LeanLlama its head (module terms): the cached form, else one chosen now (cached when measured on
-    quiet cores, or untimed with ``measure`` False)."""
+                       measure: bool = False, piece: Callable[[], Any] | None = None) -> HeadForm:
+    """Give a LeanLlama its head (module terms): the cached form, else one chosen now: measured and cached with
+    ``measure`` (rounds in ``piece()``; busy cores raise ``MachineBusy``), else untimed, marked
+    ``model.ears_head_provisional`` (a load measures nothing: pair.py, provisional)."""
     w = model.get_output_embeddings().weight  # (V, d)
     key = f"{w.shape[0]}x{w.shape[1]}|{machine_tag(w.dtype)}"
     here = layouts_here(w.dtype)
     form = HeadForm.cached(key, cache_dir, refresh, lambda f: f.layout in here and len(f.chunks) >= MAX_ROWS
-                           and f.width in CHUNKS)
+                           and f.width in CHUNKS and f.width == f.widths.get(f.layout))
     if form is None:
-        form, quiet = choose_head_form(w, measure=measure)
+        form = choose_head_form(w, measure=measure, piece=piece)
         form.key = key
-        if quiet and form.ms:
+        if form.ms:
             form.save(cache_dir)
     model.head_form = ExactHead(w, form)
+    model.ears_head_provisional = not form.ms
     return form

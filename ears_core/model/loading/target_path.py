@@ -8,8 +8,8 @@ float path    transformers' model from the prepared cache with the project's CPU
 EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path, as is
               a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
 row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set.
-head form     the cached one, else measured at load (about a second; kernels/exact_head.py): the layout decides
-              the logits' bits, so it is never changed under a loaded model.
+head form     the cached one, else the first layout here, untimed (kernels/exact_head.py), with
+              ``ears_head_provisional`` set.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     if (Path(folder) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     model.ears_rows_provisional = install_row_plan(model, cache_dir, measure=False) is None
-    install_exact_head(model, cache_dir)  # its layout sets the logits' bits: chosen once, at load
+    install_exact_head(model, cache_dir)  # the cached form, else an untimed one: ears_head_provisional
     with torch.inference_mode():
         if not rows_agree(model, CHECKED_WIDTHS):
             return None
