@@ -209,6 +209,11 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError(f"device {str(dev)!r} was asked for but no CUDA GPU is visible: use device 'cpu' "
                              "(EARS_DEVICE=cpu), or run on a machine / Space with a GPU")
+    try:
+        from ears_core.model.kernels.cpu_forms import mode
+        mode()  # EARS_CPU_KERNELS read before any weights
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     dt = resolve_dtype(dtype, dev)
     chosen_here = dtype is None and not os.environ.get("EARS_DTYPE", "").strip()  # not the user's choice
     draft = resolve_draft(target, draft)
@@ -307,8 +312,8 @@ def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
         return None
     lean = lean_embedded(Path(_resolve(EMBEDDED, "target", cache_dir)[0]), cache_dir)
     if lean is None and want == "lean":
-        raise ModelLoadError("EARS_LEAN=1 but the lean int4 target cannot run here: it needs torch's CPU int4 "
-                             "kernel, a CPU with native bfloat16 (AVX512-BF16 or AMX), the GGUF of "
+        raise ModelLoadError("EARS_LEAN=1 but the lean int4 target cannot run here: it needs PyTorch's CPU int4 "
+                             "kernel running with bfloat16 activations (tried at load), the GGUF of "
                              f"`{EMBEDDED_PIP}`, and exact rows; unset EARS_LEAN for the float target")
     return lean
 

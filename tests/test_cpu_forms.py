@@ -20,6 +20,11 @@ def test_the_mode_is_read_and_a_bad_value_names_the_fix(monkeypatch) -> None:
     monkeypatch.setenv("EARS_CPU_KERNELS", "fast")
     with pytest.raises(ValueError, match="EARS_CPU_KERNELS='fast': use best .* or portable"):
         cpu_forms.mode()
+    from ears_core import load_pair
+    from ears_core.model.loading.hub import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="EARS_CPU_KERNELS='fast'"):  # before any weights: the app shows it
+        load_pair("embedded", None, device="cpu")
 
 
 def test_a_refused_op_and_a_wrong_answer_both_read_as_not_running(monkeypatch) -> None:
