@@ -54,9 +54,14 @@ def test_a_refused_op_and_a_wrong_answer_both_read_as_not_running(monkeypatch) -
 
 
 def test_portable_turns_onednn_off_and_keeps_its_measurements_apart(monkeypatch) -> None:
+    from conftest import tiny_llama
+    from ears_core.policy.profile import profile_key
+
+    model = tiny_llama(0)
     monkeypatch.setenv("EARS_CPU_KERNELS", "best")
-    best_tag = machine_tag(torch.bfloat16)
+    best_tag, best_key = machine_tag(torch.bfloat16), profile_key(model)
     monkeypatch.setenv("EARS_CPU_KERNELS", "portable")
+    assert profile_key(model) == best_key + "|portable"  # price curves too are cached apart
     assert not cpu_forms.onednn_packs(torch.float32) and not cpu_forms.onednn_packs(torch.bfloat16)
     layer = nn.Linear(4096, 4096)
     assert packed_linear.pack_layer(layer) is layer
