@@ -46,7 +46,7 @@ def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypa
     from ears_core.serve.session import Session
 
     session = Session(models.ModelPair(*tiny_pair, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
-    monkeypatch.setattr(Session, "_warm_up", lambda self, tokens: seen.append((threading.get_ident(), tokens)))
+    monkeypatch.setattr(Session, "_warm_up", lambda self, tokens, strict: seen.append((threading.get_ident(), tokens)))
     session.warm_up(7)
     assert seen[1][1] == 7 and seen[1][0] != threading.get_ident()
 
