@@ -210,7 +210,13 @@ def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, 
     monkeypatch.setenv("EARS_CACHE", str(tmp_path))
     monkeypatch.setenv("EARS_LEAN", "1" if form == "lean" else "0")
     monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
-    monkeypatch.setattr(profile, "BUSY_TRIES", 1)  # a busy price measurement is not made three times over
+    from ears_core.draft import head_kernels
+
+    # the flow under test, not the figures: one busy try, one pass per width, two rounds of the head's variants
+    monkeypatch.setattr(profile, "BUSY_TRIES", 1)
+    real = profile.measure_prices
+    monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: real(*a, **{**k, "repeats": 1}))
+    monkeypatch.setattr(head_kernels, "REPEATS", 2)
     pair = load_pair()  # quiet: a load measures nothing, so what follows is the warm-up's
     with _crowded_cores(seconds=600):
         session = Session(pair, cache_dir=tmp_path)
