@@ -192,9 +192,8 @@ class Session:
         A cached curve can be hours old, and a machine's curve moves (docs/measurements.md, price
         curves), so unless the caller gave one it is measured again: now, before the decodes, or
         with ``background_prices`` between requests, after them (the warm-up then only reads the
-        cached profile: a request waiting for a server's first load never waits for a measurement).
-        On cores another job holds, a spoilt measurement keeps the default in force and says so in
-        ``provisional`` (``profile_text``); ``strict=True`` raises ``timing.MachineBusy`` instead."""
+        cached profile). On busy cores a spoilt measurement keeps the default in force, listed in
+        ``provisional``; ``strict=True`` raises ``timing.MachineBusy`` instead."""
         in_passing_thread(self._warm_up, tokens, strict)  # leaves no OpenMP pool in the caller (passing.py)
 
     def _warm_up(self, tokens: int, strict: bool) -> None:
@@ -216,9 +215,7 @@ class Session:
                 pass
 
     @property
-    def provisional(self) -> list[str]:
-        """What this session runs and prices by default until measured here: the pair's provisional choices and
-        a curve measured quickly or on busy cores (serve/prices.py)."""
+    def provisional(self) -> list[str]:  # defaults in force until measured on quiet cores (serve/prices.py)
         return self.pricing.provisional
 
     def profile_text(self) -> str:
