@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from ears_core.model.kernels import cpu_forms
 from ears_core.model.kernels.output_head import run_layout
+from ears_core.model.kernels.packed_linear import PackedLinear
 from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, machine_tag, quietly
 
 __all__ = ["CHUNKS", "ExactHead", "HeadForm", "choose_head_form", "exact_width", "install_exact_head", "layouts_here"]
@@ -53,13 +54,15 @@ class _Weights:
     def __init__(self, weight: Tensor) -> None:
         self.w = weight.detach()  # (V, d)
         self._t: Tensor | None = None  # (d, V) contiguous, for xw
-        self._packed: Tensor | None = None  # oneDNN's layout, for packed
+        self._packed: PackedLinear | None = None  # oneDNN's layout, for packed
 
     def run(self, layout: str, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
         if layout == "packed":
             if self._packed is None:
-                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.w, None)
-            return torch.ops.mkldnn._linear_pointwise(h, self._packed, None, "none", [], "")
+                plain = nn.Linear(self.w.shape[1], self.w.shape[0], bias=False, device="meta")
+                plain.weight = nn.Parameter(self.w, requires_grad=False)  # the same tensor, not a copy
+                self._packed = PackedLinear(plain)
+            return self._packed(h)
         if layout == "xw" and self._t is None:
             self._t = self.w.t().contiguous()
         return run_layout(layout, h, self.w, self._t)

@@ -35,11 +35,10 @@ R = TypeVar("R", bound="Measured")
 def machine_tag(dtype: torch.dtype) -> str:
     """What a kernel measurement depends on besides the shapes: dtype, threads, CPU and the class and mode its
     kernels run at (kernels/cpu_forms.py), torch."""
-    from ears_core.model.kernels.cpu_forms import cpu_class, mode
+    from ears_core.model.kernels.cpu_forms import tag
 
     cpu = platform.processor() or platform.machine()
-    forms = cpu_class() + ("|portable" if mode() == "portable" else "")
-    return (f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|{forms}"
+    return (f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|{tag()}"
             f"|torch={torch.__version__}")
 
 
