@@ -26,7 +26,8 @@ draft dtype the dtype and kernels an EAGLE-style head computes with (draft/head_
             stored in bfloat16, so only its rows of the target's output head are rounded.
 offline     nothing is downloaded unless ``allow_download=True`` is passed (model/loading/hub.py).
 provisional a load measures nothing that a default can stand in for (a cold start in seconds): the lean
-            target's int4 row plan and output head form and an EAGLE head's kernels are read from the cache, else defaults
+            target's int4 row plan and output head form, a float32 CPU target's head layouts and linear kernels
+            (as loaded until measured) and an EAGLE head's kernels are read from the cache, else defaults
             listed in ``ModelPair.pending``; ``settle()`` measures them (a server's session does it between
             requests, serve/prices.py), caches them and puts them in force.
 """
@@ -154,6 +155,16 @@ def _pending(pair: ModelPair, head_folder: Path | None, cache_dir: Any) -> list[
             from ears_core.model.kernels.exact_head import install_exact_head
             install_exact_head(target, cache_dir, measure=True, piece=piece)
         found.append(Pending("the output head's form", head_form))
+    if getattr(target, "ears_kernels_provisional", False):
+        def kernels(piece: Any) -> None:  # the float target's head layouts and linear kernels, measured on it
+            from ears_core.model.kernels.output_head import install_planned_head
+            from ears_core.model.kernels.packed_linear import choose_kernels, pack_like
+            install_planned_head(target, cache_dir=cache_dir, piece=piece)
+            choose_kernels(target, cache_dir=cache_dir, piece=piece)
+            target.ears_kernels_provisional = False
+            if isinstance(pair.draft, torch.nn.Module):  # a draft model runs the kernels the target chose
+                pack_like(target, pair.draft)
+        found.append(Pending("the target's kernels", kernels))
     if head_folder is not None and getattr(pair.draft, "kernel_provisional", False):
         def head(piece: Any) -> None:  # the new template serves the generations that start after it
             pair.draft = load_head_draft(target, pair.dtype, pair.vocab_size, head_folder, measure=True, piece=piece)
@@ -286,8 +297,9 @@ def _float_target(target: str, dev: torch.device, dt: torch.dtype, cache_dir: An
     if dev.type == "cpu":
         from ears_core.model.kernels.output_head import install_planned_head
         from ears_core.model.kernels.packed_linear import choose_kernels
-        install_planned_head(model)
-        choose_kernels(model)
+        measure = dt != torch.float32  # bfloat16: the exactness check below reads the kernels in force
+        install_planned_head(model, cache_dir=cache_dir, measure=measure)
+        choose_kernels(model, cache_dir=cache_dir, measure=measure)
         if dt == torch.bfloat16:
             from ears_core.model.kernels.exact_rows import make_rows_exact
             rows_exact = make_rows_exact(model) is not None

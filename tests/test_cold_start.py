@@ -217,10 +217,15 @@ def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, 
     real = profile.measure_prices
     monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: real(*a, **{**k, "repeats": 1}))
     monkeypatch.setattr(head_kernels, "REPEATS", 2)
+    from ears_core.model.kernels import output_head, packed_linear  # a float target's kernels: one round each
+
+    plan, modes = output_head.plan_head, packed_linear.measure_modes
+    monkeypatch.setattr(output_head, "plan_head", lambda w, rows, **k: plan(w, rows, **{**k, "repeats": 1}))
+    monkeypatch.setattr(packed_linear, "measure_modes", lambda m, **k: modes(m, **{**k, "rounds": 1}))
     pair = load_pair()  # quiet: a load measures nothing, so what follows is the warm-up's
     with _crowded_cores(seconds=600):
         session = Session(pair, cache_dir=tmp_path)
-        session.warm_up()
+        session.warm_up(tokens=8)
         assert session.provisional, "busy cores, yet every measurement was kept as this machine's"
         assert "provisional until measured on quiet cores" in session.profile_text()
         ids = pair.encode("What is the capital of France?")

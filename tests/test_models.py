@@ -182,6 +182,35 @@ def test_embedded_draft_loads_as_a_head_drafter(monkeypatch, tmp_path: Path) -> 
     assert pair.draft.w_sub.shape == (4096, config.hidden_size)
 
 
+def test_a_float32_cpu_target_loads_untimed_and_settle_measures_its_kernels(tiny, tmp_path: Path, monkeypatch) -> None:
+    # A float32 CPU target's head layouts and linear kernels are not timed at load: it runs as loaded, lists "the
+    # target's kernels" as provisional, and settle() measures and caches them; the next load reads the cache.
+    from ears_core.model.kernels import output_head, packed_linear
+
+    folder, _ = tiny
+    monkeypatch.setattr(output_head, "MIN_ELEMENTS", 0)  # the tiny model in scope, as a real one is
+    monkeypatch.setattr(packed_linear, "MIN_ELEMENTS", 0)
+    monkeypatch.setenv("EARS_CACHE", str(tmp_path / "cache"))
+    timed = []
+    real_plan, real_modes = output_head.plan_head, packed_linear.measure_modes
+    monkeypatch.setattr(output_head, "plan_head", lambda *a, **k: timed.append("head") or real_plan(*a, **k))
+    monkeypatch.setattr(packed_linear, "measure_modes", lambda *a, **k: timed.append("linears") or real_modes(*a, **k))
+    pair = load_pair(str(folder), None, device="cpu", dtype="float32")
+    assert timed == [] and pair.provisional == ["the target's kernels"]
+    assert type(pair.target.get_output_embeddings()) is torch.nn.Linear and not packed_linear.is_packed(pair.target)
+    assert not list((tmp_path / "cache").glob("kernels/*.json"))
+    assert pair.settle() == ["the target's kernels"] and pair.provisional == []
+    packs = packed_linear.available(torch.float32)
+    assert timed == (["head", "linears"] if packs else ["head"])
+    assert isinstance(pair.target.get_output_embeddings(), output_head.PlannedLinear)
+    again = load_pair(str(folder), None, device="cpu", dtype="float32")  # this machine's choices, from the cache
+    assert again.provisional == [] and len(timed) == (2 if packs else 1)
+    assert isinstance(again.target.get_output_embeddings(), output_head.PlannedLinear)
+    ids = encode_prompt(pair.tokenizer, "w5 w6 w7")
+    with torch.no_grad():  # the settled kernels give the as-loaded logits to float rounding (output_head: exactness)
+        torch.testing.assert_close(pair.target(ids).logits, again.target(ids).logits)
+
+
 def test_a_folder_holding_a_head_is_a_draft_spec(tiny, tmp_path: Path, monkeypatch) -> None:
     # A head trained for a target (head.json) loads as its drafter from any folder; greedy output
     # stays the target's; a head of another width is refused naming the reason.

@@ -17,13 +17,13 @@ import os
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ears_core.model.measuring.measured import Measured, interleaved, machine_tag
+from ears_core.model.measuring.measured import Measured, interleaved, machine_tag, quietly
 
 __all__ = ["LAYOUTS", "HeadPlan", "PlannedLinear", "choose_layouts", "install_planned_head", "plan_head", "run_layout"]
 
@@ -80,8 +80,9 @@ def run_layout(layout: str, h: Tensor, w: Tensor, w_t: Tensor | None) -> Tensor:
 
 @torch.inference_mode()
 def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
-              clock: Callable[[], float] = time.perf_counter) -> HeadPlan:
-    """Time every layout for r = 1 .. max_rows rows (interleaved, after a warm-up round) and keep the fastest."""
+              clock: Callable[[], float] = time.perf_counter, piece: Callable[[], Any] | None = None) -> HeadPlan:
+    """Time every layout for r = 1 .. max_rows rows (interleaved, after a warm-up round, each round in ``piece()``)
+    and keep the fastest."""
     w = weight.detach()
     w_t = w.t().contiguous()
     g = torch.Generator().manual_seed(0)
@@ -93,14 +94,18 @@ def plan_head(weight: Tensor, max_rows: int = 12, repeats: int = 5,
         return (clock() - t0) * 1000
 
     cases = [(r, name) for r in range(1, max_rows + 1) for name in LAYOUTS]
-    times = interleaved(cases, time_one, repeats + 1)  # the first round is the warm-up
+    times = interleaved(cases, time_one, repeats + 1, piece)  # the first round is the warm-up
     ms = [{name: statistics.median(times[r, name][1:]) for name in LAYOUTS} for r in range(1, max_rows + 1)]
     return HeadPlan(choose_layouts(ms), ms)
 
 
 def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_dir: str | os.PathLike | None = None,
-                         refresh: bool = False) -> HeadPlan | None:
-    """Give ``model`` a planned output projection (module terms: scope); the plan (cached or measured), or None."""
+                         refresh: bool = False, measure: bool = True, piece: Callable[[], Any] | None = None
+                         ) -> HeadPlan | None:
+    """Give ``model`` a planned output projection (module terms: scope); the plan (cached or measured), or None.
+    Not cached: measured and cached with ``measure`` (with ``piece``, rounds in ``piece()`` and busy cores raise
+    ``MachineBusy``), else the model keeps its own head and ``model.ears_kernels_provisional`` is set (pair.py:
+    provisional)."""
     head = model.get_output_embeddings()
     if isinstance(head, PlannedLinear):
         return head.plan
@@ -111,7 +116,10 @@ def install_planned_head(model: torch.nn.Module, *, max_rows: int = 12, cache_di
     plan = HeadPlan.cached(key, cache_dir, refresh,  # an old file: measured again
                            lambda p: len(p.layouts) >= max_rows and all(x in LAYOUTS for x in p.layouts))
     if plan is None:
-        plan = plan_head(w, max_rows)
+        if not measure:
+            model.ears_kernels_provisional = True
+            return None
+        plan = quietly("the output head's layouts", lambda: plan_head(w, max_rows, piece=piece), check=piece is not None)
         plan.key = key
         plan.save(cache_dir)
     model.set_output_embeddings(PlannedLinear(head, plan))

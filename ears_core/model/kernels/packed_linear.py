@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
 
 from ears_core.model.kernels import cpu_forms
-from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, keep_first, machine_tag
+from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, keep_first, machine_tag, quietly
 from ears_core.model.kernels.output_head import PlannedLinear
 from ears_core.model.measuring.pass_times import measure_pass_ms
 
@@ -134,23 +134,27 @@ def _key(model: nn.Module) -> str:
 
 
 @torch.inference_mode()
-def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64) -> dict[str, dict[str, float]]:
-    """Per mode (packed, as loaded), the fastest pass over m in ``MEASURED_M`` tokens in ms, the modes interleaved."""
+def measure_modes(model: nn.Module, *, rounds: int = 3, cache_len: int = 64, piece: Callable[[], Any] | None = None
+                  ) -> dict[str, dict[str, float]]:
+    """Per mode (packed, as loaded), the fastest pass over m in ``MEASURED_M`` tokens in ms, the modes interleaved
+    (each round in ``piece()``)."""
     def curve(mode: str) -> list[float]:  # V(1) .. V(max m)
         set_packed(model, mode == "packed")
         return measure_pass_ms(model, max_m=max(MEASURED_M), cache_len=cache_len, repeats=2)
 
     try:
-        samples = interleaved(["packed", "loaded"], curve, rounds)
+        samples = interleaved(["packed", "loaded"], curve, rounds, piece)
     finally:
         set_packed(model, True)
     return {mode: {str(m): min(v[m - 1] for v in curves) for m in MEASURED_M} for mode, curves in samples.items()}
 
 
-def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = None,
-                   refresh: bool = False) -> KernelChoice | None:
+def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = None, refresh: bool = False,
+                   measure: bool = True, piece: Callable[[], Any] | None = None) -> KernelChoice | None:
     """Pack ``model``'s linear layers if that measures faster here (module terms: kernel choice); the choice
-    (cached, or measured in a few seconds and cached), or None when the model is out of scope."""
+    (cached, or measured in a few seconds and cached), or None when the model is out of scope. Not cached and not
+    ``measure``: the layers stay as loaded and ``model.ears_kernels_provisional`` is set (pair.py: provisional);
+    with ``piece`` each round runs in ``piece()`` and busy cores raise ``MachineBusy``."""
     if any(isinstance(m, PackedLinear) for m in model.modules()):
         return None  # already decided for this model
     layers = _linears(model)
@@ -162,10 +166,17 @@ def choose_kernels(model: nn.Module, *, cache_dir: str | os.PathLike | None = No
     choice = KernelChoice.cached(key, cache_dir, refresh)
     if choice is not None and not choice.packed:
         return choice  # this machine measured packing slower: the model keeps its own layers
+    if choice is None and not measure:
+        model.ears_kernels_provisional = True
+        return None
     if not pack_linears(model):
         return None
     if choice is None:
-        ms = measure_modes(model)
+        try:
+            ms = quietly("the target's linear kernels", lambda: measure_modes(model, piece=piece), check=piece is not None)
+        except BaseException:
+            unpack_linears(model)  # undecided: as loaded, so that a later try measures again
+            raise
         total = {mode: sum(ms[mode].values()) for mode in ("loaded", "packed")}  # as loaded first: the default
         choice = KernelChoice(keep_first(total, MIN_GAIN) == "packed", ms, key=key).save(cache_dir)
     if not choice.packed:
