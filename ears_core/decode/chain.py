@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from ears_core.decode.next_token import draw_after
 from ears_core.decode.packed import CHAIN_READ
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.verify import KIND_NAMES, DraftKind, argmax_path, check_enabled, verify
@@ -33,7 +34,7 @@ from ears_core.events import DraftRecord, TokenEvent
 from ears_core.metrics import expected_tokens
 from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule
-from ears_core.sampling import Stream, first_argmax, sample_with_uniforms
+from ears_core.sampling import Stream, first_argmax
 
 __all__ = ["ChainShape", "RoundHost", "plain_step"]
 
@@ -128,7 +129,7 @@ class ChainShape:
 def plain_step(rule: AcceptanceRule, target_probs: Tensor, u: Tensor) -> tuple[Tensor, "RoundHost"]:
     """A round with no drafts: target_probs (1, 1, V), u (1,) -> the token (1,) and its host record."""
     at = target_probs[:, 0]  # (1, V)
-    tok = first_argmax(at) if argmax_path(rule) else sample_with_uniforms(rule.bonus(at), u[:1])  # (1,)
+    tok = first_argmax(at) if argmax_path(rule) else draw_after(rule, at, None, True, u[:1])  # (1,)
     p, max_p = torch.stack([at[0, tok[0]], at[0].max()]).double().tolist()  # the round's one host sync
     return tok, RoundHost(0, int(tok[0]), p, 0.0, [], [], [], [], [], [], [], [], [max_p])
 

@@ -16,8 +16,9 @@ planned k     the policy's choice from earlier rounds only: the longest run of d
               (``calibration.means``), never this round's confidence. A model drafter records the confidences
               as a tensor (drafters.py: device confidence); they come back with the verdict and teach the
               calibration, as today's round does; a drafter that knows them on the host without a model step
-              (the n-gram lookup's ``confidence``) teaches it from there. A probe whose plan is 0 still drafts one token (so the
-              calibration keeps learning) and counts as not paid, so the back-off schedule runs as before.
+              (the n-gram lookup's ``confidence``) teaches it from there. A probe whose plan is 0 still drafts
+              one token (so the calibration keeps learning) and counts as not paid, so the back-off schedule
+              runs as before.
 decisions     verify.decide_drafts: the rule's accept / pardon test and the leading run n as a cumulative
               product of the flags that stood; no host read.
 next token    drawn on the device with the round's counter-based draws at position n by the draw every path

@@ -13,7 +13,8 @@ decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as te
               and rank by rank; the next token drawn on the device.
 packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
               alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
-              float64 vector (``pack``), read once (``HostReader``) and unpacked as a ``TreeHost`` (tree.py).
+              float64 vector (``pack``, laid out by ``packed.TREE_READ``), read once (``HostReader``) and
+              unpacked as a ``TreeHost`` (tree.py).
 KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
               path (``commit_tree``), by the path of that read.
 records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left

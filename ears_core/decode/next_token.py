@@ -29,7 +29,8 @@ from ears_core.sampling import search_cdf
 __all__ = ["draw_after", "draw_next"]
 
 
-def draw_after(rule: AcceptanceRule, faced: Tensor, q_last: Tensor | None, is_bonus: Tensor | bool, u: Tensor) -> Tensor:
+def draw_after(rule: AcceptanceRule, faced: Tensor, q_last: Tensor | None, is_bonus: Tensor | bool,
+               u: Tensor) -> Tensor:
     """The next token of each row (module terms). faced (..., V), q_last (..., V) or None, u (...,) -> (...,) long.
     ``is_bonus``: (...,) bool, or one Python bool for every row (then only that row kind's mass is computed)."""
     faced = faced.float()

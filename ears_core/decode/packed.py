@@ -8,6 +8,8 @@ layout     the fields in order. ``pack`` lays the tensors named by the fields en
            flags are exact in float64); ``unpack`` cuts the vector read to the host back into the fields by name
            (a scalar as one value, else a list). Both follow the one list, so they cannot disagree on an offset.
 sizes      the round's sizes by name (``k=3``; ``n=6, depth=2``): each field's width.
+layouts    ``CHAIN_READ`` (a chain round: chain.RoundHost, the device chain's confidences included) and
+           ``TREE_READ`` (a tree round: tree.TreeHost, device_tree.pack / unpack).
 cost       ``pack`` casts each run of fields that share a dtype in one op, so the fields cost a few kernels, not one
            each (each costs more on a CPU right after a model pass; on a GPU each is a launch).
 """

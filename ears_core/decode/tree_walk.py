@@ -7,7 +7,7 @@ why          ``verify_tree`` tests every node as if the walk reached it, all ran
              operations a round. Right after a target pass each of them costs two to three times its
              usual time on a CPU (its data is out of cache), while a host read costs nothing there. So
              on the CPU the tree decode loop walks the route itself: from the root, each child in
-             rank order gets its test (one rule call, K = 1, on views of the entry's residual), the
+             rank order gets its test (tree_step.judge_child on views of the entry's residual), the
              walk reads the verdict and goes down or on, and a residual is computed only after a
              rejection, for the next sibling or the next token.
 equality     the tests, residuals and draws are the ones ``verify_tree`` makes for the nodes on the
@@ -93,11 +93,13 @@ def _walk_row(w: _Walk, r: int) -> tuple[int, Tensor, bool, int, Tensor, Tensor]
         ch = w.kids[cur]
         at = w.target_probs[r, cur]  # (V,) P_target at the entry
         if not ch:  # a leaf: the bonus token
-            tok = w.top[r, cur] if w.tops is not None else draw_after(w.rule, at, None, True, w.sample_uniforms[r, stops])
+            u = w.sample_uniforms[r, stops]
+            tok = w.top[r, cur] if w.tops is not None else draw_after(w.rule, at, None, True, u)
             return stops, tok, True, -1, at[tok], at.new_zeros(())
         went, res, q_c = _test_children(w, r, cur, ch, at)
         if went is None:  # every child rejected: the next token from the residual after the last one
-            tok = w.top[r, cur] if w.tops is not None else draw_after(w.rule, res, q_c, False, w.sample_uniforms[r, stops])
+            u = w.sample_uniforms[r, stops]
+            tok = w.top[r, cur] if w.tops is not None else draw_after(w.rule, res, q_c, False, u)
             return stops, tok, False, ch[-1], at[tok], w.draft_probs[r, ch[0], tok]
         w.path[r][stops] = went
         stops += 1

@@ -9,14 +9,17 @@ test         child x of entry e, tried after ranks < j were rejected, gets the c
              (rules.py: ``rule.decide``) with p = r_j(x), the current residual target, q = the
              child's draft_probs(x) (the distribution it was drawn from, given its earlier
              siblings), U its own acceptance draw, and the rule's tolerance at e, computed once
-             from P_target at e (beta * (1 - max P_target) for EARS).
-residual     r_0 = P_target at e; after rank j is rejected r_{j+1} = rule.residual(r_j, q_j), i.e.
+             from P_target at e (beta * (1 - max P_target) for EARS). One function makes it for every
+             tree verifier (tree_step.judge_child; here, tree_walk.py and device_walk.py).
+residual     r_0 = P_target at e; after rank j is rejected r_{j+1} = rule.residual(r_j, q_j)
+             (tree_step.sibling_residual), i.e.
              norm(max(0, r_j - q_j)). A rejected token has r_{j+1}(x) = 0, so drawing later
              siblings without replacement loses nothing, and under the ordinary rule the token an
              entry emits is distributed exactly as P_target (recursive rejection sampling:
              SpecInfer / SpecTr, and RSD for siblings drawn without replacement).
-next token   where the walk stops: drawn from the last residual if the entry had children (a
-             *resampled* token), else from rule.bonus(P_target) at the leaf (the *bonus* token).
+next token   where the walk stops: drawn after the last child's rejection, from the residual it leaves, if
+             the entry had children (a *resampled* token), else from rule.bonus(P_target) at the leaf (the
+             *bonus* token); the one draw of every path (next_token.draw_after).
 greedy       GreedyRule accepts a child iff it is the target's argmax: the route is the deepest
              path of target argmaxes and the next token is the argmax where it ends.
 emitted      the distribution of the token an entry emits, marginal over its children's draws
