@@ -86,29 +86,6 @@ def test_sampling_frequencies_follow_the_distribution():
     assert stats.chisquare(counts, (probs * 40_000).numpy()).pvalue > 1e-3
 
 
-def test_the_residual_draw_is_the_draw_from_the_normalised_residual():
-    # rule.draw_residual searches max(0, p - q) unnormalised; it must pick the token that
-    # sample_with_uniforms(rule.residual(p, q), u) picks: fixed buckets, an empty residual (p itself),
-    # and random distributions of the real vocabulary's size.
-    from ears_core.rules import EARSRule, StandardRule, TypicalRule
-
-    rule = StandardRule()
-    p, q = torch.tensor([0.1, 0.4, 0.2, 0.3]), torch.tensor([0.3, 0.1, 0.2, 0.4])  # residual: [0, 0.75, 0, 0]
-    assert [int(rule.draw_residual(p, q, torch.tensor(u))) for u in (0.0, 0.5, 0.999)] == [1, 1, 1]
-    p2, q2 = torch.tensor([0.5, 0.0, 0.3, 0.2]), torch.tensor([0.1, 0.2, 0.3, 0.4])  # residual: [1, 0, 0, 0]
-    assert int(rule.draw_residual(p2, q2, torch.tensor(0.9))) == 0
-    # p == q: no residual mass, so P_target itself (buckets 0.1 | 0.4 | 0.2 | 0.3)
-    assert [int(rule.draw_residual(p, p.clone(), torch.tensor(u))) for u in (0.05, 0.3, 0.6, 0.95)] == [0, 1, 2, 3]
-    gen = torch.Generator().manual_seed(0)
-    for trial in range(40):
-        logits = torch.randn(2, 49152, generator=gen) * 3
-        logits[1, torch.rand(49152, generator=gen) < 0.5] = float("-inf")  # a draft with q = 0 on half the tokens
-        tp, dp = torch.softmax(logits, dim=-1)
-        u = torch.rand((), generator=gen)
-        for r in (rule, EARSRule(0.2), TypicalRule()):  # TypicalRule has its own residual: delegated
-            assert int(r.draw_residual(tp, dp, u)) == int(sample_with_uniforms(r.residual(tp, dp), u)), (trial, r)
-
-
 def test_host_uniforms_are_counter_uniforms_bit_for_bit():
     import random
 

@@ -18,13 +18,15 @@ size policy    (``policy``, a ``costs.DraftPolicy``, with a ``calibration``) ask
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import DynamicCache
 
+from ears_core.decode.next_token import draw_after
+from ears_core.decode.packed import CHAIN_READ
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.verify import KIND_NAMES, DraftKind, argmax_path, check_enabled, verify
 from ears_core.draft.drafters import target_features
@@ -32,7 +34,7 @@ from ears_core.events import DraftRecord, TokenEvent
 from ears_core.metrics import expected_tokens
 from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule
-from ears_core.sampling import Stream, first_argmax, sample_with_uniforms
+from ears_core.sampling import Stream, first_argmax
 
 __all__ = ["ChainShape", "RoundHost", "plain_step"]
 
@@ -127,7 +129,7 @@ class ChainShape:
 def plain_step(rule: AcceptanceRule, target_probs: Tensor, u: Tensor) -> tuple[Tensor, "RoundHost"]:
     """A round with no drafts: target_probs (1, 1, V), u (1,) -> the token (1,) and its host record."""
     at = target_probs[:, 0]  # (1, V)
-    tok = first_argmax(at) if argmax_path(rule) else sample_with_uniforms(rule.bonus(at), u[:1])  # (1,)
+    tok = first_argmax(at) if argmax_path(rule) else draw_after(rule, at, None, True, u[:1])  # (1,)
     p, max_p = torch.stack([at[0, tok[0]], at[0].max()]).double().tolist()  # the round's one host sync
     return tok, RoundHost(0, int(tok[0]), p, 0.0, [], [], [], [], [], [], [], [], [max_p])
 
@@ -150,6 +152,8 @@ class RoundHost:
     distortion: list[float]
     max_p: list[float]  # (k + 1,)
 
+    confidences: list[float] = field(default_factory=list)  # (c,) the drafter's, where the round read them
+
     @classmethod
     def read(cls, v: Any, tokens: Tensor) -> "RoundHost":
         """Row 0 of a Verdict in one float64 vector (token ids are exact in float64): few ops, since each
@@ -157,22 +161,21 @@ class RoundHost:
         return cls.unpack(cls.pack(v, tokens).tolist(), tokens.shape[1])  # the one sync
 
     @staticmethod
-    def pack(v: Any, tokens: Tensor) -> Tensor:
-        """Row 0 of a Verdict and the drafted tokens (1, k) as one (9k + 5,) float64 vector on their device."""
-        dist = v.distortion if v.distortion is not None else v.p.new_zeros(v.p.shape)
-        floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], dist[0], v.max_p[0],
-                            v.next_p[:1], v.next_q[:1]])  # (7k + 3,)
-        ints = torch.cat([v.num_accepted[:1], v.next_token[:1], tokens[0], v.kinds[0].long()])  # (2 + 2k,)
-        return torch.cat([floats.double(), ints.double()])
+    def pack(v: Any, tokens: Tensor, confidences: Tensor | None = None) -> Tensor:
+        """Row 0 of a Verdict, the drafted tokens (1, k) and the drafter's confidences (k,) if any as one float64
+        vector on their device, laid out by ``packed.CHAIN_READ``."""
+        k = tokens.shape[1]
+        conf = confidences if confidences is not None else v.p.new_zeros(0)  # (c,)
+        dist = v.distortion if v.distortion is not None else v.p.new_zeros(v.p.shape)  # (1, k)
+        values = dict(p=v.p[0], q=v.q[0], ratio=v.ratio[0], u=v.u[0], tolerance=v.tolerance[0], distortion=dist[0],
+                      max_p=v.max_p[0], next_p=v.next_p[:1], next_q=v.next_q[:1], confidences=conf,
+                      num_accepted=v.num_accepted[:1], next_token=v.next_token[:1], tokens=tokens[0], kinds=v.kinds[0])
+        return CHAIN_READ.pack(values, k=k, c=conf.numel())
 
     @classmethod
-    def unpack(cls, f: list[float], k: int) -> "RoundHost":
-        """The record from ``pack``'s vector, read to the host (``f``: its first 9k + 5 values)."""
-        i = [int(x) for x in f[7 * k + 3: 9 * k + 5]]
-        col = lambda j, n=k: f[j * k: j * k + n]  # noqa: E731
-        return cls(num_accepted=i[0], next_token=i[1], next_p=f[7 * k + 1], next_q=f[7 * k + 2],
-                   tokens=i[2: 2 + k], kinds=i[2 + k:], p=col(0), q=col(1), ratio=col(2), u=col(3),
-                   tolerance=col(4), distortion=col(5), max_p=col(6, k + 1))
+    def unpack(cls, f: list[float], k: int, c: int = 0) -> "RoundHost":
+        """The record from ``pack``'s vector, read to the host: k drafts, c confidences."""
+        return cls(**CHAIN_READ.unpack(f, k=k, c=c))
 
     def records(self, k: int, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord]]:
         """Token events (n drafts that stood, then the resampled or bonus token) and draft records."""

@@ -6,33 +6,33 @@ host read     a transfer the host waits for: ``.item()``, ``.tolist()``, ``.cpu(
               ``float()`` of a tensor, or a data-dependent shape (``nonzero``). On CUDA each one stalls the
               host until the GPU has caught up. Today's chain round (chain.py) makes one per draft for the
               draft-length policy (the confidence), one for verify()'s input guard, and on the CPU one for
-              n and one for an empty residual, besides the verdict's. Here the input guard (a drafter's
-              broken token, verify.check_drafts) runs only with EARS_DEBUG=1, as on CUDA.
+              n, besides the verdict's. The input guard (a drafter's broken token, verify.check_drafts) runs here
+              as there (``verify.check_enabled``): on the CPU, and on CUDA only with EARS_DEBUG=1.
 fixed shape   the drafter drafts exactly k tokens (fewer only if it has none to offer, as an n-gram
               lookup may), k chosen before the round: K, capped by the loop so ``max_new_tokens`` is exact,
               or with a size policy the *planned k*.
 planned k     the policy's choice from earlier rounds only: the longest run of depths d = 1, 2, .. at which
               ``keep_going`` says verifying d pays, with every estimate the calibration's mean at its depth
-              (``calibration.means``), never this round's confidence. The drafter records the confidences as
-              a tensor (drafters.py: device confidence); they come back with the verdict and teach the
-              calibration, as today's round does. A probe whose plan is 0 still drafts one token (so the
-              calibration keeps learning) and counts as not paid, so the back-off schedule runs as before.
+              (``calibration.means``), never this round's confidence. A model drafter records the confidences
+              as a tensor (drafters.py: device confidence); they come back with the verdict and teach the
+              calibration, as today's round does; a drafter that knows them on the host without a model step
+              (the n-gram lookup's ``confidence``) teaches it from there. A probe whose plan is 0 still drafts
+              one token (so the calibration keeps learning) and counts as not paid, so the back-off schedule
+              runs as before.
 decisions     verify.decide_drafts: the rule's accept / pardon test and the leading run n as a cumulative
               product of the flags that stood; no host read.
-next token    drawn on the device with the round's counter-based draws at position n: from the rule's
-              ``residual_cdf`` (rules/base.py: for a ratio rule max(0, p - q) unnormalised, with a
-              ``torch.where`` in place of ``draw_residual``'s host test for an empty residual), the bonus from
-              the rule's ``bonus()``; the argmax path takes the target's argmax. Bit for bit the tokens of
-              today's CPU path.
+next token    drawn on the device with the round's counter-based draws at position n by the draw every path
+              makes (next_token.py: the inverse CDF of the rule's ``residual_cdf`` after a rejection, of its
+              ``bonus()`` at K; the argmax path takes the target's argmax): bit for bit today's tokens.
 packed read   the round's tokens, n, next token, kinds and per-token event fields (p, q, r, U, tolerance,
-              max P, distortion) and the drafter's confidences in one float64 vector (``RoundHost.pack``),
+              max P, distortion) and the drafter's confidences in one float64 vector (``RoundHost.pack``, laid
+              out by ``packed.CHAIN_READ``),
               read once (``HostReader``): on CUDA copied into pinned memory with ``non_blocking`` behind an
               event; elsewhere one ``.tolist()``.
 KV            the target's and the drafter's caches are cut once, by the n of that read: a cache keeps a
               length over its positions, and the rejected slots are overwritten by the next round's writes.
 rules         every registered rule decides with tensor operations (standard, ears, greedy, ears-entropy,
-              typical, fly, ears-budget; the budget's beta comes from the events of earlier rounds). A rule
-              that overrides ``draw_residual`` with host reads of its own keeps them.
+              typical, fly, ears-budget; the budget's beta comes from the events of earlier rounds).
 
 Users select it with ``stream(..., device_round=True)`` (and ``generate``); it is off by default. For a fixed k
 its tokens, decisions and events are the chain round's, draw for draw (tests/test_device_round.py).
@@ -45,31 +45,13 @@ from torch import Tensor
 
 from ears_core.decode.chain import ChainShape, RoundHost
 from ears_core.decode.rounds import Round, RoundContext
-from ears_core.decode.verify import Verdict, debugging, decide_drafts, next_probs
+from ears_core.decode.next_token import draw_next
+from ears_core.decode.verify import Verdict, decide_drafts, next_probs
 from ears_core.metrics import expected_tokens
 from ears_core.rules import AcceptanceRule
-from ears_core.sampling import Stream, search_cdf
+from ears_core.sampling import Stream
 
 __all__ = ["DeviceChainShape", "HostReader", "device_verify", "draw_next"]
-
-
-def draw_next(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, num_accepted: Tensor,
-              top: Tensor | None, u: Tensor) -> Tensor:
-    """The token each row emits after its n drafts, with no host read (module terms: next token).
-    target_probs (B, K+1, V), draft_probs (B, K, V), num_accepted (B,), top (B, K+1) or None, u (B,) -> (B,)."""
-    b, k1, _ = target_probs.shape
-    k = k1 - 1
-    if top is not None:
-        return top.gather(1, num_accepted.unsqueeze(-1)).squeeze(1)  # (B,)
-    rows = torch.arange(b, device=target_probs.device)  # (B,)
-    at_n = target_probs[rows, num_accepted].float()  # (B, V)
-    bonus = (num_accepted == k).unsqueeze(-1)  # (B, 1)
-    cdf_bonus = rule.bonus(at_n).float().cumsum(dim=-1)  # (B, V)
-    if k == 0:
-        return search_cdf(cdf_bonus, u)
-    draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)].float()  # (B, V): unused for a bonus row
-    cdf_res = rule.residual_cdf(at_n, draft_at_n)  # (B, V)
-    return search_cdf(torch.where(bonus, cdf_bonus, cdf_res), u)
 
 
 def device_verify(target_probs: Tensor, draft_probs: Tensor, draft_tokens: Tensor, rule: AcceptanceRule,
@@ -120,8 +102,7 @@ class DeviceChainShape(ChainShape):
     """The chain round on the device (module terms): fixed k, tensor decisions, one host read."""
 
     def start(self, ctx: RoundContext) -> None:
-        super().start(ctx)
-        self.check = debugging()  # verify()'s input guard is a host read: only with EARS_DEBUG=1
+        super().start(ctx)  # the input guard as today's round: on the CPU, on CUDA only with EARS_DEBUG=1
         self.reader = HostReader()
         self.wants_confidence = self.policy is not None and bool(getattr(ctx.drafter, "device_confidence", False))
         self.planned = 0  # the size policy's planned k for the current round
@@ -155,12 +136,9 @@ class DeviceChainShape(ChainShape):
                           ctx.draws[Stream.ACCEPT][None, produced: produced + k],  # (1, k)
                           ctx.draws[Stream.TARGET][None, produced: produced + k + 1],  # (1, k+1)
                           with_distortion=ctx.with_distortion, check=self.check, draft_support=self.support)
-        packed = RoundHost.pack(v, self.tokens)  # (9k + 5,)
-        if self.conf_t is not None:
-            packed = torch.cat([packed, self.conf_t.double()])  # (10k + 5,)
-        f = self.reader.read(packed)  # the round's one host read
-        host = RoundHost.unpack(f, k)
-        self.confidences = f[9 * k + 5:] if self.conf_t is not None else []
+        c = 0 if self.conf_t is None else k  # the drafter's confidences, read with the verdict
+        host = RoundHost.unpack(self.reader.read(RoundHost.pack(v, self.tokens, self.conf_t)), k, c)  # the one read
+        self.confidences = host.confidences if c else list(getattr(ctx.drafter, "confidence", []))[:k]
         events, drafts = host.records(k, produced, step)
         pardoned = sum(1 for d in drafts if d.kind == "pardoned")
         return Round(k, host.num_accepted, v.next_token, events, drafts, pardoned)

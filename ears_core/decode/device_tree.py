@@ -13,7 +13,8 @@ decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as te
               and rank by rank; the next token drawn on the device.
 packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
               alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
-              float64 vector (``pack``), read once (``HostReader``) and unpacked as a ``TreeHost`` (tree.py).
+              float64 vector (``pack``, laid out by ``packed.TREE_READ``), read once (``HostReader``) and
+              unpacked as a ``TreeHost`` (tree.py).
 KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
               path (``commit_tree``), by the path of that read.
 records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left
@@ -46,6 +47,7 @@ from torch import Tensor
 
 from ears_core.decode.device_round import HostReader
 from ears_core.decode.device_walk import device_walk
+from ears_core.decode.packed import TREE_READ
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.tree import TreeHost, TreeShape
 from ears_core.decode.verify import debugging
@@ -59,25 +61,20 @@ __all__ = ["DeviceTreeShape", "pack", "unpack"]
 
 
 def pack(v: TreeVerdict, tokens: Tensor, alive: Tensor, scores: Tensor, priorities: Tensor) -> Tensor:
-    """Row 0 of a TreeVerdict, the tokens (1, N), alive (N,), scores and priorities (N,) as one (12N + D + 7,)
-    float64 vector on their device (token ids are exact in float64; module terms: packed read)."""
-    floats = torch.cat([v.p[0], v.q[0], v.ratio[0], v.u[0], v.tolerance[0], v.max_p[0], v.next_p[:1],
-                        v.next_q[:1]]).double()  # (6N + 3,)
-    ints = torch.cat([v.num_accepted[:1], v.next_token[:1], v.is_bonus[:1].long(), v.last_rejected[:1], v.path[0],
-                      tokens[0], v.kinds[0].long(), alive.long()])  # (4 + D + 3N,)
-    return torch.cat([floats, scores.double(), priorities.double(), ints.double()])
+    """Row 0 of a TreeVerdict, the tokens (1, N), alive (N,), scores and priorities (N,) as one float64 vector on
+    their device, laid out by ``packed.TREE_READ`` (module terms: packed read)."""
+    values = dict(p=v.p[0], q=v.q[0], ratio=v.ratio[0], u=v.u[0], tolerance=v.tolerance[0], max_p=v.max_p[0],
+                  next_p=v.next_p[:1], next_q=v.next_q[:1], scores=scores, priorities=priorities,
+                  num_accepted=v.num_accepted[:1], next_token=v.next_token[:1], last_rejected=v.last_rejected[:1],
+                  path=v.path[0], tokens=tokens[0], kinds=v.kinds[0], is_bonus=v.is_bonus[:1], alive=alive)
+    return TREE_READ.pack(values, n=tokens.shape[1], depth=v.path.shape[1])
 
 
 def unpack(f: list[float], n: int, depth: int) -> TreeHost:
     """The round's ``TreeHost`` (tree.py) from ``pack``'s vector read to the host; n nodes, depth D."""
-    col = lambda j, m=n: f[j * n: j * n + m]  # noqa: E731
-    i = [int(x) for x in f[8 * n + 3:]]
-    k, tail = i[0], i[4 + depth:]
-    return TreeHost(num_accepted=k, next_token=i[1], is_bonus=bool(i[2]), last_rejected=i[3], next_p=f[6 * n + 1],
-                    next_q=f[6 * n + 2], path=i[4: 4 + k], tokens=tail[:n], kinds=tail[n: 2 * n],
-                    alive=[bool(a) for a in tail[2 * n:]], p=col(0), q=col(1), ratio=col(2), u=col(3),
-                    tolerance=col(4), scores=f[6 * n + 3: 7 * n + 3], priorities=f[7 * n + 3: 8 * n + 3],
-                    max_p=col(5, n + 1))
+    fields = TREE_READ.unpack(f, n=n, depth=depth)
+    fields["path"] = fields["path"][: fields["num_accepted"]]  # the accepted nodes only
+    return TreeHost(**fields)
 
 
 class DeviceTreeShape(TreeShape):

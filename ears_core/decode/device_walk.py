@@ -3,17 +3,16 @@
 Terms (route, test, residual, next token: verify_tree.py; host read: device_round.py; alive: fixed_trees.py)
 -----
 walk         depth by depth over (B,) tensors: at each row's current entry its children are tested in rank
-             order (a Python loop over the tree's width, a handful), each test one ``rule.decide`` call with
-             K = 1 for the B rows on the residual that child faces; the first child that stands becomes the
+             order (a Python loop over the tree's width, a handful), each test one ``tree_step.judge_child`` call
+             for the B rows on the residual that child faces; the first child that stands becomes the
              row's entry one level deeper. Only the route's tests count (``tree_walk.walk_tree``'s), so a row
              that stopped, a child after the one that stood and a child that is not alive are not tested: their
              kinds stay NOT_EVALUATED and their ratio the plain p / q. Loops run over depth and rank only.
-residual     after a rejected child the row's residual is ``rule.residual(faced, q_child)``; a child that is not
+residual     after a rejected child the row's residual is ``tree_step.sibling_residual``; a child that is not
              alive leaves it as it was (``build_tree`` never drew it), so the token after the last alive child is
              drawn from the same residual as ``walk_tree``'s.
-next token   where a row stops: the target's argmax on the argmax path; else drawn on the device with the row's
-             draw at its stop depth from ``rule.residual_cdf(faced, q_last)`` after a rejection (``draw_residual``'s
-             inverse CDF, without its host test for an empty residual), or from ``rule.bonus`` at a leaf.
+next token   where a row stops: the target's argmax on the argmax path; else ``next_token.draw_after`` with the
+             row's draw at its stop depth, on the residual the last rejected child faced, or at a leaf.
 equality     for the same draws: kinds, ratios, path, next token, next p and q are ``walk_tree``'s (so
              ``verify_tree``'s), field by field (tests/test_device_tree.py).
 distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk_tree``: it reads the route to the
@@ -30,11 +29,12 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ears_core.decode.verify import DraftKind, argmax_path
+from ears_core.decode.next_token import draw_after
+from ears_core.decode.tree_step import entry_values, argmax_stands, judge_child, sibling_residual
+from ears_core.decode.verify import DraftKind
 from ears_core.decode.verify_tree import TreeVerdict, children, children_table, depths, node_values
-from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.rules import Q_EPS, AcceptanceRule
 from ears_core.rules.tree_distortion import path_distortions
-from ears_core.sampling import search_cdf
 
 __all__ = ["device_walk"]
 
@@ -75,20 +75,17 @@ def _at(t: Tensor, idx: Tensor) -> Tensor:
 
 
 def _test(t: _Tree, j: int, c: Tensor, cur: Tensor, res: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Child c (B,) of entry cur (B,), rank j, against the residual res (B, V): accepted, pardoned (B,) bool,
-    its ratio as tested (B,), and its draft probabilities (B, V) (None on the argmax path)."""
+    """Child c (B,) of entry cur (B,), rank j, against the residual res (B, V) (tree_step.py): accepted, pardoned
+    (B,) bool, its ratio as tested (B,), and its draft probabilities (B, V) (None on the argmax path)."""
     cc = c.clamp(min=0)
-    xc, p0 = _at(t.x, cc), _at(t.p_all, cc)  # (B,) each
-    if t.top is not None:  # greedy: a child stands iff it is its entry's first maximum; the plain ratio stays
-        acc = (xc == _at(t.top, cur)) & (p0 > 0)
-        return acc, torch.zeros_like(acc), p0 / _at(t.q_all, cc).clamp(min=Q_EPS), None
-    q_c, qn = _at(t.draft_probs, cc), _at(t.q_all, cc)  # (B, V), (B,)
-    p = p0 if j == 0 else res.gather(-1, xc[:, None]).squeeze(-1) * (p0 > 0)  # r_j(x); an id outside V: p = 0
-    rat = p / qn.clamp(min=Q_EPS)
-    one = lambda v: v.reshape(v.shape[0], 1, *v.shape[1:])  # noqa: E731  one position per row (K = 1)
-    acc, par = t.rule.decide(RuleInputs(one(res), one(q_c), one(xc), one(p), one(qn), one(rat), one(_at(t.max_p, cur)),
-                                        one(_at(t.uniforms, cc))), one(_at(t.tol_e, cur)))
-    return acc[:, 0], par[:, 0], rat, q_c
+    xc, p0, qn = _at(t.x, cc), _at(t.p_all, cc), _at(t.q_all, cc)  # (B,) each
+    if t.top is not None:  # greedy: the plain ratio stays
+        acc = argmax_stands(xc, _at(t.top, cur), p0)
+        return acc, torch.zeros_like(acc), p0 / qn.clamp(min=Q_EPS), None
+    q_c = _at(t.draft_probs, cc)  # (B, V)
+    acc, par, rat = judge_child(t.rule, res, q_c, xc, p0, qn, _at(t.max_p, cur), _at(t.tol_e, cur), _at(t.uniforms, cc),
+                                first=j == 0)
+    return acc, par, rat, q_c
 
 
 def _entry(t: _Tree, cur: Tensor, walking: Tensor, kinds: Tensor, ratio: Tensor) -> _Stop:
@@ -118,7 +115,7 @@ def _entry(t: _Tree, cur: Tensor, walking: Tensor, kinds: Tensor, ratio: Tensor)
             st.faced = torch.where(rej[:, None], res, st.faced)
             st.q_last = torch.where(rej[:, None], q_c, st.q_last)
             if j + 1 < t.width:  # what the next sibling faces
-                res = torch.where(rej[:, None], t.rule.residual(res, q_c), res)
+                res = sibling_residual(t.rule, res, q_c, rej)
     return st
 
 
@@ -128,8 +125,7 @@ def _next(t: _Tree, stop: Tensor, last: _Stop, num_accepted: Tensor, sample_unif
     probability there (0 at a leaf), (B,) each (module terms: next token)."""
     at = _at(t.target_probs, stop)  # (B, V)
     if t.width == 0:  # no drafts: a draw from the rule's bonus distribution at the root
-        tok = _at(t.top, stop) if t.top is not None else search_cdf(t.rule.bonus(at).float().cumsum(dim=-1),
-                                                                    sample_uniforms[:, 0])
+        tok = _at(t.top, stop) if t.top is not None else draw_after(t.rule, at, None, True, sample_uniforms[:, 0])
         next_p = at.gather(-1, tok[:, None]).squeeze(-1)
         return torch.ones_like(stop, dtype=torch.bool), tok, next_p, torch.zeros_like(next_p)
     kid = t.ch[stop]  # (B, W) the stop entry's children
@@ -140,9 +136,7 @@ def _next(t: _Tree, stop: Tensor, last: _Stop, num_accepted: Tensor, sample_unif
         tok = _at(t.top, stop)
     else:
         u = sample_uniforms.gather(1, num_accepted[:, None]).squeeze(1)  # (B,) the draw at the stop depth
-        cdf = torch.where(leaf[:, None], t.rule.bonus(at).float().cumsum(dim=-1),
-                          t.rule.residual_cdf(last.faced, last.q_last))  # (B, V)
-        tok = search_cdf(cdf, u)
+        tok = draw_after(t.rule, torch.where(leaf[:, None], at, last.faced), last.q_last, leaf, u)
     next_p = at.gather(-1, tok[:, None]).squeeze(-1)
     q0 = _at(t.draft_probs, first.clamp(min=0)).gather(-1, tok[:, None]).squeeze(-1)
     return leaf, tok, next_p, torch.where(leaf, 0.0, q0)
@@ -159,8 +153,7 @@ def device_walk(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, paren
     dev, v = target_probs.device, target_probs.shape[2]
     kids = children(parents)
     depth = max(depths(parents), default=0)
-    max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)
-    tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
+    max_p, top, tol_e = entry_values(rule, target_probs)  # (B, N+1) each; top: greedy's first maxima, else None
     parent_entry, p_all, q_all, plain = node_values(target_probs, draft_probs, tokens, parents)
     alive = torch.ones((b, n), dtype=torch.bool, device=dev) if alive is None else alive.expand(b, n)
     t = _Tree(target_probs, draft_probs, tokens.clamp(0, max(v - 1, 0)), rule, uniforms, alive,

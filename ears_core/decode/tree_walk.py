@@ -7,7 +7,7 @@ why          ``verify_tree`` tests every node as if the walk reached it, all ran
              operations a round. Right after a target pass each of them costs two to three times its
              usual time on a CPU (its data is out of cache), while a host read costs nothing there. So
              on the CPU the tree decode loop walks the route itself: from the root, each child in
-             rank order gets its test (one rule call, K = 1, on views of the entry's residual), the
+             rank order gets its test (tree_step.judge_child on views of the entry's residual), the
              walk reads the verdict and goes down or on, and a residual is computed only after a
              rejection, for the next sibling or the next token.
 equality     the tests, residuals and draws are the ones ``verify_tree`` makes for the nodes on the
@@ -27,18 +27,14 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ears_core.decode.verify import DraftKind, argmax_path
+from ears_core.decode.next_token import draw_after
+from ears_core.decode.tree_step import entry_values, judge_child, sibling_residual
+from ears_core.decode.verify import DraftKind
 from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts, children, children_table, depths, node_values
-from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.rules import AcceptanceRule
 from ears_core.rules.tree_distortion import path_distortions
-from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["walk_tree"]
-
-
-def _one(t: Tensor) -> Tensor:
-    """A node's value as one row of one position: a rule call with B = K = 1."""
-    return t.reshape(1, 1, *t.shape)
 
 
 @dataclass
@@ -60,7 +56,6 @@ class _Walk:
     top: Tensor | None  # (B, N+1) the first maxima (greedy), else None
     tops: list[list[int]] | None  # top on the host (greedy)
     toks: list[list[int]] | None  # tokens on the host (greedy)
-    check: bool
     kinds: list[list[int]]  # (B, N) DraftKind values
     path: list[list[int]]  # (B, D) the node accepted at each depth, -1 below the stop
 
@@ -77,14 +72,8 @@ def _test_children(w: _Walk, r: int, cur: int, ch: list[int], at: Tensor) -> tup
             w.kinds[r][c] = int(DraftKind.REJECTED)
             continue
         q_c = w.draft_probs[r, c]  # (V,)
-        p = w.p_all[r, c] if j == 0 else res[w.tokens[r, c]]  # r_j(x)
-        if j and not w.check:  # an id outside [0, V) (p_all = 0 there) faces p = 0 at every rank
-            p = torch.where(w.p_all[r, c] > 0, p, 0.0)
-        rat = p / w.q_all[r, c].clamp(min=Q_EPS)
-        acc, par = w.rule.decide(RuleInputs(_one(res), _one(q_c), _one(w.tokens[r, c]), _one(p), _one(w.q_all[r, c]),
-                                            _one(rat), _one(w.max_p[r, cur]), _one(w.uniforms[r, c])),
-                                 _one(w.tol_e[r, cur]))
-        w.ratio[r, c] = rat
+        acc, par, w.ratio[r, c] = judge_child(w.rule, res, q_c, w.tokens[r, c], w.p_all[r, c], w.q_all[r, c],
+                                              w.max_p[r, cur], w.tol_e[r, cur], w.uniforms[r, c], first=j == 0)
         a, pa = bool(acc), bool(par)  # the walk's host read (free on the CPU)
         if a or pa:
             w.kinds[r][c] = int(DraftKind.ACCEPTED if a else DraftKind.PARDONED)
@@ -92,7 +81,7 @@ def _test_children(w: _Walk, r: int, cur: int, ch: list[int], at: Tensor) -> tup
             break
         w.kinds[r][c] = int(DraftKind.REJECTED)
         if j + 1 < len(ch):
-            res = w.rule.residual(res, q_c)  # (V,) what the next sibling faces
+            res = sibling_residual(w.rule, res, q_c)  # (V,) what the next sibling faces
     return went, res, q_c
 
 
@@ -104,12 +93,13 @@ def _walk_row(w: _Walk, r: int) -> tuple[int, Tensor, bool, int, Tensor, Tensor]
         ch = w.kids[cur]
         at = w.target_probs[r, cur]  # (V,) P_target at the entry
         if not ch:  # a leaf: the bonus token
-            tok = w.top[r, cur] if w.tops is not None else sample_with_uniforms(w.rule.bonus(at),
-                                                                                w.sample_uniforms[r, stops])
+            u = w.sample_uniforms[r, stops]
+            tok = w.top[r, cur] if w.tops is not None else draw_after(w.rule, at, None, True, u)
             return stops, tok, True, -1, at[tok], at.new_zeros(())
         went, res, q_c = _test_children(w, r, cur, ch, at)
         if went is None:  # every child rejected: the next token from the residual after the last one
-            tok = w.top[r, cur] if w.tops is not None else w.rule.draw_residual(res, q_c, w.sample_uniforms[r, stops])
+            u = w.sample_uniforms[r, stops]
+            tok = w.top[r, cur] if w.tops is not None else draw_after(w.rule, res, q_c, False, u)
             return stops, tok, False, ch[-1], at[tok], w.draft_probs[r, ch[0], tok]
         w.path[r][stops] = went
         stops += 1
@@ -125,10 +115,8 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
     dev, v = target_probs.device, target_probs.shape[2]
     depth = max(depths(parents), default=0)
     kids = children(parents)
-    # (B, N+1) each; greedy: a child stands iff it is its entry's first maximum (as argmax)
-    max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)
+    max_p, top, tol_e = entry_values(rule, target_probs)  # (B, N+1) each; top: greedy's first maxima, else None
     tops, toks = (top.tolist(), tokens.tolist()) if top is not None else (None, None)  # greedy: the walk reads ids
-    tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
     parent_entry, p_all, q_all, ratio = node_values(target_probs, draft_probs, tokens, parents)  # ratio: replaced when tested
     if check and n > 0:
         check_tree_drafts(tokens, q_all, v, top is not None)
@@ -136,7 +124,7 @@ def walk_tree(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1): one draw, whatever the stop depth
     w = _Walk(target_probs, draft_probs, tokens, rule, uniforms, sample_uniforms, kids, max_p, tol_e, p_all, q_all,
-              ratio, top, tops, toks, check, kinds=[[int(DraftKind.NOT_EVALUATED)] * n for _ in range(b)],
+              ratio, top, tops, toks, kinds=[[int(DraftKind.NOT_EVALUATED)] * n for _ in range(b)],
               path=[[-1] * depth for _ in range(b)])
     num, nxt, bonus, last_rej, next_p, next_q = zip(*(_walk_row(w, r) for r in range(b)))
     num_accepted = torch.tensor(num, dtype=torch.long, device=dev)

@@ -24,7 +24,7 @@ It costs one synchronisation per call; the decode loop turns it off on CUDA unle
 right after a model pass (its data is out of cache), the decode loop sets ``emitted_only``: n is read
 first, and only the work the round's emitted tokens need is done (one row at a time).
 ``decide_drafts`` is the decision half alone, with no host read; the device round (device_round.py) draws
-the next token from it on the device.
+the next token from it on the device. Every path draws the next token with next_token.py's one function.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from enum import IntEnum
 import torch
 from torch import Tensor
 
+from ears_core.decode.next_token import draw_after, draw_next
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
-from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["DraftKind", "KIND_NAMES", "Verdict", "Decisions", "verify", "decide_drafts", "argmax_path",
            "check_enabled", "check_drafts", "default_draws", "debugging", "next_probs"]
@@ -250,28 +250,14 @@ def _leading_run(accepted: Tensor, pardoned: Tensor) -> tuple[Tensor, Tensor]:
 
 def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, num_accepted: Tensor,
                 top: Tensor | None, ns: list[int] | None, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """The one token each row emits after its n drafts: the rule's residual at position n (n < K) or its bonus
-    distribution at K; with ``top`` (greedy) the target's argmax at n. -> next_token, next_p, next_q (B,) each."""
-    b, k1, _ = target_probs.shape
-    k = k1 - 1
-    n = num_accepted.unsqueeze(-1)  # (B, 1)
-    bonus = num_accepted == k  # (B,)
-    if top is not None:  # no V-sized work
-        next_token = top.gather(1, n).squeeze(1)  # (B,)
-    elif ns is not None:  # only the distribution each row draws from: a view at its n, bonus or residual
-        next_token = torch.stack([
-            sample_with_uniforms(rule.bonus(target_probs[r, nr]), u[r]) if nr == k
-            else rule.draw_residual(target_probs[r, nr], draft_probs[r, nr], u[r])
-            for r, nr in enumerate(ns)])  # (B,): one row in the decode loop
+    """The one token each row emits after its n drafts (next_token.py): with ``ns`` (n read to the host) only the
+    distribution each row draws from, a view at its n. -> next_token, next_p, next_q (B,) each."""
+    k = target_probs.shape[1] - 1
+    if ns is None or top is not None:
+        next_token = draw_next(rule, target_probs, draft_probs, num_accepted, top, u)  # (B,)
     else:
-        rows = torch.arange(b, device=target_probs.device)  # (B,): row selection by index, not a gather over V
-        at_n = target_probs[rows, num_accepted]  # (B, V)
-        if k > 0:
-            draft_at_n = draft_probs[rows, num_accepted.clamp(max=k - 1)]  # (B, V): unused for a bonus row
-            dist = torch.where(bonus.unsqueeze(-1), rule.bonus(at_n), rule.residual(at_n, draft_at_n))
-        else:
-            dist = rule.bonus(at_n)
-        next_token = sample_with_uniforms(dist, u)  # (B,)
+        next_token = torch.stack([draw_after(rule, target_probs[r, nr], draft_probs[r, nr] if nr < k else None,
+                                             nr == k, u[r]) for r, nr in enumerate(ns)])  # (B,): one row in the loop
     return (next_token, *next_probs(target_probs, draft_probs, num_accepted, next_token))
 
 

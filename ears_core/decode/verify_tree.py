@@ -9,14 +9,17 @@ test         child x of entry e, tried after ranks < j were rejected, gets the c
              (rules.py: ``rule.decide``) with p = r_j(x), the current residual target, q = the
              child's draft_probs(x) (the distribution it was drawn from, given its earlier
              siblings), U its own acceptance draw, and the rule's tolerance at e, computed once
-             from P_target at e (beta * (1 - max P_target) for EARS).
-residual     r_0 = P_target at e; after rank j is rejected r_{j+1} = rule.residual(r_j, q_j), i.e.
+             from P_target at e (beta * (1 - max P_target) for EARS). One function makes it for every
+             tree verifier (tree_step.judge_child; here, tree_walk.py and device_walk.py).
+residual     r_0 = P_target at e; after rank j is rejected r_{j+1} = rule.residual(r_j, q_j)
+             (tree_step.sibling_residual), i.e.
              norm(max(0, r_j - q_j)). A rejected token has r_{j+1}(x) = 0, so drawing later
              siblings without replacement loses nothing, and under the ordinary rule the token an
              entry emits is distributed exactly as P_target (recursive rejection sampling:
              SpecInfer / SpecTr, and RSD for siblings drawn without replacement).
-next token   where the walk stops: drawn from the last residual if the entry had children (a
-             *resampled* token), else from rule.bonus(P_target) at the leaf (the *bonus* token).
+next token   where the walk stops: drawn after the last child's rejection, from the residual it leaves, if
+             the entry had children (a *resampled* token), else from rule.bonus(P_target) at the leaf (the
+             *bonus* token); the one draw of every path (next_token.draw_after).
 greedy       GreedyRule accepts a child iff it is the target's argmax: the route is the deepest
              path of target argmaxes and the next token is the argmax where it ends.
 emitted      the distribution of the token an entry emits, marginal over its children's draws
@@ -44,10 +47,11 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from ears_core.decode.verify import DraftKind, argmax_path, check_drafts, default_draws
-from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
+from ears_core.decode.next_token import draw_after
+from ears_core.decode.tree_step import entry_values, argmax_stands, judge_child, sibling_residual
+from ears_core.decode.verify import DraftKind, check_drafts, default_draws
+from ears_core.rules import Q_EPS, AcceptanceRule
 from ears_core.rules.tree_distortion import path_distortions
-from ears_core.sampling import sample_with_uniforms
 
 __all__ = ["TreeVerdict", "verify_tree", "children", "children_table", "depths", "node_values", "check_tree_drafts"]
 
@@ -181,8 +185,7 @@ def verify_tree(
     kids = children(parents)
     uniforms, sample_uniforms = default_draws(uniforms, sample_uniforms, (b, n), generator, dev)
     ch = children_table(parents, dev, kids)  # (N+1, W)
-    max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)  # (B, N+1)
-    tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
+    max_p, top, tol_e = entry_values(rule, target_probs)  # (B, N+1) each; top: greedy's first maxima, else None
     parent_entry, p_all, q_all, plain_ratio = node_values(target_probs, draft_probs, tokens, parents)
     if check and n > 0:
         check_tree_drafts(tokens, q_all, v, top is not None)
@@ -234,7 +237,7 @@ def _node_tests(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor,
                 parent_entry: Tensor, p_all: Tensor, q_all: Tensor, plain_ratio: Tensor, max_p: Tensor, tol_e: Tensor,
                 uniforms: Tensor, top: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Every node's test as if the walk reached it: the residual a rank-j child faces depends only on its
-    entry and its earlier siblings, so the tests of one rank run at once (one rule call, K = 1 per node).
+    entry and its earlier siblings, so the tests of one rank run at once (tree_step.judge_child, K = 1 per node).
     -> stands, pardoned (B, N) bool, ratio (B, N) as tested, res_at (B, N, V) the residual a rank >= 1 node
     faces (None for greedy: a node stands iff it is its entry's argmax)."""
     b, n = tokens.shape
@@ -242,30 +245,22 @@ def _node_tests(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor,
     ratio = plain_ratio.clone()  # (B, N)
     pardoned = torch.zeros((b, n), dtype=torch.bool, device=dev)
     if top is not None:
-        stands = (tokens == top[:, parent_entry]) & (p_all > 0)  # (B, N): an id outside V is never the argmax
-        return stands, pardoned, ratio, None
+        return argmax_stands(tokens, top[:, parent_entry], p_all), pardoned, ratio, None  # (B, N)
     stands = torch.zeros((b, n), dtype=torch.bool, device=dev)
     res_at = target_probs.new_empty((b, n, v))  # (B, N, V)
     for j, (ents, nodes) in enumerate(_rank_lists(kids)):
         e_t, c_t = torch.tensor(ents, device=dev), torch.tensor(nodes, device=dev)
-        m = len(nodes)
         res = (res_at if j else target_probs).index_select(1, c_t if j else e_t)  # (B, m, V) the residual faced
         qd = draft_probs.index_select(1, c_t)  # (B, m, V)
-        x = tokens[:, c_t]  # (B, m)
-        p = res.gather(-1, x.unsqueeze(-1)).squeeze(-1) * (p_all[:, c_t] > 0) if j else p_all[:, c_t]  # (B, m)
-        q = q_all[:, c_t]
-        r = p / q.clamp(min=Q_EPS)
-        flat = lambda t: t.reshape(b * m, 1, *t.shape[2:])  # noqa: E731  one node per rule call (K = 1)
-        inputs = RuleInputs(flat(res), flat(qd), flat(x), flat(p), flat(q), flat(r), flat(max_p[:, e_t]),
-                            flat(uniforms[:, c_t]))
-        acc, par = (t.reshape(b, m) for t in rule.decide(inputs, flat(tol_e[:, e_t])))
+        acc, par, r = judge_child(rule, res, qd, tokens[:, c_t], p_all[:, c_t], q_all[:, c_t], max_p[:, e_t],
+                                  tol_e[:, e_t], uniforms[:, c_t], first=j == 0)  # (B, m) each
         stands[:, c_t], pardoned[:, c_t] = acc | par, par & ~acc
         ratio[:, c_t] = r
         nxt_ents = [i for i, e in enumerate(ents) if len(kids[e]) > j + 1]  # entries with a rank j + 1 child
         if nxt_ents:
             sel = torch.tensor(nxt_ents, device=dev)
             res_at.index_copy_(1, torch.tensor([kids[ents[i]][j + 1] for i in nxt_ents], device=dev),
-                               rule.residual(res.index_select(1, sel), qd.index_select(1, sel)))
+                               sibling_residual(rule, res.index_select(1, sel), qd.index_select(1, sel)))
     return stands, pardoned, ratio, res_at
 
 
@@ -309,22 +304,20 @@ def _kinds(stands: Tensor, pardoned: Tensor, path: Tensor, ch: Tensor, has: Tens
 def _next_token(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, res_at: Tensor | None, cur: Tensor,
                 leaf: Tensor, last_rej: Tensor, rank: Tensor, num_accepted: Tensor, sample_uniforms: Tensor,
                 top: Tensor | None) -> tuple[Tensor, Tensor]:
-    """The token where the walk stopped: the argmax (greedy), else a draw from the residual after the stop
-    entry's last child, or from the rule's bonus at a leaf. -> next_token, next_p (B,) each."""
+    """The token where the walk stopped: the argmax (greedy), else ``next_token.draw_after`` on the residual the
+    stop entry's last child faced, or on the rule's bonus at a leaf. -> next_token, next_p (B,) each."""
     b, n1, v = target_probs.shape
     if top is not None:
         next_token = top.gather(1, cur.unsqueeze(-1)).squeeze(-1)  # (B,)
         next_p = target_probs.reshape(b, n1 * v).gather(1, (cur * v + next_token).unsqueeze(-1)).squeeze(-1)
         return next_token, next_p
     at = _pick(target_probs, cur)  # (B, V)
-    if n1 > 1:
-        lr = last_rej.clamp(min=0)
-        faced = torch.where((rank[lr] == 0)[:, None], at, _pick(res_at, lr))  # (B, V) residual the last one faced
-        after = rule.residual(faced, _pick(draft_probs, lr))  # (B, V)
-        stop_dist = torch.where(leaf[:, None], rule.bonus(at), after)
-    else:
-        stop_dist = rule.bonus(at)
     if sample_uniforms.dim() == 2:  # (B, D+1): the draw that belongs to the stop depth
         sample_uniforms = sample_uniforms.gather(1, num_accepted.unsqueeze(-1)).squeeze(-1)
-    next_token = sample_with_uniforms(stop_dist, sample_uniforms)  # (B,)
+    if n1 > 1:
+        lr = last_rej.clamp(min=0)
+        faced = torch.where((rank[lr] == 0)[:, None] | leaf[:, None], at, _pick(res_at, lr))  # (B, V)
+        next_token = draw_after(rule, faced, _pick(draft_probs, lr), leaf, sample_uniforms)  # (B,)
+    else:
+        next_token = draw_after(rule, at, None, True, sample_uniforms)
     return next_token, at.gather(-1, next_token.unsqueeze(-1)).squeeze(-1)

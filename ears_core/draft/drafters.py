@@ -270,7 +270,7 @@ class NGramDrafter:
         conf = n / self.max_ngram * 0.999
         if keep is not None:
             found = list(takewhile(lambda _: keep(conf), found))  # up to the first False
-        self.confidence = [conf] * len(found) if keep is not None else []
+        self.confidence = [conf] * len(found)  # known without a model step: the device round learns from it too
         self._proposed = found
         tokens = torch.tensor([self._proposed], dtype=torch.long, device=self._device).reshape(1, -1)
         probs = torch.zeros((1, tokens.shape[1], self.vocab_size), device=self._device)  # (1, k', V) one-hot

@@ -43,7 +43,7 @@ from torch import Tensor
 
 from ears_core.rules.distortion import RESIDUAL_EPS, emitted, ratio_rule_distortion, tv_distance
 from ears_core.rules.registry import BETA, register_rule
-from ears_core.sampling import first_argmax, sample_with_uniforms, search_cdf
+from ears_core.sampling import first_argmax
 
 __all__ = ["Q_EPS", "RuleInputs", "AcceptanceRule", "StandardRule", "EARSRule", "GreedyRule", "verifying_rule",
            "is_ratio_rule"]
@@ -106,22 +106,11 @@ class AcceptanceRule:
         """(..., V) distribution of the bonus token drawn after K accepted drafts."""
         return target_probs
 
-    def draw_residual(self, target_probs: Tensor, draft_probs: Tensor, u: Tensor) -> Tensor:
-        """One token from ``residual(target_probs, draft_probs)`` (V,), (V,) with the draw u (): the same
-        inverse-CDF draw as ``sample_with_uniforms(residual(...), u)``. For the ratio rule's residual it
-        searches max(0, p - q) unnormalised: three passes over V instead of eight, and one host read of
-        its mass (is it empty?), so it is for the CPU path that reads the verdict anyway."""
-        if type(self).residual is not AcceptanceRule.residual:
-            return sample_with_uniforms(self.residual(target_probs, draft_probs), u)
-        cdf = (target_probs - draft_probs).clamp_(min=0.0).cumsum(dim=-1)  # (V,) residual mass so far
-        if float(cdf[-1]) <= RESIDUAL_EPS:  # no residual mass: P_target itself, as ``residual`` gives
-            return sample_with_uniforms(target_probs, u)
-        return search_cdf(cdf, u)
-
     def residual_cdf(self, target_probs: Tensor, draft_probs: Tensor) -> Tensor:
-        """(..., V) cumulative mass of ``residual(target_probs, draft_probs)`` with no host read, for
-        ``search_cdf``: for the ratio rule's residual max(0, p - q) unnormalised, and P_target's own where
-        that has no mass (a ``torch.where`` in place of ``draw_residual``'s host test); else the residual's."""
+        """(..., V) cumulative mass of ``residual(target_probs, draft_probs)``, not normalised, with no host read:
+        what every verifier's draw after a rejection searches (``decode/next_token.draw_after``). For the ratio
+        rule's residual max(0, p - q), and P_target's own where that has no mass (RESIDUAL_EPS or less, as
+        ``residual``: a ``torch.where``); for a rule with a residual of its own, that residual's."""
         if type(self).residual is not AcceptanceRule.residual:
             return self.residual(target_probs, draft_probs).float().cumsum(dim=-1)
         cdf = (target_probs - draft_probs).clamp(min=0.0).cumsum(dim=-1)  # (..., V)

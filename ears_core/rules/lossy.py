@@ -217,7 +217,8 @@ class BudgetEARSRule(EARSRule):
     by the decode loop after each round) updates N and D. State: one instance serves ONE
     generation; ``fresh()`` gives a new one with the same parameters (the session and the bench
     build one per run with ``make_rule``). Tree decoding does not call ``observe_round``: there the
-    slack never grows and beta stays at the start-up value. ``betas`` lists the beta of each round.
+    slack never grows and beta stays at the start-up value. ``betas`` lists the beta of each round
+    that drafted (a round with no drafts has none).
     """
 
     name = "ears-budget"
@@ -272,7 +273,9 @@ class BudgetEARSRule(EARSRule):
         return cap.min(dim=-1).values.clamp(min=0.0, max=self.beta_max)  # (B,)
 
     def tolerance(self, target_probs: Tensor, max_p: Tensor) -> Tensor:
-        if self.epsilon == 0 or max_p.shape[-1] == 0:
+        if max_p.shape[-1] == 0:  # a round with no drafts has no beta
+            return torch.zeros_like(max_p)
+        if self.epsilon == 0:
             self._betas.append(max_p.new_zeros(max_p.shape[0]))
             return torch.zeros_like(max_p)
         beta = self.round_beta(max_p)  # (B,)
