@@ -125,16 +125,18 @@ def test_the_greedy_check_fails_a_decoder_that_parts_from_the_target(monkeypatch
     assert check.status == "fail" and "chain parts" in check.detail and check.figures["position"] == 5
 
 
-def test_the_greedy_check_fails_a_device_tree_that_parts_from_the_target(monkeypatch):
-    real = correctness.tree_generate
-
-    def off_on_the_device(*args, **kwargs):
+def off_on_the_device(real, position):
+    """``real`` (generate or tree_generate) with the device round's token at ``position`` moved by one."""
+    def off(*args, **kwargs):
         out = real(*args, **kwargs)
         if kwargs.get("device_round"):
-            out.token_ids[3] = (out.token_ids[3] + 1) % 4096
+            out.token_ids[position] = (out.token_ids[position] + 1) % 4096
         return out
+    return off
 
-    monkeypatch.setattr(correctness, "tree_generate", off_on_the_device)
+
+def test_the_greedy_check_fails_a_device_tree_that_parts_from_the_target(monkeypatch):
+    monkeypatch.setattr(correctness, "tree_generate", off_on_the_device(correctness.tree_generate, 3))
     check = correctness.greedy_equality(CPU, torch.float32, new_tokens=12, prompts=1)
     assert check.status == "fail" and check.figures["shape"] == "device tree" and check.figures["position"] == 3
 
@@ -170,18 +172,10 @@ def test_the_device_verdict_check_fails_without_power(monkeypatch):
 
 
 def test_the_whole_run_check_sees_a_device_round_that_emits_other_tokens(monkeypatch):
-    real = device_rounds.generate
-
-    def off_on_the_device(*args, **kwargs):
-        out = real(*args, **kwargs)
-        if kwargs.get("device_round"):
-            out.token_ids[4] = (out.token_ids[4] + 1) % 4096
-        return out
-
     kw = dict(rules=("ears",), prompts=1, new_tokens=8)
     ok = device_rounds.same_runs(CPU, **kw)
     assert ok.status == "pass" and ok.figures["trees"] == {"ears": (6, 2, 2)} and ok.figures["tokens"] == 16
-    monkeypatch.setattr(device_rounds, "generate", off_on_the_device)
+    monkeypatch.setattr(device_rounds, "generate", off_on_the_device(device_rounds.generate, 4))
     check = device_rounds.same_runs(CPU, **kw)
     assert check.status == "fail" and check.figures["parted"] == ["ears chain, prompt [1, 5, 7, 9]: parts at token 4"]
 

@@ -75,11 +75,11 @@ def context(device: torch.device) -> dict[str, Any]:
 
 def _correctness(report: Report, device: torch.device, sizes: Sizes) -> None:
     greedy = dict(new_tokens=sizes.greedy_tokens, prompts=sizes.greedy_prompts)
-    for captured_ in (False, True):
+    for graphs in (False, True):
         for dtype in (torch.float32, torch.bfloat16):
-            name = ("captured " if captured_ else "") + str(dtype).removeprefix("torch.")
+            name = ("captured " if graphs else "") + str(dtype).removeprefix("torch.")
             report.run(f"greedy equality {name}",
-                       lambda d=dtype, c=captured_: correctness.greedy_equality(device, d, captured=c, **greedy))
+                       lambda d=dtype, c=graphs: correctness.greedy_equality(device, d, captured=c, **greedy))
     ears = EARSRule(beta=0.3)
     report.run("lossless ordinary rule", lambda: correctness.lossless(device))
     report.run("EARS emits its exact law", lambda: correctness.lossless(device, rule=ears, expect="emitted"))
