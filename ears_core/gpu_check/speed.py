@@ -133,7 +133,7 @@ def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens:
     pairs = [(names[1], names[2]), (names[3], names[4])]  # today's round, then the device round of the same shape
     detail = f"target-only {base:.1f} tokens/s; " + "; ".join(
         f"{a} {tps[a]:.1f} ({tps[a] / base:.2f}x, {figures[a]['tokens_per_round']} a round), device "
-        f"{tps[b]:.1f} ({tps[b] / base:.2f}x, {figures[b]['tokens_per_round']} a round, {tps[b] / tps[a]:.2f} of today's)"
+        f"{tps[b]:.1f} ({tps[b] / base:.2f}x, {figures[b]['tokens_per_round']} a round, {tps[b] / tps[a]:.2f}x today's)"
         for a, b in pairs) + f"; {len(prompts)} prompts x {new_tokens} tokens, {setting.label}"
     figures["setting"] = {"label": setting.label, "rule": setting.rule, **setting.params,
                           "temperature": setting.temperature, "k": k, "tree_budget": tree[0], "tree_depth": tree[1],
