@@ -2,14 +2,15 @@
 
 Terms
 -----
-greedy equality   at temperature 0 speculative decoding (chain and tree rounds, greedy rule) must emit the
-                  target's own greedy tokens. In a low-precision dtype a pass over m tokens may round a
+greedy equality   at temperature 0 speculative decoding (chain and tree rounds, greedy rule; today's rounds
+                  and the device rounds, ``device_round=True``) must emit the target's own greedy tokens. In a low-precision dtype a pass over m tokens may round a
                   logit differently from a pass over one, so the two outputs may part where the target's
                   top two logits are equal at that precision (a *near-tie*: gap <= ``TIE_ULPS`` units in
                   the last place of the dtype at the logits' size). A parting anywhere else fails.
 lossless          the ordinary rule emits exactly P_target: a chi-square test of the tokens emitted at
-                  the first position of many seeded rows (verify() batched on the device) against
-                  P_target; EARS against the exact distribution it emits (verify.py's terms).
+                  the first position of many seeded rows (verify(), or the device round's device_verify,
+                  batched on the device) against P_target; EARS against the exact distribution it emits
+                  (verify.py's terms).
 same decisions    for the same uniforms, verify() and verify_tree() on the device, unchecked (the decode
                   loop's CUDA path), decide exactly as on the CPU with the input checks on: the same
                   accepted counts, kinds, paths and next tokens.
@@ -21,13 +22,13 @@ rollback          after a chain round's rejection the KV cache, cut back to the 
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from scipy import stats
 
 from ears_core.decode.api import autoregressive, generate, tree_generate
-from ears_core.decode.verify import DraftKind, check_enabled, verify
+from ears_core.decode.verify import DraftKind, Verdict, check_enabled, verify
 from ears_core.decode.verify_tree import depths, verify_tree
 from ears_core.gpu_check.outcome import Check
 from ears_core.gpu_check.synthetic import small_pair
@@ -35,7 +36,7 @@ from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule, EARSRule, GreedyRule, StandardRule
 
 __all__ = ["parting", "greedy_equality", "lossless", "emitted_distribution", "same_decisions", "bad_draft_ids", "rollback",
-           "TIE_ULPS"]
+           "random_round", "TIE_ULPS", "PROMPTS", "TREE_PARENTS"]
 
 TIE_ULPS = 4
 PROMPTS = ([1, 5, 7, 9], [0, 42, 3], [3, 17, 17, 60, 2, 88, 11, 4, 30], [77], [250, 1000, 31, 31, 31, 7])
@@ -58,21 +59,29 @@ def parting(target: torch.nn.Module, ids: torch.Tensor, ref: list[int], got: lis
     return j, float(top2[0] - top2[1]), band
 
 
-def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 48, captured: bool = False) -> Check:
-    """Chain (K = 4) and tree rounds at T = 0 against the target's own greedy decoding, 5 prompts.
-    ``captured``: both models run the static pass, as captured CUDA graphs on CUDA (model/cuda/graphed.py)."""
+def _greedy_runs(target: torch.nn.Module, draft: torch.nn.Module, ids: torch.Tensor, new_tokens: int) -> dict:
+    """Today's chain (K = 4) and tree (budget 8, depth 4) rounds and the device rounds at T = 0 on one prompt."""
+    chain = dict(rule=GreedyRule(), k=4, temperature=0.0, max_new_tokens=new_tokens)
+    tree = dict(rule=GreedyRule(), budget=8, depth=4, temperature=0.0, max_new_tokens=new_tokens)
+    return {"chain": generate(target, draft, ids, **chain), "tree": tree_generate(target, draft, ids, **tree),
+            "device chain": generate(target, draft, ids, device_round=True, **chain),
+            "device tree": tree_generate(target, draft, ids, device_round=True, **tree)}
+
+
+def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 48, captured: bool = False,
+                    prompts: int = len(PROMPTS)) -> Check:
+    """Chain (K = 4) and tree rounds, today's and the device's, at T = 0 against the target's own greedy
+    decoding on the first ``prompts`` prompts. ``captured``: both models run the static pass, as captured CUDA
+    graphs on CUDA (model/cuda/graphed.py)."""
     target, draft = small_pair(device, dtype)
     if captured:
         from ears_core.model.cuda.graphed import GraphedLM
         target, draft = GraphedLM(target, capture=device.type == "cuda"), GraphedLM(draft, capture=device.type == "cuda")
     ties, accepted, drafted = [], 0, 0
-    for prompt in PROMPTS:
+    for prompt in PROMPTS[:prompts]:
         ids = torch.tensor([prompt], device=device)
         ref = autoregressive(target, ids, temperature=0.0, max_new_tokens=new_tokens).token_ids
-        runs = {"chain": generate(target, draft, ids, rule=GreedyRule(), k=4, temperature=0.0,
-                                  max_new_tokens=new_tokens),
-                "tree": tree_generate(target, draft, ids, rule=GreedyRule(), budget=8, depth=4, temperature=0.0,
-                                      max_new_tokens=new_tokens)}
+        runs = _greedy_runs(target, draft, ids, new_tokens)
         for shape, out in runs.items():
             accepted, drafted = accepted + out.stats.accepted, drafted + out.stats.drafted
             parted = parting(target, ids, ref, out.token_ids)
@@ -82,12 +91,13 @@ def greedy_equality(device: torch.device, dtype: torch.dtype, new_tokens: int = 
             if gap > band:
                 return Check("", "fail", f"{shape} parts from the target's greedy output at token {j} of prompt "
                              f"{prompt} (top-2 gap {gap:.3g} > tie band {band:.3g})",
-                             {"prompt": prompt, "position": j, "gap": gap})
+                             {"prompt": prompt, "position": j, "gap": gap, "shape": shape})
             ties.append({"shape": shape, "prompt": prompt, "position": j, "gap": gap})
     rate = accepted / max(drafted, 1)
     note = f"; {len(ties)} parted at a near-tie only" if ties else ""
-    return Check("", "pass", f"chain and tree = target greedy on {len(PROMPTS)} prompts x {new_tokens} tokens "
-                 f"(acceptance {rate:.2f}){note}", {"acceptance": rate, "near_ties": ties})
+    return Check("", "pass", f"chain, tree, device chain and device tree = target greedy on {prompts} prompts x "
+                 f"{new_tokens} tokens (acceptance {rate:.2f}){note}",
+                 {"acceptance": rate, "near_ties": ties, "shapes": list(runs)})
 
 
 def emitted_distribution(rule: AcceptanceRule, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -101,9 +111,10 @@ def emitted_distribution(rule: AcceptanceRule, p: torch.Tensor, q: torch.Tensor)
 
 
 def lossless(device: torch.device, rows: int = 200_000, vocab: int = 32, rule: AcceptanceRule | None = None,
-             expect: str = "target") -> Check:
-    """Chi-square of first-position tokens from ``rows`` seeded rows of verify() on the device against
-    P_target (``expect="target"``) or the rule's exact emitted distribution (``expect="emitted"``)."""
+             expect: str = "target", verifier: Callable[..., Verdict] = verify) -> Check:
+    """Chi-square of first-position tokens from ``rows`` seeded rows of ``verifier`` (verify(), or the device
+    round's device_verify) on the device against P_target (``expect="target"``) or the rule's exact emitted
+    distribution (``expect="emitted"``)."""
     rule = rule or StandardRule()
     g = torch.Generator().manual_seed(7)
     p = torch.softmax(2.0 * torch.randn(vocab, generator=g), -1)  # (V,)
@@ -112,19 +123,21 @@ def lossless(device: torch.device, rows: int = 200_000, vocab: int = 32, rule: A
     tp = p.to(device).expand(rows, 2, vocab)  # (B, 2, V): the judged position and the bonus position
     dp = q.to(device).expand(rows, 1, vocab)  # (B, 1, V)
     tokens = torch.multinomial(q.to(device), rows, replacement=True, generator=gd).view(rows, 1)  # (B, 1)
-    v = verify(tp, dp, tokens, rule, gd, check=False)
+    u = torch.rand((rows, 1), generator=gd, device=device)  # (B, 1) the acceptance draws
+    su = torch.rand((rows, 2), generator=gd, device=device)  # (B, 2) the next token's draw at n = 0 and n = 1
+    v = verifier(tp, dp, tokens, rule, uniforms=u, sample_uniforms=su, check=False)
     first = torch.where(v.num_accepted >= 1, tokens[:, 0], v.next_token)  # (B,)
     counts = torch.bincount(first, minlength=vocab).cpu().double().numpy()
     law = (p.double() if expect == "target" else emitted_distribution(rule, p, q)).numpy()
     test = stats.chisquare(counts, law / law.sum() * rows)
     tv = 0.5 * float(abs(counts / rows - law).sum())
     status = "pass" if test.pvalue > 1e-3 else "fail"
-    return Check("", status, f"{rule.describe()}: {rows} rows, chi-square p = {test.pvalue:.3f}, TV to the "
-                 f"{'target' if expect == 'target' else 'exact emitted'} law {tv:.4f}",
-                 {"pvalue": float(test.pvalue), "tv": tv, "rows": rows})
+    return Check("", status, f"{rule.describe()} through {verifier.__name__}: {rows} rows, chi-square p = "
+                 f"{test.pvalue:.3f}, TV to the {'target' if expect == 'target' else 'exact emitted'} law {tv:.4f}",
+                 {"pvalue": float(test.pvalue), "tv": tv, "rows": rows, "verifier": verifier.__name__})
 
 
-def _random_round(b: int, n: int, v: int, seed: int) -> tuple[torch.Tensor, ...]:
+def random_round(b: int, n: int, v: int, seed: int) -> tuple[torch.Tensor, ...]:
     """Seeded probabilities for one round: target (B, N+1, V), draft (B, N, V), tokens (B, N), uniforms."""
     g = torch.Generator().manual_seed(seed)
     tp = torch.softmax(2.5 * torch.randn(b, n + 1, v, generator=g), -1)
@@ -137,7 +150,7 @@ def same_decisions(device: torch.device, rows: int = 256, k: int = 6, vocab: int
     """verify() and verify_tree() on ``device`` unchecked against the CPU checked, same uniforms."""
     mismatches: list[str] = []
     for rule in (StandardRule(), EARSRule(beta=0.3), GreedyRule()):
-        tp, dp, tokens, u, su = _random_round(rows, k, vocab, seed=3)
+        tp, dp, tokens, u, su = random_round(rows, k, vocab, seed=3)
         ref = verify(tp, dp, tokens, rule, uniforms=u, sample_uniforms=su, check=True)
         dev = verify(tp.to(device), dp.to(device), tokens.to(device), rule, uniforms=u.to(device),
                      sample_uniforms=su.to(device), check=False)
@@ -146,7 +159,7 @@ def same_decisions(device: torch.device, rows: int = 256, k: int = 6, vocab: int
             if bad:
                 mismatches.append(f"verify {rule.describe()} {field}: {bad} rows")
         n = len(TREE_PARENTS)
-        tp, dp, tokens, u, su = _random_round(rows, n, vocab, seed=4)
+        tp, dp, tokens, u, su = random_round(rows, n, vocab, seed=4)
         su = su[:, :STOPS]  # (B, D + 1): one draw per depth the walk may stop at
         ref_t = verify_tree(tp, dp, tokens, TREE_PARENTS, rule, uniforms=u, sample_uniforms=su, check=True)
         dev_t = verify_tree(tp.to(device), dp.to(device), tokens.to(device), TREE_PARENTS, rule,
@@ -163,7 +176,7 @@ def same_decisions(device: torch.device, rows: int = 256, k: int = 6, vocab: int
 
 def bad_draft_ids(device: torch.device, rows: int = 64, k: int = 4, vocab: int = 512) -> Check:
     """Ids outside [0, V) on the unchecked path: rejected where reached, never token 0 (chain and tree)."""
-    tp, dp, tokens, u, su = _random_round(rows, k, vocab, seed=5)
+    tp, dp, tokens, u, su = random_round(rows, k, vocab, seed=5)
     tokens[:, 0] = torch.where(torch.arange(rows) % 2 == 0, vocab + 3, -1)  # every row: a bad first draft
     v = verify(tp.to(device), dp.to(device), tokens.to(device), StandardRule(), uniforms=torch.zeros_like(u).to(device),
                sample_uniforms=su.to(device), check=False)  # U = 0: every good draft would stand
@@ -173,7 +186,7 @@ def bad_draft_ids(device: torch.device, rows: int = 64, k: int = 4, vocab: int =
         problems.append("a bad first draft stood")
     if bool(((nxt < 0) | (nxt >= vocab)).any()):
         problems.append("a next token outside the vocabulary")
-    tp, dp, tt, u, su = _random_round(rows, len(TREE_PARENTS), vocab, seed=6)
+    tp, dp, tt, u, su = random_round(rows, len(TREE_PARENTS), vocab, seed=6)
     tt[:, :3] = vocab + 7  # the root's three children
     vt = verify_tree(tp.to(device), dp.to(device), tt.to(device), TREE_PARENTS, StandardRule(),
                      uniforms=torch.zeros_like(u).to(device), sample_uniforms=su[:, :STOPS].to(device), check=False)

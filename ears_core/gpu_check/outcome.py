@@ -8,15 +8,20 @@ check     one question with a verdict: "pass", "fail" or "skip" (the pieces it n
 report    every check in the order run, plus the speed figures; printed as a short table, then one
           line of JSON (``gpu_check: {...}``) a script can parse. Its exit code: 0 when no check
           failed, 1 when one did (``EXIT_NO_CUDA`` = 2 is the caller's, before any check runs).
+JSON file the same JSON written to ``json_path`` after every check (a whole file each time, replaced at
+          once), with ``complete`` false until the last check ran: a run stopped at a time limit still
+          leaves every check that finished, with the machine named.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable, TextIO
 
 __all__ = ["Check", "Report", "EXIT_OK", "EXIT_FAILED", "EXIT_NO_CUDA"]
@@ -47,6 +52,8 @@ class Report:
     context: dict[str, Any]
     checks: list[Check] = field(default_factory=list)
     out: TextIO = sys.stdout
+    json_path: Path | None = None  # module terms: JSON file
+    complete: bool = False
 
     def run(self, name: str, fn: Callable[[], Check]) -> Check:
         """Run one check, time it, print its line; an exception is that check's failure (with the
@@ -61,7 +68,23 @@ class Report:
         self.checks.append(check)
         print(f"  {check.status.upper():4}  {name:<28} {check.detail}  ({check.seconds:.1f} s)", file=self.out,
               flush=True)
+        self.save()
         return check
+
+    def finish(self) -> None:
+        """Every check has run: the JSON file says so."""
+        self.complete = True
+        self.save()
+
+    def save(self) -> None:
+        """Write the JSON file, if one was asked for (module terms)."""
+        if self.json_path is None:
+            return
+        path = Path(self.json_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        part = path.with_name(path.name + ".part")
+        part.write_text(json.dumps(self.body(), default=_plain, indent=1) + "\n", encoding="utf-8")
+        os.replace(part, path)
 
     @property
     def failed(self) -> list[Check]:
@@ -76,10 +99,13 @@ class Report:
         return (f"gpu_check {verdict}: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped "
                 f"on {self.context.get('device_name', self.context.get('device'))}")
 
-    def json_line(self) -> str:
-        body = {"ok": not self.failed, **self.context,
+    def body(self) -> dict[str, Any]:
+        """The report as JSON data: the verdict, the machine and versions, every check."""
+        return {"ok": not self.failed, "complete": self.complete, **self.context,
                 "checks": [{k: v for k, v in asdict(c).items() if k != "figures" or v} for c in self.checks]}
-        return "gpu_check: " + json.dumps(body, default=_plain, sort_keys=False)
+
+    def json_line(self) -> str:
+        return "gpu_check: " + json.dumps(self.body(), default=_plain, sort_keys=False)
 
 
 def _plain(value: Any) -> Any:

@@ -5,11 +5,13 @@ Terms
 price curve     V(m) / V(1) for m = 1..16: a target pass over m new tokens in target steps
                 (model/measuring/pass_times.py: the fastest of several interleaved passes on a 256-token cache).
 draft step      one draft forward over one token, in ms and in target steps.
-tokens/s        target-only against speculative decoding through the Session with the draft-length
-                policy (draft length "policy", K = 8), chain, the device chain (decode/device_round.py: one host
-                read a round) and tree shapes, and the device tree (decode/device_tree.py: a fixed tree of 8
-                nodes, depth 4, one host read a round), T = 0, on the same prompts interleaved; each run's new
-                tokens over its decode clock, summed over the prompts.
+like for like   target-only against speculative decoding through the Session, each speculative run beside the
+                one that differs from it in the device round alone: a chain of fixed k (no size policy) and the
+                device chain at the same k; a tree of a fixed spec (no size policy, today's tree round) and the
+                device tree of the same spec (decode/device_tree.py: its fixed widths). At T = 0 (greedy) and at
+                EARS beta 0.1, T = 0.9 (``SETTINGS``).
+tokens/s        each run's new tokens over its decode clock, summed over the prompts, the runs interleaved
+                prompt by prompt; on CUDA a first pass over the first prompt warms kernels and caches, uncounted.
 round parts     each run's decode clock per round: drafting (the drafter's steps and host reads), the
                 target's pass, the rest of the round (verify, the verdict's host read, cache cuts, events),
                 and what fell outside the rounds (the prefill, per-run setup).
@@ -21,11 +23,13 @@ host syncs      on CUDA, ``torch.cuda.set_sync_debug_mode`` flags every operatio
 from __future__ import annotations
 
 import warnings
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from ears_core.draft.fixed_trees import widths_for
+from ears_core.draft.trees import TreeSpec
 from ears_core.gpu_check.outcome import Check
 from ears_core.model.measuring.pass_times import measure_pass_ms
 from ears_core.pair import ModelPair
@@ -33,16 +37,31 @@ from ears_core.policy.costs import PriceCurve
 from ears_core.policy.profile import measure_prices
 from ears_core.serve.session import RunConfig, Session
 
-__all__ = ["price_curve", "curve_of", "tokens_per_second", "host_syncs", "MAX_M"]
+__all__ = ["price_curve", "curve_of", "tokens_per_second", "host_syncs", "like_for_like", "Setting", "SETTINGS",
+           "MAX_M"]
 
 MAX_M = 16
 
 
-def price_curve(pair: ModelPair) -> Check:
-    """The target's price curve m = 1..16 and the draft step (a draft model's own one-token pass)."""
+@dataclass(frozen=True)
+class Setting:
+    """A rule and temperature the like-for-like runs are timed at (module terms)."""
+
+    label: str
+    rule: str
+    params: dict[str, float]
+    temperature: float
+
+
+SETTINGS = (Setting("T = 0", "greedy", {}, 0.0), Setting("EARS 0.1, T = 0.9", "ears", {"beta": 0.1}, 0.9))
+
+
+def price_curve(pair: ModelPair, repeats: int = 5) -> Check:
+    """The target's price curve m = 1..16 and the draft step (a draft model's own one-token pass), the fastest of
+    ``repeats`` passes each."""
     draft = pair.draft if isinstance(pair.draft, torch.nn.Module) else None
-    measured = measure_pass_ms(draft, max_m=1, cache_len=256, repeats=5)[0] if draft is not None else None
-    curve = measure_prices(pair.target, measured, max_m=MAX_M, cache_len=256, repeats=5, vocab=pair.vocab_size,
+    measured = measure_pass_ms(draft, max_m=1, cache_len=256, repeats=repeats)[0] if draft is not None else None
+    curve = measure_prices(pair.target, measured, max_m=MAX_M, cache_len=256, repeats=repeats, vocab=pair.vocab_size,
                            key="gpu_check")  # a head's step: measure_prices's stand-in until rounds measure it
     verify_ms, draft_ms = curve.verify_ms, curve.draft_ms
     steps = [round(v / verify_ms[0], 2) for v in verify_ms]
@@ -77,31 +96,49 @@ def _run(run: Any) -> tuple[float, ...]:
     return (s.new_tokens, s.decode_s, s.steps, s.drafted, s.accepted, *parts)
 
 
-def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens: int) -> Check:
-    """Target-only, chain policy and tree policy on the same prompts, interleaved (module terms)."""
-    names = ("target-only", "chain", "device chain", "tree", "device tree")
-    totals = {name: [0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0] for name in names}
-    for i, ids in enumerate([prompts[0], *prompts]):  # the first pass is the warm-up (kernels, caches): not counted
-        runs = {"target-only": session.baseline(ids, _config("chain", new_tokens)),
-                "chain": session.speculative(ids, _config("chain", new_tokens)),
-                "device chain": session.speculative(ids, replace(_config("chain", new_tokens), device_round=True)),
-                "tree": session.speculative(ids, _config("tree", new_tokens)),
-                "device tree": session.speculative(ids, _device_tree(new_tokens))}
-        for name, run in runs.items():
-            got = _run(run)
-            if i > 0:
+def like_for_like(setting: Setting, new_tokens: int, k: int, tree: tuple[int, int]) -> dict[str, RunConfig]:
+    """The runs of one setting (module terms: like for like), by name; ``tree`` is (budget, depth)."""
+    base = RunConfig(rule=setting.rule, params=dict(setting.params), temperature=setting.temperature, k=k,
+                     max_new_tokens=new_tokens, draft_length="fixed", draft_shape="chain")
+    fixed_tree = replace(base, draft_shape="tree", k=tree[1], tree_budget=tree[0])
+    name = f"tree {tree[0]} nodes, depth {tree[1]}"
+    return {"target-only": base, f"chain k={k}": base, f"device chain k={k}": replace(base, device_round=True),
+            name: fixed_tree, f"device {name}": replace(fixed_tree, device_round=True)}
+
+
+def _interleaved(session: Session, prompts: list[torch.Tensor], configs: dict[str, RunConfig], warm_up: bool
+                 ) -> dict[str, list[float]]:
+    """Every run of ``configs`` on every prompt, prompt by prompt -> summed ``_run`` figures by name."""
+    totals = {name: [0, 0.0, 0, 0, 0, 0.0, 0.0, 0.0] for name in configs}
+    for i, ids in enumerate([prompts[0], *prompts] if warm_up else prompts):
+        for name, cfg in configs.items():
+            got = _run(session.baseline(ids, cfg) if name == "target-only" else session.speculative(ids, cfg))
+            if i > 0 or not warm_up:
                 totals[name] = [a + b for a, b in zip(totals[name], got)]
-    tps = {name: t[0] / t[1] for name, t in totals.items()}
-    figures = {name: {"tokens_per_s": round(tps[name], 1), "rounds": t[2], "drafted": t[3], "accepted": t[4],
-                      "tokens_per_round": round(t[0] / max(t[2], 1), 2), "ms_per_round": _parts(t)}
-               for name, t in totals.items()}
+    return totals
+
+
+def tokens_per_second(session: Session, prompts: list[torch.Tensor], new_tokens: int, setting: Setting = SETTINGS[0],
+                      k: int = 4, tree: tuple[int, int] = (8, 4), warm_up: bool = True) -> Check:
+    """Target-only and the like-for-like runs of ``setting`` on the same prompts, interleaved (module terms)."""
+    configs = like_for_like(setting, new_tokens, k, tree)
+    totals = _interleaved(session, prompts, configs, warm_up)
+    tps = {name: t[0] / max(t[1], 1e-9) for name, t in totals.items()}
     base = tps["target-only"]
-    detail = (f"target-only {base:.1f} tokens/s; chain {tps['chain']:.1f} ({tps['chain'] / base:.2f}x, "
-              f"{figures['chain']['tokens_per_round']} a round); device chain {tps['device chain']:.1f} "
-              f"({tps['device chain'] / base:.2f}x); tree {tps['tree']:.1f} ({tps['tree'] / base:.2f}x, "
-              f"{figures['tree']['tokens_per_round']} a round); device tree {tps['device tree']:.1f} "
-              f"({tps['device tree'] / base:.2f}x, {figures['device tree']['tokens_per_round']} a round); "
-              f"{len(prompts)} prompts x {new_tokens} tokens, T = 0")
+    figures: dict[str, Any] = {
+        name: {"tokens_per_s": round(tps[name], 1), "vs_target_only": round(tps[name] / base, 3), "rounds": t[2],
+               "drafted": t[3], "accepted": t[4], "tokens_per_round": round(t[0] / max(t[2], 1), 2),
+               "ms_per_round": _parts(t)} for name, t in totals.items()}
+    names = list(configs)
+    pairs = [(names[1], names[2]), (names[3], names[4])]  # today's round, then the device round of the same shape
+    detail = f"target-only {base:.1f} tokens/s; " + "; ".join(
+        f"{a} {tps[a]:.1f} ({tps[a] / base:.2f}x, {figures[a]['tokens_per_round']} a round), device "
+        f"{tps[b]:.1f} ({tps[b] / base:.2f}x, {figures[b]['tokens_per_round']} a round, {tps[b] / tps[a]:.2f}x today's)"
+        for a, b in pairs) + f"; {len(prompts)} prompts x {new_tokens} tokens, {setting.label}"
+    figures["setting"] = {"label": setting.label, "rule": setting.rule, **setting.params,
+                          "temperature": setting.temperature, "k": k, "tree_budget": tree[0], "tree_depth": tree[1],
+                          "tree_widths": list(widths_for(TreeSpec(tree[0], tree[1]))), "prompts": len(prompts),
+                          "new_tokens": new_tokens}
     return Check("", "pass", detail, figures)
 
 
