@@ -25,7 +25,7 @@ distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -150,21 +150,25 @@ def _next(t: _Tree, stop: Tensor, last: _Stop, num_accepted: Tensor, sample_unif
 
 def device_walk(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int],
                 rule: AcceptanceRule, *, uniforms: Tensor, sample_uniforms: Tensor, alive: Tensor | None = None,
-                with_distortion: bool = False, siblings: str = "sampled", draft_support: Tensor | None = None
-                ) -> TreeVerdict:
-    """``walk_tree``'s verdict with no host read unless ``with_distortion`` (module terms). target_probs (B, N+1, V),
+                with_distortion: bool = False, siblings: str = "sampled", draft_support: Tensor | None = None,
+                tables: Any = None) -> TreeVerdict:
+    """``walk_tree``'s verdict with no host read (module terms). target_probs (B, N+1, V),
     draft_probs (B, N, V), tokens (B, N), parents N ints, uniforms (B, N), sample_uniforms (B, D+1) or (B,),
-    alive (N,) or (B, N) bool (default: every node); siblings and draft_support as ``verify_tree``'s."""
+    alive (N,) or (B, N) bool (default: every node); siblings and draft_support as ``verify_tree``'s; ``tables``:
+    the tree's structure on the device where the caller has it (fixed_tables.py: its ``children`` and
+    ``parent_entry`` are used, no tensor is made from ``parents``)."""
     b, n = tokens.shape
     dev, v = target_probs.device, target_probs.shape[2]
     kids = children(parents)
     depth = max(depths(parents), default=0)
     max_p, top = torch.max(target_probs, dim=-1) if argmax_path(rule) else (target_probs.amax(dim=-1), None)
     tol_e = rule.tolerance(target_probs, max_p)  # (B, N+1)
-    parent_entry, p_all, q_all, plain = node_values(target_probs, draft_probs, tokens, parents)
+    parent_entry, p_all, q_all, plain = node_values(target_probs, draft_probs, tokens,
+                                                    parents if tables is None else tables.parent_entry)
     alive = torch.ones((b, n), dtype=torch.bool, device=dev) if alive is None else alive.expand(b, n)
     t = _Tree(target_probs, draft_probs, tokens.clamp(0, max(v - 1, 0)), rule, uniforms, alive,
-              children_table(parents, dev, kids), max((len(k) for k in kids), default=0), max_p, tol_e, p_all, q_all, top)
+              children_table(parents, dev, kids) if tables is None else tables.children,
+              max((len(k) for k in kids), default=0), max_p, tol_e, p_all, q_all, top)
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1)
     kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.int8, device=dev)
