@@ -196,10 +196,17 @@ def counting(device: torch.device | str = "cpu") -> Iterator[Waits]:
         counter.restore()
 
 
+def _sync_debug(mode: str) -> None:
+    torch.cuda.set_sync_debug_mode(mode)
+
+
 @contextmanager
-def counting_rounds(shape_cls: type, device: torch.device | str = "cpu") -> Iterator[list[Waits]]:
+def counting_rounds(shape_cls: type, device: torch.device | str = "cpu", sync_errors: bool = False
+                    ) -> Iterator[list[Waits]]:
     """Count the waits of every round of shapes of class ``shape_cls`` run inside the block, one ``Waits`` a round:
-    from the start of its ``propose`` to the end of its ``commit`` (rounds.py: the round's four steps)."""
+    from the start of its ``propose`` to the end of its ``commit`` (rounds.py: the round's four steps).
+    ``sync_errors`` (CUDA only): the rounds after the first run under ``torch.cuda.set_sync_debug_mode("error")``,
+    so that a wait CUDA itself sees raises there."""
     counter = _Counter(torch.device(device))
     rounds: list[Waits] = []
     propose, commit = shape_cls.__dict__.get("propose", _MISSING), shape_cls.__dict__.get("commit", _MISSING)
@@ -208,6 +215,8 @@ def counting_rounds(shape_cls: type, device: torch.device | str = "cpu") -> Iter
     def counted_propose(self: Any, *args: Any, **kwargs: Any) -> Any:
         counter.record = Waits()
         rounds.append(counter.record)
+        if sync_errors and len(rounds) > 1:
+            _sync_debug("error")
         return inner_propose(self, *args, **kwargs)
 
     def counted_commit(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -215,6 +224,8 @@ def counting_rounds(shape_cls: type, device: torch.device | str = "cpu") -> Iter
             return inner_commit(self, *args, **kwargs)
         finally:
             counter.record = None
+            if sync_errors:
+                _sync_debug("default")
 
     shape_cls.propose, shape_cls.commit = counted_propose, counted_commit
     counter.install()
@@ -222,6 +233,8 @@ def counting_rounds(shape_cls: type, device: torch.device | str = "cpu") -> Iter
         yield rounds
     finally:
         counter.restore()
+        if sync_errors:
+            _sync_debug("default")
         for name, before in (("propose", propose), ("commit", commit)):
             if before is _MISSING:
                 delattr(shape_cls, name)

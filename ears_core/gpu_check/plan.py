@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ears_core.gpu_check import captured, correctness, real_pairs, speed
+from ears_core.gpu_check import captured, correctness, real_pairs, speed, waits
 from ears_core.gpu_check.outcome import Check, Report
 from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
 from ears_core.model.cuda.graphed import graphed_or_eager
@@ -110,7 +110,7 @@ def _speed(report: Report, device: torch.device, present: list[tuple[str, str, i
         return
     session = Session(pair, prices=speed.curve_of(curve_check))
     report.run("tokens/s", lambda: speed.tokens_per_second(session, prompts, new_tokens))
-    report.run("host syncs per round", lambda: speed.host_syncs(session, prompts[0]))
+    report.run("round waits", lambda: waits.round_waits(session, prompts[0]))
     if eager is None or not captured.graphed_parts(pair):
         return
     eager_curve = report.run("price curve eager", lambda: speed.price_curve(eager))
