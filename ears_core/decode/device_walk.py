@@ -16,10 +16,8 @@ next token   where a row stops: the target's argmax on the argmax path; else dra
              inverse CDF, without its host test for an empty residual), or from ``rule.bonus`` at a leaf.
 equality     for the same draws: kinds, ratios, path, next token, next p and q are ``walk_tree``'s (so
              ``verify_tree``'s), field by field (tests/test_device_tree.py).
-distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk_tree``: it reads the route to the
-             host (host reads of its own, one entry at a time), so the device tree round asks for it only for a
-             lossy rule with ``with_distortion``; over the children that are alive in every row (exact for B = 1,
-             the decode loop's).
+distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk_tree``, without host reads (its
+             fixed shapes); over the children that are alive in every row (exact for B = 1, the decode loop's).
 """
 
 from __future__ import annotations
@@ -196,7 +194,7 @@ def device_walk(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, paren
         drew = alive.all(dim=0)[t.ch.clamp(min=0)] if n else False  # (N+1, W) alive in every row (B = 1: its own)
         lives = (t.ch >= 0) & drew  # the children today's tree drew
         distortion, exact = path_distortions(rule, target_probs, draft_probs, t.x, torch.where(lives, t.ch, -1), tol_e,
-                                             path, num_accepted, leaf, siblings, draft_support)
+                                             path, num_accepted, leaf, siblings, draft_support, reads=False)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=leaf,
         last_rejected=torch.where(leaf, -1, last.last_rej), kinds=kinds, p=p_all, q=q_all, ratio=ratio, u=uniforms,

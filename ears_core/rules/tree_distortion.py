@@ -6,19 +6,22 @@ Terms (entry, rank, residual, route: decode/verify_tree.py; emit, a, res: distor
 fixed siblings     the children were drawn once each, in rank order: the entry emits child j if every
                    earlier child was rejected and j is accepted against the residual it faces.
 sampled siblings   the children are drawn without replacement from the parent's draft distribution: the
-                   emitted distribution sums over the orders of the draws, enumerated rank by rank. The
-                   histories after i draws (the tokens drawn so far, each with its order's weight) are kept
-                   while they number at most ``MAX_STATES`` // V (V tokens each).
+                   emitted distribution sums over the orders of the draws, enumerated rank by rank.
+histories          after i draws, the tokens drawn so far, each order with its weight; a rank keeps at most
+                   ``MAX_STATES`` // V of them (V tokens each), in order (those of weight 0 after them), and
+                   a flag says whether that was all (else the bound). Where a host read is free (``reads``:
+                   the host walks) a rank keeps as many as there are and the enumeration stops once no entry
+                   goes on; without reads (the device tree round) it keeps the most there may be: the same
+                   histories in the same order, so the same sums, at fixed shapes.
 exact / bound      exact for fixed siblings, one child, lossless ratio rules, and sampled siblings whose
                    histories all fit; otherwise an upper bound from the coupling with the ordinary rule,
                    which differs only after a pardon: pardon_1 + (m - 1) * reject_1 * tolerance (1 for a rule
                    that is not a ratio rule).
-fixed shapes       every tensor's shape follows from V, the tree's width and ``MAX_STATES``, never from the
-                   data: a rank keeps the ``MAX_STATES`` // V heaviest histories (padded with histories of
-                   weight 0), a flag says whether that was all of them, and every case (one child, the bound,
-                   a zero tolerance) is computed and chosen with ``torch.where``. The route's entries are
-                   gathered by tensor index, the positions past its end computed and dropped: no host read,
-                   so the device tree round computes it before its one read (decode/device_tree.py).
+fixed shapes       with no reads every tensor's shape follows from V, the tree's width and ``MAX_STATES``,
+                   never from the data: every case (one child, the bound, a zero tolerance) is computed and
+                   chosen with ``torch.where``, and every position of the route is computed (those past its end
+                   dropped), gathered by tensor index: no host read, so the device tree round computes it before
+                   its one read (decode/device_tree.py).
 """
 
 from __future__ import annotations
@@ -55,31 +58,42 @@ def _fixed(rule: AcceptanceRule, p: Tensor, toks: Tensor, probs: Tensor, m: Tens
     return emit + w[:, None] * r
 
 
-def _sampled(rule: AcceptanceRule, p: Tensor, q0: Tensor, m: Tensor, tol: Tensor, width: int, max_states: int
-             ) -> tuple[Tensor, Tensor]:
+def _sampled(rule: AcceptanceRule, p: Tensor, q0: Tensor, m: Tensor, tol: Tensor, width: int, max_states: int,
+             reads: bool) -> tuple[Tensor, Tensor]:
     """(E, V) emitted of E entries whose m (E,) children were drawn without replacement from q0 (E, V), and
-    (E,) bool: every history fit (module terms: fixed shapes)."""
+    (E,) bool: every history fit (module terms: histories)."""
     e, v = p.shape
-    cap = max_states // v
+    cap = max_states // v  # the most histories a rank keeps
     w, r, q = p.new_ones(e, 1), p[:, None], q0[:, None]  # (E, H), (E, H, V), (E, H, V)
     emit, whole = torch.zeros_like(p), torch.ones(e, dtype=torch.bool, device=p.device)
     for i in range(width):
         a = _accept(rule, r, q, tol[:, None])  # (E, H, V)
         rej = w[..., None] * q * (1 - a)  # reach rank i + 1 after drawing x at rank i
-        r_next = rule.residual(r, q)  # does not depend on x
         left = 1.0 - q  # draft mass left once x is removed
+        more = i + 1 < width
+        if more:
+            cand = (rej > 0).flatten(1) & (left > LEFT_EPS).flatten(1)  # (E, H V) histories that go on
+            count = cand.sum(1)  # (E,)
+            whole = whole & ((count <= cap) | (m <= i + 1))
+            if reads and not bool(whole.any()):  # every entry past the limit: the bound, whatever it emits
+                break
+        r_next = rule.residual(r, q)  # does not depend on x
         done = torch.where((m == i + 1)[:, None, None], rej, rej * (left <= LEFT_EPS))  # no sibling follows
         step = (w[..., None] * q * a).sum(1) + (done.sum(-1, keepdim=True) * r_next).sum(1)  # (E, V)
         emit = emit + step * (i < m)[:, None]
-        if i + 1 == width:
+        if not more:
             break
-        cand = (rej > 0) & (left > LEFT_EPS)  # (E, H, V) histories that go on
-        whole = whole & ((cand.flatten(1).sum(1) <= cap) | (m <= i + 1))
-        h_v = cand[0].numel()
-        idx = (rej.masked_fill(~cand, -1.0).flatten(1).topk(cap, dim=1).indices if cap < h_v
-               else torch.arange(h_v, device=p.device).expand(e, h_v))  # (E, H') the heaviest first
+        h_v = cand.shape[1]
+        if reads:  # as many as there are, and none once no entry goes on (module terms: histories)
+            h = int(torch.where(whole & (m > i + 1), count, 0).max())
+            if h == 0:
+                break
+        else:
+            h = min(cap, h_v)
+        order = torch.arange(h_v, device=p.device) + (~cand) * h_v  # the histories first, in order
+        idx = order.topk(h, dim=1, largest=False).indices  # (E, H')
         hist, x = idx // v, idx % v
-        kept = cand.flatten(1).gather(1, idx)
+        kept = cand.gather(1, idx)
         w = torch.where(kept, rej.flatten(1).gather(1, idx), 0.0)  # (E, H'): padding weighs 0
         rows = hist[..., None].expand(-1, -1, v)
         r = r_next.gather(1, rows)
@@ -101,31 +115,39 @@ def _compressed(p: Tensor, toks: Tensor, probs: Tensor, support: Tensor) -> tupl
     every other token. Outside the support q = 0, so every residual is P_target there times one factor, and
     acceptance never applies: the bucket carries their mass exactly, and |emitted - P_target| summed over them is
     the bucket's. p (E, V), toks (E, W), probs (E, W, V) -> (E, N+1), toks as indices into the support, (E, W, N+1)."""
-    t = torch.cat([p[:, support], (1.0 - p[:, support].sum(-1, keepdim=True)).clamp(min=0.0)], dim=1)
-    q = torch.cat([probs[..., support], probs.new_zeros(*probs.shape[:2], 1)], dim=2)
+    ps = p.gather(1, support.expand(p.shape[0], -1))  # (E, N): a gather (an index on the last dim is slow)
+    t = torch.cat([ps, (1.0 - ps.sum(-1, keepdim=True)).clamp(min=0.0)], dim=1)
+    q = torch.cat([probs.gather(2, support.expand(*probs.shape[:2], -1)), probs.new_zeros(*probs.shape[:2], 1)], dim=2)
     return t, torch.searchsorted(support, toks), q
 
 
 def _entries(rule: AcceptanceRule, p: Tensor, toks: Tensor, probs: Tensor, m: Tensor, tol: Tensor, siblings: str,
-             support: Tensor | None, max_states: int) -> tuple[Tensor, Tensor]:
+             support: Tensor | None, max_states: int, reads: bool) -> tuple[Tensor, Tensor]:
     """(E,) float64 distortion and (E,) bool exact of E entries: P_target p (E, V), their first m (E,) children
-    toks (E, W) (clamped into V) with draft probabilities probs (E, W, V), tolerance tol (E,)."""
+    toks (E, W) (clamped into V) with draft probabilities probs (E, W, V) (sampled siblings: (E, 1, V), the
+    parent's), tolerance tol (E,). With ``reads`` only the entries that need it are enumerated (module terms:
+    histories)."""
     ratio = is_ratio_rule(rule)
-    closed = (rule.exact_distortion(p[:, None], probs[:, :1], tol[:, None].to(p.dtype), support)[:, 0].double()
-              if ratio else None)  # one child, in closed form
-    target, probs, tol = p.double(), probs.double(), tol.double()
-    if ratio and support is not None:
-        target, toks, probs = _compressed(target, toks, probs, support)
-    if siblings == "fixed":
-        emit, whole = _fixed(rule, target, toks, probs, m, tol), torch.ones_like(m, dtype=torch.bool)
-    else:
-        emit, whole = _sampled(rule, target, probs[:, 0], m, tol, toks.shape[1], max_states)
-    dist = 0.5 * (emit - target).abs().sum(-1)  # (E,)
+    easy = ((m == 1) | (tol == 0)) if ratio else torch.zeros_like(m, dtype=torch.bool)  # closed form, or lossless
+    some: Tensor | slice = (~easy).nonzero().squeeze(1) if reads else slice(None)  # the entries enumerated
+    dist, whole = torch.zeros_like(tol, dtype=torch.float64), torch.ones_like(easy)
+    if not reads or some.numel():
+        target, toks_e, rows, m_e, tol_e = p[some].double(), toks[some], probs[some].double(), m[some], tol[some].double()
+        if ratio and support is not None:
+            target, toks_e, rows = _compressed(target, toks_e, rows, support)
+        if siblings == "fixed":
+            emit, fit = _fixed(rule, target, toks_e, rows, m_e, tol_e), torch.ones_like(m_e, dtype=torch.bool)
+        else:
+            emit, fit = _sampled(rule, target, rows[:, 0], m_e, tol_e, toks.shape[1], max_states, reads)
+        tv = 0.5 * (emit - target).abs().sum(-1)  # (E',)
+        dist[some] = torch.where(fit, tv, _bound(rule, target, rows[:, 0], tol_e, m_e) if ratio else 1.0)
+        whole[some] = fit
     if not ratio:
-        return torch.where(whole, dist, 1.0), whole
-    dist = torch.where(whole, dist, _bound(rule, target, probs[:, 0], tol, m))
-    dist = torch.where(tol == 0, 0.0, torch.where(m == 1, closed, dist))  # the ordinary rule: lossless
-    return dist, whole | (m == 1) | (tol == 0)
+        return dist, whole
+    one: Tensor | slice = (m == 1).nonzero().squeeze(1) if reads else slice(None)  # one child: the closed form
+    dist[one] = torch.where(m[one] == 1, rule.exact_distortion(p[one, None], probs[one, :1], tol[one, None].to(p.dtype),
+                                                               support)[:, 0].double(), dist[one])
+    return torch.where(tol == 0, 0.0, dist), whole | easy  # the ordinary rule: lossless
 
 
 def node_emitted_distribution(
@@ -145,36 +167,35 @@ def node_emitted_distribution(
     m_t = torch.full((1,), m, dtype=torch.long, device=p.device)
     if siblings == "fixed":
         return _fixed(rule, p, child_tokens[None], child_probs.double()[None], m_t, tol)[0]
-    emit, whole = _sampled(rule, p, child_probs[0].double()[None], m_t, tol, m, max_states)
+    emit, whole = _sampled(rule, p, child_probs[0].double()[None], m_t, tol, m, max_states, reads=True)
     return emit[0] if bool(whole[0]) else None
 
 
 def path_distortions(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, ch: Tensor,
                      tol_e: Tensor, path: Tensor, num_accepted: Tensor, is_bonus: Tensor, siblings: str,
-                     support: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                     support: Tensor | None = None, reads: bool = True) -> tuple[Tensor, Tensor]:
     """Per emitted position of each row's route: (B, D+1) float64 distortion and (B, D+1) bool exact, on the
-    input's device with no host read (module terms: fixed shapes). ``ch`` (N+1, W): each entry's children
-    (verify_tree.children_table; -1 for none); ``tol_e`` (B, N+1) per entry. A bonus position is 0 and exact."""
+    input's device. ``ch`` (N+1, W): each entry's children (verify_tree.children_table; -1 for none); ``tol_e``
+    (B, N+1) per entry. A bonus position is 0 and exact. ``reads`` (module terms: histories): False computes every
+    position with no host read (fixed shapes); True, where a read is free, the route's positions only."""
     b, depth = path.shape
     dev = target_probs.device
-    if tokens.shape[1] == 0 or b == 0:  # no children anywhere: every position is a bonus
-        return (torch.zeros((b, depth + 1), dtype=torch.float64, device=dev),
-                torch.ones((b, depth + 1), dtype=torch.bool, device=dev))
-    entries = torch.cat([path.new_zeros(b, 1), path + 1], dim=1).reshape(-1)  # (E,) E = B (D+1); past the end: 0
+    pos = torch.arange(depth + 1, device=dev)
+    emitted = (pos <= num_accepted[:, None]) & ~((pos == num_accepted[:, None]) & is_bonus[:, None])  # (B, D+1)
+    dist = torch.zeros(b * (depth + 1), dtype=torch.float64, device=dev)  # (E,) E = B (D+1)
+    exact = torch.ones(b * (depth + 1), dtype=torch.bool, device=dev)
+    if tokens.shape[1] == 0:  # no children anywhere: every position is a bonus
+        return dist.reshape(b, depth + 1), exact.reshape(b, depth + 1)
+    entries = torch.cat([path.new_zeros(b, 1), path + 1], dim=1).reshape(-1)  # (E,) past the route's end: 0
     rows = torch.arange(b, device=dev).repeat_interleave(depth + 1)  # (E,)
     kids = ch[entries]  # (E, W)
     kids = kids.gather(1, (kids < 0).to(torch.uint8).argsort(dim=1, stable=True))  # the children first
-    m = (kids >= 0).sum(1)  # (E,)
-    x = kids.clamp(min=0)
-    dist, exact = [], []
-    for c in range(0, rows.shape[0], CHUNK):
-        s = slice(c, c + CHUNK)
-        r = rows[s]
-        d, ex = _entries(rule, target_probs[r, entries[s]], tokens[r[:, None], x[s]], draft_probs[r[:, None], x[s]],
-                         m[s], tol_e[r, entries[s]], siblings, support, MAX_STATES)
-        dist.append(d)
-        exact.append(ex)
-    pos = torch.arange(depth + 1, device=dev)
-    emitted = (pos <= num_accepted[:, None]) & ~((pos == num_accepted[:, None]) & is_bonus[:, None])  # (B, D+1)
-    dist_t, exact_t = torch.cat(dist).reshape(b, depth + 1), torch.cat(exact).reshape(b, depth + 1)
-    return torch.where(emitted, dist_t, 0.0), exact_t | ~emitted
+    m, x = (kids >= 0).sum(1), kids.clamp(min=0)  # (E,), (E, W)
+    todo = emitted.reshape(-1).nonzero().squeeze(1) if reads else torch.arange(entries.shape[0], device=dev)
+    for c in range(0, todo.shape[0], CHUNK):
+        t = todo[c: c + CHUNK]
+        r, e = rows[t], entries[t]
+        drawn = x[t] if siblings == "fixed" else x[t, :1]  # sampled siblings: the parent's distribution only
+        dist[t], exact[t] = _entries(rule, target_probs[r, e], tokens[r[:, None], x[t]], draft_probs[r[:, None], drawn],
+                                     m[t], tol_e[r, e], siblings, support, MAX_STATES, reads)
+    return torch.where(emitted, dist.reshape(b, depth + 1), 0.0), exact.reshape(b, depth + 1) | ~emitted
