@@ -25,10 +25,13 @@ from ears_core.draft.trees import (DraftTree, TreeDraws, TreeSpec, accept_unifor
 from ears_core.gpu_check.waits import round_waits
 from ears_core.pair import ModelPair
 from ears_core.rules import RULES, make_rule
-from ears_core.rules.tree_distortion import node_emitted_distribution
+from ears_core.decode.tree_walk import walk_tree
+from ears_core.rules import EntropyEARSRule, TypicalRule
+from ears_core.rules.tree_distortion import MAX_STATES, node_emitted_distribution, path_distortions
 from ears_core.serve.session import Session
 from test_device_round import RULE_PARAMS, head_pair  # noqa: F401 (a fixture)
 from test_tree_verify import exact_ears_tree
+from test_tree_walk import random_trees
 
 CPU = torch.device("cpu")
 
@@ -186,6 +189,29 @@ def test_the_heaviest_histories_give_the_whole_enumeration_when_they_all_fit():
         assert got is not None and np.allclose(got.numpy(), expected, atol=1e-12), room
     assert node_emitted_distribution(*args, max_states=5 * v) is None
     assert 0.5 * np.abs(expected - p).sum() > 0.05  # power: far from P_target
+
+
+@pytest.mark.parametrize("max_states", [MAX_STATES, 200])  # 200: past it for many entries (the bound)
+@pytest.mark.parametrize("siblings", ["sampled", "fixed"])
+@pytest.mark.parametrize("rule", [EARSRule(0.3), EntropyEARSRule(0.4), TypicalRule()], ids=repr)
+def test_the_distortion_without_reads_is_the_host_walks_to_the_last_bit(rule, siblings, max_states, monkeypatch):
+    """rules/tree_distortion.py (histories): every position at fixed shapes, with no wait, gives the host's values
+    and exact flags bit for bit."""
+    import ears_core.rules.tree_distortion as td
+
+    monkeypatch.setattr(td, "MAX_STATES", max_states)
+    parents = [-1, -1, -1, 0, 0, 3]
+    tokens, target, draft, u, su = random_trees(parents, siblings, False)
+    v = walk_tree(target, draft, tokens, parents, rule, uniforms=u, sample_uniforms=su, siblings=siblings)
+    args = (rule, target, draft, tokens, children_table(parents), rule.tolerance(target, target.amax(-1)), v.path,
+            v.num_accepted, v.is_bonus, siblings, torch.arange(0, 30, 2) if isinstance(rule, EARSRule) else None)
+    host = path_distortions(*args)
+    with counting() as w:
+        fixed = path_distortions(*args, reads=False)
+    assert w.total == 0, str(w)
+    assert torch.equal(host[0], fixed[0]) and torch.equal(host[1], fixed[1])
+    bounded = siblings == "sampled" and max_states < MAX_STATES  # some entries past the limit: the bound
+    assert float(host[0].max()) > 0.01 and bool(host[1].all()) != bounded  # power
 
 
 def test_the_gpu_checks_round_waits_pass_on_the_cpu_and_fail_a_round_that_waits(pair, monkeypatch):

@@ -7,12 +7,12 @@ fixed siblings     the children were drawn once each, in rank order: the entry e
                    earlier child was rejected and j is accepted against the residual it faces.
 sampled siblings   the children are drawn without replacement from the parent's draft distribution: the
                    emitted distribution sums over the orders of the draws, enumerated rank by rank.
-histories          after i draws, the tokens drawn so far, each order with its weight; a rank keeps at most
+histories          after i draws, the tokens drawn so far, each order with its weight; a rank keeps
                    ``MAX_STATES`` // V of them (V tokens each), in order (those of weight 0 after them), and
                    a flag says whether that was all (else the bound). Where a host read is free (``reads``:
-                   the host walks) a rank keeps as many as there are and the enumeration stops once no entry
-                   goes on; without reads (the device tree round) it keeps the most there may be: the same
-                   histories in the same order, so the same sums, at fixed shapes.
+                   the host walks) only the route's entries that need it are enumerated, and only while one
+                   of them goes on; without reads (the device tree round) every position and rank is: the same
+                   histories in the same order, so the same sums to the last bit, at fixed shapes.
 exact / bound      exact for fixed siblings, one child, lossless ratio rules, and sampled siblings whose
                    histories all fit; otherwise an upper bound from the coupling with the ordinary rule,
                    which differs only after a pardon: pardon_1 + (m - 1) * reject_1 * tolerance (1 for a rule
@@ -83,13 +83,10 @@ def _sampled(rule: AcceptanceRule, p: Tensor, q0: Tensor, m: Tensor, tol: Tensor
         emit = emit + step * (i < m)[:, None]
         if not more:
             break
+        if reads and not bool((whole & (m > i + 1)).any()):  # no entry goes on (module terms: histories)
+            break
         h_v = cand.shape[1]
-        if reads:  # as many as there are, and none once no entry goes on (module terms: histories)
-            h = int(torch.where(whole & (m > i + 1), count, 0).max())
-            if h == 0:
-                break
-        else:
-            h = min(cap, h_v)
+        h = min(cap, h_v)  # as many as there may be: the same sums whoever calls (a sum's rounding follows its length)
         order = torch.arange(h_v, device=p.device) + (~cand) * h_v  # the histories first, in order
         idx = order.topk(h, dim=1, largest=False).indices  # (E, H')
         hist, x = idx // v, idx % v
