@@ -174,9 +174,9 @@ def test_the_tables_give_todays_structure_draws_masks_and_positions(budget, dept
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
-def test_the_heaviest_histories_give_the_whole_enumeration_when_they_all_fit():
-    """Three sampled siblings from a draft with three tokens of mass over V = 8 (rules/tree_distortion.py: fixed
-    shapes): 6 histories after two draws. Keeping the 6 heaviest of 8 states each gives the definition's
+def test_kept_histories_give_the_whole_enumeration_when_they_all_fit():
+    """Three sampled siblings from a draft with three tokens of mass over V = 8 (rules/tree_distortion.py:
+    histories): 3 histories after one draw, 6 after two. Room for 6 (of 8, then 48 states) gives the definition's
     distribution (tests/test_tree_verify.py: exact_ears_tree); room for 5 is too little (None: the bound)."""
     p = np.array([0.3, 0.05, 0.2, 0.1, 0.15, 0.05, 0.1, 0.05])
     q = np.array([0.0, 0.5, 0.0, 0.3, 0.0, 0.2, 0.0, 0.0])
