@@ -13,9 +13,10 @@ decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as te
               and rank by rank; the next token drawn on the device.
 packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
               alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
-              float64 vector (``pack``), read once (``HostReader``) and unpacked as a ``TreeHost`` (tree.py).
+              float64 vector (``pack``); with a lossy rule's distortion, its value and exact flag per emitted
+              position after them; read once (``HostReader``) and unpacked as a ``TreeHost`` (tree.py).
 KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
-              path (``commit_tree``), by the path of that read.
+              path (``commit_tree``): the verdict's path tensor cut at the n of that read.
 records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left
               out of the round's ``drafted`` count and of its ``TreeRecord`` (today's tree never drew them).
 rules         every registered rule decides on the device (standard, ears, greedy, ears-entropy, typical, fly,
@@ -32,8 +33,7 @@ structure     the tree's structure, positions, draw keys and masks are made on t
               (``fixed_trees.tables_for``; every shape the depth cap may ask for is made in ``start``, before the
               first round) and read from there each round: the draft and acceptance draws are hashed on the
               device from the round's first position (a scalar), the passes' masks are the cached block after a
-              visible prefix (fixed_tables.py: prefix), the cache cuts select the path from the verdict's path
-              tensor by the n of the read.
+              visible prefix (fixed_tables.py: prefix).
 on CUDA       one wait a round: the packed read. No tensor is made from Python data, nothing is copied from the
               host and nothing else is read inside a round (counted on the CPU per kind, decode/waits.py;
               ``gpu_check``'s round waits run the same counter on CUDA beside ``torch.cuda.set_sync_debug_mode``).

@@ -46,7 +46,7 @@ __all__ = ["Waits", "counting", "counting_rounds", "KINDS"]
 
 KINDS = ("python", "copy", "read")
 READS = ("item", "tolist", "numpy", "nonzero", "cpu", "__bool__", "__int__", "__float__", "__index__")
-_LIBRARIES = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch,))  # never a site
+_TORCH = os.path.dirname(torch.__file__) + os.sep  # never a site
 _OWN_DEVICE = ("torch", "transformers")  # their .to(device) moves tensors already on the model's device (on the CPU)
 _MISSING = object()
 
@@ -76,7 +76,7 @@ class Waits:
 def _site() -> str:
     """file:line of the first frame outside torch and this module."""
     f = sys._getframe(2)
-    while f is not None and (f.f_code.co_filename == __file__ or f.f_code.co_filename.startswith(_LIBRARIES)):
+    while f is not None and (f.f_code.co_filename == __file__ or f.f_code.co_filename.startswith(_TORCH)):
         f = f.f_back
     if f is None:
         return "?"
@@ -137,7 +137,10 @@ class _Counter:
         def counted(*args: Any, **kwargs: Any) -> Any:
             if counter.record is None or threading.get_ident() != counter.thread or getattr(counter.busy, "on", False):
                 return inner(*args, **kwargs)
-            k = kind(*args, **kwargs)
+            try:
+                k = kind(*args, **kwargs)
+            except TypeError:  # a call form the kind does not read (keywords): torch answers it as ever
+                k = None
             if k is not None:
                 counter.record.add(k, _site())
             counter.busy.on = True
