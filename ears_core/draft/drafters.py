@@ -203,8 +203,8 @@ class ModelDrafter:
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
             seen, pos = draft_pass(tree, ids, self._tree_slots, self._base, self.device)
             mask = None if seen is None else additive_mask(seen, self.model.dtype)  # (1, 1, m, base + slots + m)
-            out = self.model(node_rows(tree.tokens, ids)[None], attention_mask=mask, position_ids=None if pos is None else pos[None],
-                             past_key_values=self._cache, use_cache=True)
+            out = self.model(node_rows(tree.tokens, ids)[None], attention_mask=mask,
+                             position_ids=None if pos is None else pos[None], past_key_values=self._cache, use_cache=True)
             self._tree_slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 

@@ -51,7 +51,7 @@ def _judged(name: str, rounds: list[Waits] | str) -> tuple[dict[str, Any], str |
     if isinstance(rounds, str):
         return {"error": rounds}, f"{name}: {rounds}"
     counted = rounds[1:]
-    figures = {"rounds": len(counted), **{kind: sum(getattr(w, kind) for w in counted) for kind in ("read", "python", "copy")}}
+    figures = {"rounds": len(counted), **{k: sum(getattr(w, k) for w in counted) for k in ("read", "python", "copy")}}
     if not counted:
         return figures, f"{name}: no round after the first (too few new tokens)"
     for i, w in enumerate(counted, start=2):

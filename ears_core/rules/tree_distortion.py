@@ -94,7 +94,8 @@ def _sampled(rule: AcceptanceRule, p: Tensor, q0: Tensor, m: Tensor, tol: Tensor
         w = torch.where(kept, rej.flatten(1).gather(1, idx), 0.0)  # (E, H'): padding weighs 0
         rows = hist[..., None].expand(-1, -1, v)
         r = r_next.gather(1, rows)
-        q = q.gather(1, rows).scatter(2, x[..., None], 0.0) / torch.where(kept, left.flatten(1).gather(1, idx), 1.0)[..., None]
+        left_x = torch.where(kept, left.flatten(1).gather(1, idx), 1.0)  # (E, H') the mass left once x is removed
+        q = q.gather(1, rows).scatter(2, x[..., None], 0.0) / left_x[..., None]
     return emit, whole
 
 

@@ -123,7 +123,8 @@ class KVBuffer:
         with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
             buf = self.reserve()
             n = int(keep.numel())
-            buf[:, :, :, start: start + n] = buf.index_select(3, on_device(keep, buf.device))  # gathered first: overlaps safe
+            kept = buf.index_select(3, on_device(keep, buf.device))  # gathered first: overlaps are safe
+            buf[:, :, :, start: start + n] = kept
             self.length = start + n
 
     def __deepcopy__(self, memo: dict) -> "KVBuffer":
