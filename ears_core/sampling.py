@@ -38,6 +38,7 @@ __all__ = [
     "first_argmax",
     "host_uniforms",
     "splitmix64",
+    "chained_keys",
 ]
 
 
@@ -129,8 +130,11 @@ def counter_uniforms(seed: int | Tensor, positions: Tensor, stream: Stream) -> T
     shape (broadcast against seed). Returns float32 with 24 random bits, so U < 1 exactly.
     """
     positions = positions.to(torch.int64)
-    seed_t = torch.as_tensor(seed, dtype=torch.int64, device=positions.device)
-    x = _splitmix(seed_t * _GOLDEN + _i64(int(stream) * _STREAM))
+    if isinstance(seed, int):  # the stream's key on the host: no tensor made from a Python number
+        x = _i64(splitmix64((seed * _GOLDEN + int(stream) * _STREAM) & MASK64))
+    else:
+        x = _splitmix(torch.as_tensor(seed, dtype=torch.int64, device=positions.device) * _GOLDEN
+                      + _i64(int(stream) * _STREAM))
     x = _splitmix(x ^ (positions * _POS))
     return _shr(x, 40).to(torch.float32) * (1.0 / (1 << 24))
 
@@ -148,6 +152,15 @@ def splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * _MIX1) & MASK64
     x = ((x ^ (x >> 27)) * _MIX2) & MASK64
     return x ^ (x >> 31)
+
+
+def chained_keys(prefix: int, parts: Tensor) -> Tensor:
+    """(m, j) int64 ``parts`` -> (m,) int64: x = splitmix64(x ^ part) over the columns, from x = ``prefix`` (a Python
+    integer): ``splitmix64``'s host chain as tensor operations, bit for bit (trees.TreeDraws's keys)."""
+    x = parts.new_full(parts.shape[:1], _i64(prefix))  # (m,)
+    for j in range(parts.shape[1]):
+        x = _splitmix(x ^ parts[:, j])
+    return x
 
 
 def host_uniforms(seed: int, positions: Sequence[int], stream: Stream) -> list[float]:

@@ -13,28 +13,32 @@ decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as te
               and rank by rank; the next token drawn on the device.
 packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
               alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
-              float64 vector (``pack``, laid out by ``packed.TREE_READ``), read once (``HostReader``) and
-              unpacked as a ``TreeHost`` (tree.py).
+              float64 vector (``pack``, laid out by ``packed.TREE_READ``); with a lossy rule's distortion, its
+              value and exact flag per emitted position after them; read once (``HostReader``) and unpacked as a
+              ``TreeHost`` (tree.py).
 KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
-              path (``commit_tree``), by the path of that read.
+              path (``commit_tree``): the verdict's path tensor cut at the n of that read.
 records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left
               out of the round's ``drafted`` count and of its ``TreeRecord`` (today's tree never drew them).
 rules         every registered rule decides on the device (standard, ears, greedy, ears-entropy, typical, fly,
-              ears-budget), with the same uniforms as today's tree round. Not on the device, and so not one
-              read a round: the distortion of a lossy rule when asked (``with_distortion``, the default:
-              ``path_distortions`` reads the route; ``with_distortion=False`` keeps one read); the input guard
+              ears-budget), with the same uniforms as today's tree round; a lossy rule's distortion (when asked,
+              ``with_distortion``, the default) is computed there too (``rules.tree_distortion``: fixed shapes,
+              no host read) and rides in the packed read. Not on the device: the input guard
               (``check_tree_drafts``, only with EARS_DEBUG=1).
 today's path  (``takes``) runs where the device tree could not decide as today's: with a size policy (``keep``,
               back-off: it chooses the tree from this round's draft scores), and for ears-budget on a tree that
               branches below depth 1 (its beta reads max P over the entries in node order, a chain's worst case:
               rules/lossy.py; today's nodes are numbered in creation order, which follows the draft's scores,
               the fixed tree's breadth first). On a chain or a one-level tree ears-budget runs here.
-
-on CUDA       not measured yet (no GPU where it was built). Besides the one read, a round still copies its
-              tree's structure from the host: the accept and draft draws (``accept_uniforms``, ``TreeDraws``), the
-              tree masks and positions of the target's and the drafter's passes, the parents in ``node_values``,
-              the path for the cache cuts. A pageable host-to-device copy may wait for the device; caching them
-              per fixed shape on the device is the next step (``gpu_check`` shows the device tree's syncs a round).
+structure     the tree's structure, positions, draw keys and masks are made on the device once per shape
+              (``fixed_trees.tables_for``; every shape the depth cap may ask for is made in ``start``, before the
+              first round) and read from there each round: the draft and acceptance draws are hashed on the
+              device from the round's first position (a scalar), the passes' masks are the cached block after a
+              visible prefix (fixed_tables.py: prefix).
+on CUDA       one wait a round: the packed read. No tensor is made from Python data, nothing is copied from the
+              host and nothing else is read inside a round (counted on the CPU per kind, decode/waits.py;
+              ``gpu_check``'s round waits run the same counter on CUDA beside ``torch.cuda.set_sync_debug_mode``).
+              Not measured on a GPU yet.
 
 Users select it with ``tree_stream(..., device_round=True)`` (and ``tree_generate``; ``RunConfig.device_round`` with
 the tree draft shape); it is off by default.
@@ -52,8 +56,8 @@ from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.tree import TreeHost, TreeShape
 from ears_core.decode.verify import debugging
 from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts
-from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree
-from ears_core.draft.trees import TreeDraws, TreeSpec, accept_uniforms
+from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree, tables_for
+from ears_core.draft.trees import TreeDraws, TreeSpec
 from ears_core.rules import AcceptanceRule, BudgetEARSRule
 from ears_core.sampling import Stream
 
@@ -91,6 +95,8 @@ class DeviceTreeShape(TreeShape):
         super().start(ctx)
         self.check = debugging()  # the drafter guard is a host read: only with EARS_DEBUG=1
         self.reader = HostReader()
+        for depth in range(self.spec.depth + 1):  # every shape the depth cap may ask for (module terms: structure)
+            tables_for(FixedTreeSpec.of(self.spec.capped(depth)), ctx.device)
 
     def propose(self, produced: int, limit: int, plain: bool) -> None:
         ctx = self.ctx
@@ -100,6 +106,9 @@ class DeviceTreeShape(TreeShape):
             self.fixed, ctx.probs_fn, TreeDraws(ctx.cfg.seed, produced, self.spec.branching),
             greedy=ctx.cfg.sampling.greedy, rank_fn=self.rank_fn, build=build_fixed_tree)
         self.estimates, self.expected = [], None
+        tables = tables_for(self.fixed, ctx.device)
+        self.tables = tables if self.tree.size == tables.size else tables_for(FixedTreeSpec.of(self.spec.capped(0)),
+                                                                                ctx.device)  # a drafter with nothing
 
     def verify(self, target_probs: Tensor, produced: int, step: int) -> Round:
         ctx, tree = self.ctx, self.tree
@@ -111,12 +120,18 @@ class DeviceTreeShape(TreeShape):
         if self.check and n:
             check_tree_drafts(tokens, tree.draft_probs[None].gather(-1, tokens[..., None]).squeeze(-1),
                               target_probs.shape[-1], ctx.rule.argmax_only)
-        lossy = ctx.with_distortion
         v = device_walk(target_probs, tree.draft_probs[None], tokens, tree.parents, ctx.rule,
-                        uniforms=accept_uniforms(ctx.cfg.seed, tree.depths, tree.ranks, produced, dev)[None],  # (1, N)
+                        uniforms=self.tables.accept_uniforms(ctx.cfg.seed, produced)[None],  # (1, N)
                         sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],
-                        alive=alive, with_distortion=lossy, siblings=tree.siblings, draft_support=self.support)
+                        alive=alive, with_distortion=ctx.with_distortion, siblings=tree.siblings,
+                        draft_support=self.support, tables=self.tables)
         zeros = torch.zeros(n, dtype=torch.float64, device=dev)
         packed = pack(v, tokens, alive, getattr(tree, "score_t", zeros), getattr(tree, "priority_t", zeros))
-        host = unpack(self.reader.read(packed), n, self.max_depth)  # the round's one host read
-        return self.finish(v, host, produced, step)  # the distortion: reads of its own (module terms)
+        size = packed.numel()
+        if v.distortion is not None:  # per emitted position (D + 1,), and whether exact
+            packed = torch.cat([packed, v.distortion[0].double(), v.distortion_exact[0].double()])
+        f = self.reader.read(packed)  # the round's one host read
+        host = unpack(f[:size], n, self.max_depth)
+        host.distortion, host.distortion_exact = f[size: size + self.max_depth + 1], f[size + self.max_depth + 1:]
+        self.nodes = v.path[0, : host.num_accepted]  # (n,) the path on the device, for the cache cuts
+        return self.finish(v, host, produced, step)

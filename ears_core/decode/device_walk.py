@@ -15,16 +15,14 @@ next token   where a row stops: the target's argmax on the argmax path; else ``n
              row's draw at its stop depth, on the residual the last rejected child faced, or at a leaf.
 equality     for the same draws: kinds, ratios, path, next token, next p and q are ``walk_tree``'s (so
              ``verify_tree``'s), field by field (tests/test_device_tree.py).
-distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk_tree``: it reads the route to the
-             host (host reads of its own, one entry at a time), so the device tree round asks for it only for a
-             lossy rule with ``with_distortion``; over the children that are alive in every row (exact for B = 1,
-             the decode loop's).
+distortion   when asked, ``rules.tree_distortion.path_distortions`` as in ``walk_tree``, without host reads (its
+             fixed shapes); over the children that are alive in every row (exact for B = 1, the decode loop's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -144,20 +142,24 @@ def _next(t: _Tree, stop: Tensor, last: _Stop, num_accepted: Tensor, sample_unif
 
 def device_walk(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int],
                 rule: AcceptanceRule, *, uniforms: Tensor, sample_uniforms: Tensor, alive: Tensor | None = None,
-                with_distortion: bool = False, siblings: str = "sampled", draft_support: Tensor | None = None
-                ) -> TreeVerdict:
-    """``walk_tree``'s verdict with no host read unless ``with_distortion`` (module terms). target_probs (B, N+1, V),
+                with_distortion: bool = False, siblings: str = "sampled", draft_support: Tensor | None = None,
+                tables: Any = None) -> TreeVerdict:
+    """``walk_tree``'s verdict with no host read (module terms). target_probs (B, N+1, V),
     draft_probs (B, N, V), tokens (B, N), parents N ints, uniforms (B, N), sample_uniforms (B, D+1) or (B,),
-    alive (N,) or (B, N) bool (default: every node); siblings and draft_support as ``verify_tree``'s."""
+    alive (N,) or (B, N) bool (default: every node); siblings and draft_support as ``verify_tree``'s; ``tables``:
+    the tree's structure on the device where the caller has it (fixed_tables.py: its ``children`` and
+    ``parent_entry`` are used, no tensor is made from ``parents``)."""
     b, n = tokens.shape
     dev, v = target_probs.device, target_probs.shape[2]
     kids = children(parents)
     depth = max(depths(parents), default=0)
     max_p, top, tol_e = entry_values(rule, target_probs)  # (B, N+1) each; top: greedy's first maxima, else None
-    parent_entry, p_all, q_all, plain = node_values(target_probs, draft_probs, tokens, parents)
+    parent_entry, p_all, q_all, plain = node_values(target_probs, draft_probs, tokens,
+                                                    parents if tables is None else tables.parent_entry)
     alive = torch.ones((b, n), dtype=torch.bool, device=dev) if alive is None else alive.expand(b, n)
     t = _Tree(target_probs, draft_probs, tokens.clamp(0, max(v - 1, 0)), rule, uniforms, alive,
-              children_table(parents, dev, kids), max((len(k) for k in kids), default=0), max_p, tol_e, p_all, q_all, top)
+              children_table(parents, dev, kids) if tables is None else tables.children,
+              max((len(k) for k in kids), default=0), max_p, tol_e, p_all, q_all, top)
     if sample_uniforms.dim() == 1:
         sample_uniforms = sample_uniforms[:, None].expand(b, depth + 1)  # (B, D+1)
     kinds = torch.full((b, n), int(DraftKind.NOT_EVALUATED), dtype=torch.int8, device=dev)
@@ -185,7 +187,7 @@ def device_walk(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, paren
         drew = alive.all(dim=0)[t.ch.clamp(min=0)] if n else False  # (N+1, W) alive in every row (B = 1: its own)
         lives = (t.ch >= 0) & drew  # the children today's tree drew
         distortion, exact = path_distortions(rule, target_probs, draft_probs, t.x, torch.where(lives, t.ch, -1), tol_e,
-                                             path, num_accepted, leaf, siblings, draft_support)
+                                             path, num_accepted, leaf, siblings, draft_support, reads=False)
     return TreeVerdict(
         num_accepted=num_accepted, path=path, next_token=next_token, is_bonus=leaf,
         last_rejected=torch.where(leaf, -1, last.last_rej), kinds=kinds, p=p_all, q=q_all, ratio=ratio, u=uniforms,

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
@@ -52,7 +53,7 @@ from ears_core.draft.trees import (
     DraftTree, KeepFn, LevelFn, TreeDraws, TreeSpec, accept_uniforms, additive_mask, tree_position_ids, tree_visibility,
 )
 from ears_core.events import DraftRecord, TokenEvent
-from ears_core.model.passes.kv_cache import cache_device, drop_last_positions, keep_tail_positions
+from ears_core.model.passes.kv_cache import cache_device, drop_last_positions, keep_tail_positions, on_device
 from ears_core.sampling import Stream
 
 __all__ = ["TreeHost", "TreeRecord", "TreeShape", "score_tree", "keep_path"]
@@ -89,26 +90,32 @@ def score_tree(target: PreTrainedModel, cache: DynamicCache, last: Tensor, tree:
 
     -> logits (1, N+1, V_model): entry 0 judges the root's children, entry i + 1 those of node i;
     and, if ``need_hidden``, the hidden states of ``layers`` side by side (1, N+1, len(layers) * d)."""
-    ids = torch.cat([last, tree.tokens[None].to(last.device)], dim=1)  # (1, N+1)
+    ids = torch.cat([last, on_device(tree.tokens, last.device)[None]], dim=1)  # (1, N+1)
     mask = pos = None
+    tables = getattr(tree, "tables", None)  # a fixed tree's structure on the device (fixed_tables.py)
     if not tree.is_chain():  # a chain is an ordinary causal pass
         length = cache.get_seq_length()
-        entries = list(range(tree.size + 1))
-        mask = additive_mask(tree_visibility(tree.parents, length, entries, entries, last.device), target.dtype)
-        pos = tree_position_ids(tree.depths, length, entries, last.device)
+        if tables is not None:
+            mask, pos = tables.target_mask(length, target.dtype), tables.positions(length)
+        else:
+            entries = list(range(tree.size + 1))
+            mask = additive_mask(tree_visibility(tree.parents, length, entries, entries, last.device), target.dtype)
+            pos = tree_position_ids(tree.depths, length, entries, last.device)
     out = target(ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True,
                  output_hidden_states=need_hidden)
     return out.logits, (layers_side_by_side(out.hidden_states, tuple(layers)) if need_hidden else None)
 
 
-def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequence[int]) -> None:
+def keep_path(cache: DynamicCache, prefix_len: int, tree_size: int, path: Sequence[int],
+              nodes: Tensor | None = None) -> None:
     """After a tree pass: keep the first ``prefix_len`` positions (the committed prefix and the
-    root) and the path's nodes, in order; drop the other nodes."""
+    root) and the path's nodes, in order; drop the other nodes. ``nodes``: the path as a (n,) long tensor on the
+    cache's device, where the caller has one (no tensor made from the list)."""
     if list(path) == list(range(len(path))):  # the path is the first nodes: a plain crop
         drop_last_positions(cache, tree_size - len(path))
         return
-    dev = cache_device(cache)
-    nodes = torch.tensor(list(path), dtype=torch.long, device=dev)
+    if nodes is None:
+        nodes = torch.tensor(list(path), dtype=torch.long, device=cache_device(cache))
     keep_tail_positions(cache, prefix_len, prefix_len + nodes)
 
 
@@ -132,6 +139,7 @@ class TreeShape:
         self.check = check_enabled(ctx.device)  # the drafter guard: a host read, skipped on CUDA
         self.walk = ctx.device.type == "cpu"  # the walk on the host: only the tests the route reaches (tree_walk.py)
         self.layers = tuple(getattr(ctx.drafter, "feature_layers", (-1,)))
+        self.nodes: Tensor | None = None  # the round's path as a tensor on the device, where the round has one
 
     def propose(self, produced: int, limit: int, plain: bool) -> None:
         ctx = self.ctx
@@ -167,19 +175,23 @@ class TreeShape:
         """The round from its verdict ``v`` read to the host: the path kept for the cache cuts, the records, the
         nodes drawn (alive) counted as drafted."""
         self.path = host.path
-        events, drafts, record = host.records(v, self.tree, produced, step)
+        events, drafts, record = host.records(self.tree, produced, step)
         pardoned = sum(1 for a in self.path if host.kinds[a] == int(DraftKind.PARDONED))
         return Round(sum(host.alive), host.num_accepted, v.next_token, events, drafts, pardoned, self.estimates,
                      self.expected, record)
 
     def commit(self, cache: DynamicCache, rnd: Round) -> None:
-        keep_path(cache, self.prefix, self.tree.size, self.path)
+        nodes = self.nodes  # (n,) on the device, or None: made from the host path
+        keep_path(cache, self.prefix, self.tree.size, self.path, nodes)
         hidden, drafter = self.hidden, self.ctx.drafter
         if self.plain:
             drafter.commit(0, rnd.next_token, hidden[:, :1] if hidden is not None else None)
-        else:
+        elif nodes is None:
             drafter.commit_tree(self.path, rnd.next_token,
                                 hidden[:, [0] + [1 + a for a in self.path]] if hidden is not None else None)
+        else:  # the root's and the path's entries, selected on the device
+            kept = hidden.index_select(1, F.pad(nodes + 1, (1, 0))) if hidden is not None else None
+            drafter.commit_tree(self.path, rnd.next_token, kept, nodes=nodes)
 
     def paid(self, rnd: Round) -> bool:
         return rnd.drafted > 0
@@ -218,23 +230,26 @@ class TreeHost:
     scores: list[float]
     priorities: list[float]
     max_p: list[float]  # (N + 1,) per entry
+    distortion: list[float] = field(default_factory=list)  # (D + 1,) per emitted position, where computed
+    distortion_exact: list[bool] = field(default_factory=list)  # (D + 1,)
 
     @classmethod
     def read(cls, v: Any, tree: DraftTree) -> "TreeHost":
         """Row 0 of a verdict of today's tree, each field read to the host."""
         n = int(v.num_accepted[0])
         p, q, ratio, u, tol, max_p = (t[0].double().tolist() for t in (v.p, v.q, v.ratio, v.u, v.tolerance, v.max_p))
+        dist, exact = ((v.distortion[0].tolist(), v.distortion_exact[0].tolist()) if v.distortion is not None
+                       else ([], []))
         return cls(n, int(v.next_token[0]), bool(v.is_bonus[0]), int(v.last_rejected[0]), float(v.next_p[0]),
                    float(v.next_q[0]), v.path[0, :n].tolist(), tree.tokens.tolist(), v.kinds[0].tolist(),
-                   [True] * tree.size, p, q, ratio, u, tol, list(tree.scores), list(tree.priorities), max_p)
+                   [True] * tree.size, p, q, ratio, u, tol, list(tree.scores), list(tree.priorities), max_p, dist,
+                   exact)
 
-    def records(self, v: Any, tree: DraftTree, produced: int, step: int
-                ) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
-        """Token events, draft records and the tree record of the nodes that are alive; the distortion from the
-        verdict ``v`` (host reads of its own), where it was computed."""
+    def records(self, tree: DraftTree, produced: int, step: int) -> tuple[list[TokenEvent], list[DraftRecord], TreeRecord]:
+        """Token events, draft records and the tree record of the nodes that are alive."""
         kinds, n, par = [KIND_NAMES[DraftKind(c)] for c in self.kinds], self.num_accepted, tree.parents
-        dist = v.distortion[0].tolist() if v.distortion is not None else [0.0] * (n + 1)
-        exact = v.distortion_exact[0].tolist()[: n + 1] if v.distortion_exact is not None else []
+        dist = self.distortion or [0.0] * (n + 1)
+        exact = [bool(e) for e in self.distortion_exact[: n + 1]]
         events = [TokenEvent(step, produced + e, self.tokens[a], "", kinds[a], self.p[a], self.q[a], self.ratio[a],
                              self.u[a], self.tolerance[a], self.max_p[par[a] + 1], dist[e])
                   for e, a in enumerate(self.path)]

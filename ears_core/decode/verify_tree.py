@@ -119,12 +119,14 @@ def _check(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: S
     return b, n, v
 
 
-def node_values(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int]
+def node_values(target_probs: Tensor, draft_probs: Tensor, tokens: Tensor, parents: Sequence[int] | Tensor
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Each node's parent entry (N,), and (B, N) each: P_target(x) at the parent's entry, the node's
-    draft probability q(x), and p / q (the ratio reported for a node never tested)."""
+    draft probability q(x), and p / q (the ratio reported for a node never tested). ``parents``: N ints, or the
+    parent entries (N,) long on the device where the caller has them (no tensor made from the list)."""
     b, v = tokens.shape[0], target_probs.shape[2]
-    parent_entry = torch.tensor(parents, dtype=torch.long, device=target_probs.device) + 1  # (N,)
+    parent_entry = (parents if isinstance(parents, Tensor) else
+                    torch.tensor(parents, dtype=torch.long, device=target_probs.device) + 1)  # (N,)
     in_range = (tokens >= 0) & (tokens < v)  # (B, N)
     x = tokens.clamp(0, max(v - 1, 0))  # (B, N): gathers never read outside V
     p = target_probs.reshape(b, -1).gather(1, parent_entry * v + x)  # (B, N): entry e's row starts at e V

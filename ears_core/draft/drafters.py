@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
-from ears_core.draft.trees import DraftTree, ProbsFn, additive_mask, build_tree, draft_pass
+from ears_core.draft.trees import DraftTree, ProbsFn, additive_mask, build_tree, draft_pass, node_rows
 from ears_core.model.passes.kv_cache import keep_tail_positions, new_cache
 from ears_core.sampling import sample_with_uniforms
 
@@ -203,8 +203,8 @@ class ModelDrafter:
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
             seen, pos = draft_pass(tree, ids, self._tree_slots, self._base, self.device)
             mask = None if seen is None else additive_mask(seen, self.model.dtype)  # (1, 1, m, base + slots + m)
-            out = self.model(tree.tokens[ids][None], attention_mask=mask, position_ids=None if pos is None else pos[None],
-                             past_key_values=self._cache, use_cache=True)
+            out = self.model(node_rows(tree.tokens, ids)[None], attention_mask=mask,
+                             position_ids=None if pos is None else pos[None], past_key_values=self._cache, use_cache=True)
             self._tree_slots.extend(ids)
             return out.logits[0]  # (m, V_model)
 
@@ -212,20 +212,26 @@ class ModelDrafter:
         return self._tree
 
     @torch.inference_mode()
-    def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None) -> None:
+    def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None = None,
+                    nodes: Tensor | None = None) -> None:
         """The verifier kept nodes ``path`` (root first) and emitted next_token: keep their cache
-        entries in order (the draft ran every path node except perhaps the last), drop the rest."""
+        entries in order (the draft ran every path node except perhaps the last), drop the rest.
+        ``nodes``: the path as a (n,) long tensor on the device, where the caller has one (no tensor made from
+        the list where the tree's nodes ran in node order, as a fixed tree's do)."""
         nxt = next_token.reshape(1, 1)
         if not self._tree_slots and self._cache_len < self._base:  # nothing was run this round
             self._pending = torch.cat([self._pending, nxt], dim=1)
             return
         slot = {node: i for i, node in enumerate(self._tree_slots)}
         fed = [a for a in path if a in slot]  # a prefix of the path
+        in_order = nodes is not None and self._tree_slots == list(range(len(self._tree_slots)))  # slot = node
         if self._tree_slots:  # a path's slots ascend (a node runs after its parent): the tail moves in place
-            keep = [self._base + slot[a] for a in fed]
-            keep_tail_positions(self._cache, self._base, torch.tensor(keep, dtype=torch.long, device=self.device))
+            keep = (nodes[: len(fed)] + self._base if in_order else
+                    torch.tensor([self._base + slot[a] for a in fed], dtype=torch.long, device=self.device))
+            keep_tail_positions(self._cache, self._base, keep)
         self._cache_len = self._base + len(fed)
-        tail = self._tree.tokens[path[len(fed):]].reshape(1, -1)  # (1, P-1) path nodes not yet run
+        tail = (self._tree.tokens.index_select(0, nodes[len(fed):]) if nodes is not None
+                else self._tree.tokens[path[len(fed):]]).reshape(1, -1)  # (1, P-1) path nodes not yet run
         self._pending = torch.cat([tail, nxt], dim=1)
         self._tree_slots = []
 

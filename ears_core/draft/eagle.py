@@ -38,7 +38,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
 from ears_core.draft.drafters import Draw, Keep, ProbsFn, draft_chain, drawn
 from ears_core.draft.head_layers import head_layers, supports
 from ears_core.draft.step_graphs import StepGraphs
-from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass
+from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass, node_rows
 from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
 
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
@@ -300,7 +300,7 @@ class EagleDrafter:
 
         def expand(ids: list[int], tree: DraftTree) -> Tensor:
             parent_f = torch.stack([feats[tree.parents[i]] for i in ids]).to(self.dtype)  # (m, d)
-            z = self.head.inputs(parent_f, self.embed(tree.tokens[ids]).to(self.dtype))[None]  # (1, m, d)
+            z = self.head.inputs(parent_f, self.embed(node_rows(tree.tokens, ids)).to(self.dtype))[None]  # (1, m, d)
             mask, pos = draft_pass(tree, ids, slots, s.cache_len, dev)
             out = self._run(z, pos, mask)[0]  # (m, d)
             slots.extend(ids)
@@ -313,9 +313,11 @@ class EagleDrafter:
         return tree
 
     @torch.inference_mode()
-    def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None) -> None:
-        """Keep nodes ``path`` (root first) and next_token, as ``commit`` keeps a chain's drafts."""
+    def commit_tree(self, path: list[int], next_token: Tensor, target_hidden: Tensor | None,
+                    nodes: Tensor | None = None) -> None:
+        """Keep nodes ``path`` (root first) and next_token, as ``commit`` keeps a chain's drafts; ``nodes``: the
+        path as a (n,) long tensor on the device, where the caller has one (drafters.py: ``ModelDrafter.commit_tree``)."""
         s = self._s
         assert s is not None and s.proposed is not None, "propose_tree() first"
-        s.proposed = s.proposed[:, path]  # (1, n)
+        s.proposed = s.proposed[:, path] if nodes is None else s.proposed.index_select(1, nodes)  # (1, n)
         self.commit(len(path), next_token, target_hidden)

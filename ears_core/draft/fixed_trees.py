@@ -16,8 +16,11 @@ drafting     ``build_fixed_tree``: one draft pass per depth over every node of t
              drafter's ``expand``), then each node's w_d children at once, in rank order: fixed siblings
              are the w_d largest values of the score distribution (ties: the lower token first, as
              ``trees.ranked``), sampled siblings are drawn without replacement from the sampling
-             distribution with the nodes' counter-based draws (``TreeDraws``: computed on the host from
-             the node's depth and ranks, never from a tensor). Tensor operations only: no host read.
+             distribution with the nodes' counter-based draws (``TreeDraws``: the keys from the node's depth
+             and ranks, computed on the device). Tensor operations only: no host read, and no tensor made
+             from Python data once the shape's tables exist.
+tables       the shape's structure on the device (fixed_tables.py), made once per shape and device
+             (``tables_for``) and carried by the tree (``tree.tables``) for the passes over it.
 alive        a sampled node of rank j exists in ``build_tree`` only if its parent's draft distribution has
              more than j tokens with mass (drawing without replacement runs out) and its parent exists.
              Here every node is in the tree (fixed shape), and ``alive`` (N,) bool says which of them
@@ -30,14 +33,17 @@ record       scores and slot priorities per node as (N,) float64 tensors (``scor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from ears_core.draft.fixed_tables import FixedTables
 from ears_core.draft.trees import DraftTree, ExpandFn, ProbsFn, TreeDraws, TreeSpec, ranked
 from ears_core.sampling import sample_with_uniforms
 
-__all__ = ["FixedTreeSpec", "FixedDraftTree", "build_fixed_tree", "widths_for"]
+__all__ = ["FixedTreeSpec", "FixedDraftTree", "build_fixed_tree", "tables_for", "widths_for"]
 
 
 def widths_for(spec: TreeSpec) -> tuple[int, ...]:
@@ -90,6 +96,12 @@ class FixedTreeSpec:
         return parents, depths, ranks
 
 
+@lru_cache(maxsize=64)
+def tables_for(spec: FixedTreeSpec, device: torch.device) -> FixedTables:
+    """The shape's structure on ``device``, made at the first call for them (module terms: tables)."""
+    return FixedTables(spec.widths, *spec.structure(), device)
+
+
 @dataclass
 class FixedDraftTree(DraftTree):
     """A ``DraftTree`` of a fixed shape, with its per-node records as tensors (module terms)."""
@@ -97,6 +109,7 @@ class FixedDraftTree(DraftTree):
     alive: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.bool))  # (N,) bool
     score_t: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.float64))  # (N,)
     priority_t: Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.float64))  # (N,)
+    tables: Any = None  # the shape's FixedTables (module terms)
 
 
 @dataclass
@@ -144,14 +157,13 @@ def build_fixed_tree(root_logits: Tensor, expand: ExpandFn, spec: FixedTreeSpec,
     dev = root_logits.device
     score_fn = rank_fn if rank_fn is not None else probs_fn
     fixed = spec.spec.fixed_siblings(greedy)
-    parents, depths, ranks = spec.structure()
-    n = len(parents)
+    tables = tables_for(spec, dev)
+    n = tables.size
     probs0 = probs_fn(root_logits[None])  # (1, V)
     vocab = probs0.shape[-1]
-    tree = FixedDraftTree(torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, vocab, device=dev), parents,
-                          depths, ranks, [], "fixed" if fixed else "sampled")
-    uniforms = (draws.uniforms([(depths[i], tree.path_ranks(i)) for i in range(n)], dev) if not fixed
-                else torch.zeros(n, device=dev))  # (N,) the draft draws of every node
+    tree = FixedDraftTree(torch.zeros(n, dtype=torch.long, device=dev), torch.zeros(n, vocab, device=dev),
+                          tables.parents, tables.depths, tables.ranks, [], "fixed" if fixed else "sampled", tables=tables)
+    uniforms = tables.draft_uniforms(draws) if not fixed else torch.zeros(n, device=dev)  # (N,) every node's draft draw
     alive = torch.ones(1, dtype=torch.bool, device=dev)  # (m,) the nodes of the depth above
     score = torch.ones(1, dtype=torch.float64, device=dev)  # (m,)
     scores, priorities, alives = [], [], []

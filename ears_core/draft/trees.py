@@ -36,10 +36,11 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ears_core.sampling import MASK64, Stream, host_uniforms, sample_with_uniforms, splitmix64
+from ears_core.sampling import (MASK64, Stream, chained_keys, counter_uniforms, host_uniforms, sample_with_uniforms,
+                                splitmix64)
 
 __all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-           "additive_mask", "draft_pass", "ranked", "tree_position_ids", "tree_visibility"]
+           "additive_mask", "draft_pass", "node_rows", "ranked", "tree_position_ids", "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 ExpandFn = Callable[[list[int], "DraftTree"], Tensor]  # (node ids, tree) -> (m, V_model) draft logits after each
@@ -107,6 +108,17 @@ class TreeDraws:
         """(n,) float32: ``counter_uniforms`` of the keys of nodes (depth, ranks), computed on the host (the same)."""
         keys = [self.draft_key(depth, ranks) for depth, ranks in nodes]
         return torch.tensor(host_uniforms(self.seed, keys, Stream.DRAFT), device=device)
+
+    def level_uniforms(self, depth: int, ranks: Tensor) -> Tensor:
+        """(m,) float32: ``uniforms`` of m nodes at ``depth`` whose paths' ranks are the rows of ``ranks`` (m, depth)
+        int64, computed on their device from the round's numbers as scalars (the same draws, bit for bit)."""
+        position = self.start + depth - 1
+        if not self.branching:
+            keys = ranks.new_full(ranks.shape[:1], position)  # (m,) the chain's draw for this position
+        else:
+            prefix = splitmix64(splitmix64(position & MASK64) ^ (self.start & MASK64))  # draft_key's first two parts
+            keys = (chained_keys(prefix, ranks) & ((1 << 62) - 1)) | (1 << 62)  # (m,)
+        return counter_uniforms(self.seed, keys, Stream.DRAFT)
 
 
 def accept_keys(depths: Sequence[int], ranks: Sequence[int], start: int) -> list[int]:
@@ -339,6 +351,16 @@ def draft_pass(tree: DraftTree, ids: list[int], slots: list[int], prefix_len: in
     (visibility (m, prefix_len + len(slots) + m) bool, positions (m,)), or (None, None) for the chain's next node."""
     if ids == [len(slots)] and tree.parents[: len(slots) + 1] == list(range(-1, len(slots))):
         return None, None
+    tables = getattr(tree, "tables", None)  # a fixed tree's (fixed_tables.py): its levels, in node order
+    if tables is not None and slots == list(range(len(slots))) and ids == list(range(len(slots), len(slots) + len(ids))):
+        return tables.draft_pass(len(slots), len(ids), prefix_len)
     rows = [i + 1 for i in ids]
     return (tree_visibility(tree.parents, prefix_len, rows, [i + 1 for i in slots] + rows, device),
             tree_position_ids(tree.depths, prefix_len - 1, rows, device)[0])
+
+
+def node_rows(t: Tensor, ids: list[int]) -> Tensor:
+    """Rows ``ids`` (node numbers) of t: a slice where they are consecutive (a fixed tree's level), else an index."""
+    if ids and ids == list(range(ids[0], ids[0] + len(ids))):
+        return t[ids[0]: ids[0] + len(ids)]
+    return t[ids]

@@ -22,7 +22,9 @@ What it checks (each module defines its terms):
   speed.py         (left out by ``--quick``) the price curve m = 1..16, the draft step, tokens/s like for like
                    (target-only; a fixed-k chain and the device chain at that k; a fixed tree and the device
                    tree of that spec; at T = 0 and at EARS 0.1, T = 0.9) for the largest pair present (else, or
-                   with ``--synthetic``, a synthetic layer-skip pair, synthetic.py), and host syncs per round.
+                   with ``--synthetic``, a synthetic layer-skip pair, synthetic.py).
+  waits.py         the waits a round of the device chain and tree: one read, nothing else (counted, and on CUDA
+                   under ``set_sync_debug_mode("error")``).
   captured.py      on CUDA, the same pair with its passes as captured CUDA graphs (the default) and eager:
                    capture time, both price curves and tokens/s, and the same greedy tokens.
 """

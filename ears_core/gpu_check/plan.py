@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ears_core.decode.device_round import device_verify
-from ears_core.gpu_check import captured, correctness, device_rounds, real_pairs, speed
+from ears_core.gpu_check import captured, correctness, device_rounds, real_pairs, speed, waits
 from ears_core.gpu_check.outcome import Check, Report
 from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
 from ears_core.model.cuda.graphed import graphed_or_eager
@@ -152,7 +152,7 @@ def _speed(report: Report, device: torch.device, present: list[tuple[str, str, i
     for setting in speed.SETTINGS:
         report.run(f"tokens/s {setting.label}",
                    lambda s=setting: speed.tokens_per_second(session, prompts, setting=s, **timed))
-    report.run("host syncs per round", lambda: speed.host_syncs(session, prompts[0]))
+    report.run("round waits", lambda: waits.round_waits(session, prompts[0]))
     if eager is None or not captured.graphed_parts(pair):
         return
     eager_curve = report.run("price curve eager", lambda: speed.price_curve(eager, sizes.price_repeats))

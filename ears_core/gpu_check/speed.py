@@ -1,4 +1,4 @@
-"""What the device charges: its price curve, the draft step, tokens/s, and host syncs per round.
+"""What the device charges: its price curve, the draft step and tokens/s like for like (the waits a round: waits.py).
 
 Terms
 -----
@@ -15,14 +15,10 @@ tokens/s        each run's new tokens over its decode clock, summed over the pro
 round parts     each run's decode clock per round: drafting (the drafter's steps and host reads), the
                 target's pass, the rest of the round (verify, the verdict's host read, cache cuts, events),
                 and what fell outside the rounds (the prefill, per-run setup).
-host syncs      on CUDA, ``torch.cuda.set_sync_debug_mode`` flags every operation that makes the host
-                wait for the device; counted over one fixed-K run and divided by its rounds. A per-position
-                ``.item()`` in the loop would make the count grow with K: K = 2 and K = 8 are compared.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,7 +33,7 @@ from ears_core.policy.costs import PriceCurve
 from ears_core.policy.profile import measure_prices
 from ears_core.serve.session import RunConfig, Session
 
-__all__ = ["price_curve", "curve_of", "tokens_per_second", "host_syncs", "like_for_like", "Setting", "SETTINGS",
+__all__ = ["price_curve", "curve_of", "tokens_per_second", "like_for_like", "Setting", "SETTINGS",
            "MAX_M"]
 
 MAX_M = 16
@@ -73,16 +69,6 @@ def price_curve(pair: ModelPair, repeats: int = 5) -> Check:
 def curve_of(check: Check) -> PriceCurve:
     """The price curve a passed ``price_curve`` check measured."""
     return PriceCurve(list(check.figures["verify_ms"]), check.figures["draft_ms"], 0.0, "gpu_check")
-
-
-def _config(shape: str, new_tokens: int, length: str = "policy", k: int = 8) -> RunConfig:
-    return RunConfig(rule="greedy", params={}, temperature=0.0, k=k, max_new_tokens=new_tokens, draft_length=length,
-                     draft_shape=shape)
-
-
-def _device_tree(new_tokens: int) -> RunConfig:
-    """A fixed tree of 8 nodes, depth 4, on the device (decode/device_tree.py: widths (2, 1, 1, 1))."""
-    return replace(_config("tree", new_tokens, "fixed", 4), tree_budget=8, device_round=True)
 
 
 def _run(run: Any) -> tuple[float, ...]:
@@ -149,41 +135,3 @@ def _parts(t: list[float]) -> dict[str, float]:
     outside = t[1] * 1000.0 - sum(t[5:8])
     return {name: round(v / rounds, 3) for name, v in
             (("draft", t[5]), ("target_pass", t[6]), ("rest", t[7]), ("outside_rounds", outside))}
-
-
-def _syncs(session: Session, ids: torch.Tensor, cfg: RunConfig) -> tuple[int, int]:
-    """(host syncs flagged, rounds) over one run on CUDA."""
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            run = session.speculative(ids, cfg)
-            for _ in run:
-                pass
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    flagged = sum("synchroniz" in str(w.message) for w in seen)
-    return flagged, run.stats().steps
-
-
-def host_syncs(session: Session, ids: torch.Tensor, new_tokens: int = 64) -> Check:
-    """Host syncs per round for fixed K = 2 and K = 8 chains, the device chain, a fixed tree and the device tree
-    (module terms)."""
-    if session.pair.device.type != "cuda":
-        return Check("", "skip", "host syncs are counted on CUDA only (a host read is free on the CPU)", {})
-    per_round = {}
-    for label, cfg in (("chain K=2", _config("chain", new_tokens, "fixed", 2)),
-                       ("chain K=8", _config("chain", new_tokens, "fixed", 8)),
-                       ("device chain K=8", replace(_config("chain", new_tokens, "fixed", 8), device_round=True)),
-                       ("tree 8 nodes", replace(_config("tree", new_tokens, "fixed", 4), tree_budget=8)),
-                       ("device tree 8 nodes", _device_tree(new_tokens))):
-        flagged, rounds = _syncs(session, ids, cfg)
-        per_round[label] = round(flagged / max(rounds, 1), 2)
-    # the device chain reads the host once a round (decode/device_round.py); the prefill's reads spread over the
-    # rounds. The device tree's count is shown, not judged: it reads once too, but still copies its tree's
-    # structure (masks, positions, draws) from the host each round, which CUDA may count (decode/device_tree.py)
-    grows = per_round["chain K=8"] > per_round["chain K=2"] + 1.0 or per_round["device chain K=8"] > 1.5
-    detail = ", ".join(f"{k}: {v} a round" for k, v in per_round.items())
-    return Check("", "fail" if grows else "pass",
-                 detail + ("; the count grows with K, or the device round reads the host more than once a round"
-                           if grows else ""), per_round)

@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 __all__ = ["KVBuffer", "KVStore", "cache_device", "doubled_capacity", "drop_last_positions", "keep_tail_positions",
-           "new_cache"]
+           "new_cache", "on_device"]
 
 
 def doubled_capacity(capacity: int, need: int) -> int:
@@ -123,7 +123,8 @@ class KVBuffer:
         with self.kv.lock:  # the buffer is taken and edited in one go (module terms: threads)
             buf = self.reserve()
             n = int(keep.numel())
-            buf[:, :, :, start: start + n] = buf.index_select(3, keep.to(buf.device))  # gathered first: overlaps safe
+            kept = buf.index_select(3, on_device(keep, buf.device))  # gathered first: overlaps are safe
+            buf[:, :, :, start: start + n] = kept
             self.length = start + n
 
     def __deepcopy__(self, memo: dict) -> "KVBuffer":
@@ -161,6 +162,11 @@ def drop_last_positions(cache: DynamicCache, n: int) -> None:
             layer.values = layer.values.narrow(-2, 0, keep)
 
 
+def on_device(t: Tensor, device: torch.device) -> Tensor:
+    """t on ``device``: itself where it is there already (no call that could copy)."""
+    return t if t.device == device else t.to(device)
+
+
 def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
     """Keep positions [0, start) as they are, then the positions ``keep`` (ascending, each >= start)
     in that order, in every layer: only the kept tail is copied, in place; the layers end as views."""
@@ -173,7 +179,7 @@ def keep_tail_positions(cache: DynamicCache, start: int, keep: Tensor) -> None:
             raise ValueError(f"tree decoding rearranges full-attention caches only, not {type(layer).__name__}")
         if not layer.is_initialized:
             continue
-        idx = keep.to(layer.keys.device)
+        idx = on_device(keep, layer.keys.device)
         for name in ("keys", "values"):
             t = getattr(layer, name)  # (B, H, L, D)
             t.narrow(-2, start, n).copy_(t.index_select(-2, idx))  # gathered first, so overlaps are safe
