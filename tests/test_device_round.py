@@ -10,10 +10,9 @@ import torch
 
 from conftest import PROMPTS, perturbed_copy, tiny_llama
 from ears_core import GreedyRule, generate
-from ears_core.decode import chain
 from ears_core.decode.chain import plain_step
 from ears_core.decode.device_round import device_verify
-from ears_core.decode.verify import verify
+from ears_core.decode.verify import check_read, verify
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.policy.costs import Calibration, DraftPolicy, PriceCurve
@@ -210,40 +209,33 @@ def reads_per_round(fn):
     return sum(counts.values()) - 2, len(out.steps)
 
 
-@contextlib.contextmanager
-def unguarded():
-    """The input guard off while the block runs, as the decode loop has it on CUDA without EARS_DEBUG
-    (verify.check_enabled)."""
-    saved = chain.check_enabled
-    chain.check_enabled = lambda device: False
-    try:
-        yield
-    finally:
-        chain.check_enabled = saved
-
-
 @pytest.mark.parametrize("temperature", [0.9, 0])
 def test_the_device_round_reads_the_host_once_a_round(pair, temperature):
     target, draft = pair
     kw = dict(rule=make_rule("ears", beta=0.2), k=4, temperature=temperature, max_new_tokens=40, seed=1)
-    with unguarded():
-        device, rounds = reads_per_round(lambda: generate(target, draft, PROMPTS[0], device_round=True, **kw))
-    assert device == rounds  # exactly the packed read, every round
+    device, rounds = reads_per_round(lambda: generate(target, draft, PROMPTS[0], device_round=True, **kw))
+    assert device == rounds  # exactly the packed read, every round (the input guard reads what it holds)
     today, rounds_today = reads_per_round(lambda: generate(target, draft, PROMPTS[0], **kw))
     assert today >= 2 * rounds_today  # the input guard and the verdict at least (and n off the argmax path)
 
 
-def test_on_the_cpu_the_device_round_runs_todays_input_guard(pair):
-    """The guard (a drafter's token outside the vocabulary, or one it gave probability 0) reads once a round with
-    drafts on the CPU, as today's round; a broken drafter is a ValueError there."""
+def test_the_device_rounds_input_guard_reads_nothing_of_its_own_and_refuses_a_broken_drafter(pair):
+    """The guard (a drafter's token outside the vocabulary, or one it gave probability 0) checks the ids and q the
+    packed read holds: one read a round whatever the device, and a broken drafter is a ValueError as today."""
     target, draft = pair
     kw = dict(rule=make_rule("ears", beta=0.2), k=4, temperature=0.9, max_new_tokens=40, seed=1)
-    out = generate(target, draft, PROMPTS[0], device_round=True, **kw)
     reads, rounds = reads_per_round(lambda: generate(target, draft, PROMPTS[0], device_round=True, **kw))
-    assert reads == rounds + sum(1 for s in out.steps if s.drafted)  # the packed read, and the guard's
+    assert reads == rounds
     for device_round in (True, False):
         with pytest.raises(ValueError, match="draft probability 0"):
             generate(target, BrokenDrafter(NGramDrafter(96)), [5, 6, 7, 5, 6, 7, 5, 6], device_round=device_round, **kw)
+    with pytest.raises(ValueError, match="draft token id 96 at row 0, position 1 is outside the vocabulary"):
+        check_read([3, 96], [0.5, 0.5], 96)
+    with pytest.raises(ValueError, match="draft token 4 at row 0, position 2 has draft probability 0"):
+        check_read([3, 5, 4], [0.5, 0.1, 0.0], 96)
+    check_read([3, 5, 4], None, 96)  # a greedy tree: ids only
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        check_read([-1], None, 96)
 
 
 class BrokenDrafter:
@@ -268,18 +260,16 @@ def policy_kw(curve: PriceCurve) -> dict:
 def test_with_a_size_policy_the_device_round_still_reads_once_and_stays_exact(pair, head_pair):
     curve = PriceCurve([10.0 + 1.0 * (m - 1) for m in range(1, 6)], 0.5, 0.0)  # drafting pays where drafts stand
     target, draft = pair
-    with unguarded():
-        device, rounds = reads_per_round(lambda: generate(target, draft, PROMPTS[2], device_round=True,
-                                                          **policy_kw(curve)))
+    device, rounds = reads_per_round(lambda: generate(target, draft, PROMPTS[2], device_round=True,
+                                                      **policy_kw(curve)))
     today, rounds_today = reads_per_round(lambda: generate(target, draft, PROMPTS[2], **policy_kw(curve)))
     assert device == rounds and today > 2 * rounds_today  # today: a read per draft for the policy
     target, head = head_pair
     out = generate(target, EagleDrafter(head, target), PROMPTS[2], device_round=True, **policy_kw(curve))
     assert out.token_ids == hf_greedy(target, PROMPTS[2], 30)
     drafter = EagleDrafter(head, target)  # built outside the count: its construction reads its vocabulary once
-    with unguarded():
-        device, rounds = reads_per_round(lambda: generate(target, drafter, PROMPTS[2], device_round=True,
-                                                          **policy_kw(curve)))
+    device, rounds = reads_per_round(lambda: generate(target, drafter, PROMPTS[2], device_round=True,
+                                                      **policy_kw(curve)))
     assert device == rounds
 
 

@@ -7,7 +7,8 @@ host read     a transfer the host waits for: ``.item()``, ``.tolist()``, ``.cpu(
               host until the GPU has caught up. Today's chain round (chain.py) makes one per draft for the
               draft-length policy (the confidence), one for verify()'s input guard, and on the CPU one for
               n, besides the verdict's. The input guard (a drafter's broken token, verify.check_drafts) runs here
-              as there (``verify.check_enabled``): on the CPU, and on CUDA only with EARS_DEBUG=1.
+              on every device at no wait of its own: the packed read holds the drafted ids and their q, and the
+              host refuses them there (``verify.check_read``); the verdict of such a round is never used.
 fixed shape   the drafter drafts exactly k tokens (fewer only if it has none to offer, as an n-gram
               lookup may), k chosen before the round: K, capped by the loop so ``max_new_tokens`` is exact,
               or with a size policy the *planned k*.
@@ -46,7 +47,7 @@ from torch import Tensor
 from ears_core.decode.chain import ChainShape, RoundHost
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.next_token import draw_next
-from ears_core.decode.verify import Verdict, decide_drafts, next_probs
+from ears_core.decode.verify import Verdict, check_read, decide_drafts, next_probs
 from ears_core.metrics import expected_tokens
 from ears_core.rules import AcceptanceRule
 from ears_core.sampling import Stream
@@ -102,7 +103,8 @@ class DeviceChainShape(ChainShape):
     """The chain round on the device (module terms): fixed k, tensor decisions, one host read."""
 
     def start(self, ctx: RoundContext) -> None:
-        super().start(ctx)  # the input guard as today's round: on the CPU, on CUDA only with EARS_DEBUG=1
+        super().start(ctx)
+        self.check = False  # the input guard reads the packed read instead (module terms: host read)
         self.reader = HostReader()
         self.wants_confidence = self.policy is not None and bool(getattr(ctx.drafter, "device_confidence", False))
         self.planned = 0  # the size policy's planned k for the current round
@@ -138,6 +140,7 @@ class DeviceChainShape(ChainShape):
                           with_distortion=ctx.with_distortion, check=self.check, draft_support=self.support)
         c = 0 if self.conf_t is None else k  # the drafter's confidences, read with the verdict
         host = RoundHost.unpack(self.reader.read(RoundHost.pack(v, self.tokens, self.conf_t)), k, c)  # the one read
+        check_read(host.tokens, host.q, target_probs.shape[-1])  # the input guard, on what was read
         self.confidences = host.confidences if c else list(getattr(ctx.drafter, "confidence", []))[:k]
         events, drafts = host.records(k, produced, step)
         pardoned = sum(1 for d in drafts if d.kind == "pardoned")

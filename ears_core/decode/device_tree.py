@@ -23,8 +23,9 @@ records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nod
 rules         every registered rule decides on the device (standard, ears, greedy, ears-entropy, typical, fly,
               ears-budget), with the same uniforms as today's tree round; a lossy rule's distortion (when asked,
               ``with_distortion``, the default) is computed there too (``rules.tree_distortion``: fixed shapes,
-              no host read) and rides in the packed read. Not on the device: the input guard
-              (``check_tree_drafts``, only with EARS_DEBUG=1).
+              no host read) and rides in the packed read. The input guard (``verify_tree.check_tree_drafts``'s
+              refusal of a broken drafter's ids or q = 0) runs on the host on what the packed read holds
+              (``verify.check_read``): on every device, at no wait of its own.
 today's path  (``takes``) runs where the device tree could not decide as today's: with a size policy (``keep``,
               back-off: it chooses the tree from this round's draft scores), and for ears-budget on a tree that
               branches below depth 1 (its beta reads max P over the entries in node order, a chain's worst case:
@@ -54,8 +55,8 @@ from ears_core.decode.device_walk import device_walk
 from ears_core.decode.packed import TREE_READ
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.tree import TreeHost, TreeShape
-from ears_core.decode.verify import debugging
-from ears_core.decode.verify_tree import TreeVerdict, check_tree_drafts
+from ears_core.decode.verify import check_read
+from ears_core.decode.verify_tree import TreeVerdict
 from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree, tables_for
 from ears_core.draft.trees import TreeDraws, TreeSpec
 from ears_core.rules import AcceptanceRule, BudgetEARSRule
@@ -93,7 +94,6 @@ class DeviceTreeShape(TreeShape):
 
     def start(self, ctx: RoundContext) -> None:
         super().start(ctx)
-        self.check = debugging()  # the drafter guard is a host read: only with EARS_DEBUG=1
         self.reader = HostReader()
         for depth in range(self.spec.depth + 1):  # every shape the depth cap may ask for (module terms: structure)
             tables_for(FixedTreeSpec.of(self.spec.capped(depth)), ctx.device)
@@ -117,9 +117,6 @@ class DeviceTreeShape(TreeShape):
         alive = getattr(tree, "alive", None) if n else None
         alive = alive if alive is not None else torch.ones(n, dtype=torch.bool, device=dev)  # (N,)
         tokens = tree.tokens[None]  # (1, N)
-        if self.check and n:
-            check_tree_drafts(tokens, tree.draft_probs[None].gather(-1, tokens[..., None]).squeeze(-1),
-                              target_probs.shape[-1], ctx.rule.argmax_only)
         v = device_walk(target_probs, tree.draft_probs[None], tokens, tree.parents, ctx.rule,
                         uniforms=self.tables.accept_uniforms(ctx.cfg.seed, produced)[None],  # (1, N)
                         sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + self.max_depth + 1],
@@ -132,6 +129,7 @@ class DeviceTreeShape(TreeShape):
             packed = torch.cat([packed, v.distortion[0].double(), v.distortion_exact[0].double()])
         f = self.reader.read(packed)  # the round's one host read
         host = unpack(f[:size], n, self.max_depth)
+        check_read(host.tokens, None if ctx.rule.argmax_only else host.q, target_probs.shape[-1])  # the input guard
         host.distortion, host.distortion_exact = f[size: size + self.max_depth + 1], f[size + self.max_depth + 1:]
         self.nodes = v.path[0, : host.num_accepted]  # (n,) the path on the device, for the cache cuts
         return self.finish(v, host, produced, step)

@@ -40,7 +40,7 @@ from ears_core.decode.next_token import draw_after, draw_next
 from ears_core.rules import Q_EPS, AcceptanceRule, RuleInputs
 
 __all__ = ["DraftKind", "KIND_NAMES", "Verdict", "Decisions", "verify", "decide_drafts", "argmax_path",
-           "check_enabled", "check_drafts", "default_draws", "debugging", "next_probs"]
+           "check_enabled", "check_drafts", "check_read", "default_draws", "debugging", "next_probs"]
 
 
 class DraftKind(IntEnum):
@@ -120,8 +120,20 @@ def check_drafts(draft_tokens: Tensor, q: Tensor, in_range: Tensor, v: int) -> N
     if not bool(bad.any()):
         return
     row, col = (int(i) for i in bad.nonzero()[0])
-    tok = int(draft_tokens[row, col])
-    if not bool(in_range[row, col]):
+    _refuse(int(draft_tokens[row, col]), row, col, not bool(in_range[row, col]), v)
+
+
+def check_read(tokens: list[int], q: list[float] | None, v: int) -> None:
+    """``check_drafts`` for one row already read to the host (a device round's packed read: no read of its own).
+    ``q`` None: only the ids are checked (a greedy tree: ``verify_tree.check_tree_drafts``)."""
+    for col, tok in enumerate(tokens):
+        if not 0 <= tok < v or (q is not None and q[col] <= 0):
+            _refuse(tok, 0, col, not 0 <= tok < v, v)
+
+
+def _refuse(tok: int, row: int, col: int, outside: bool, v: int) -> None:
+    """The guard's ValueError for draft ``tok`` at (row, col): outside [0, V), else drafted with probability 0."""
+    if outside:
         raise ValueError(f"draft token id {tok} at row {row}, position {col} is outside the vocabulary [0, {v}): "
                          "the drafter proposed a token the models cannot score (check its vocabulary size)")
     raise ValueError(f"draft token {tok} at row {row}, position {col} has draft probability 0 in draft_probs: "
