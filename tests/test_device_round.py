@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 
 import pytest
@@ -13,6 +12,7 @@ from ears_core import GreedyRule, generate
 from ears_core.decode.chain import plain_step
 from ears_core.decode.device_round import device_verify
 from ears_core.decode.verify import check_read, verify
+from ears_core.decode.waits import counting
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.policy.costs import Calibration, DraftPolicy, PriceCurve
@@ -20,30 +20,6 @@ from ears_core.rules import RULES, AcceptanceRule, make_rule
 from ears_core.sampling import SamplingConfig, counter_uniforms, logits_to_probs, Stream
 
 RULE_PARAMS = dict(beta=0.4, epsilon=0.05, gate=0.2, window=1)  # loose enough that rules pardon on tiny models
-READS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__", "__index__")
-
-
-@contextlib.contextmanager
-def counting_host_reads():
-    """Count every call that reads a tensor to the host (device_round.py's terms) while the block runs."""
-    counts: Counter = Counter()
-    saved = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counted(name):
-        inner = saved[name]
-
-        def read(self, *args, **kwargs):
-            counts[name] += 1
-            return inner(self, *args, **kwargs)
-        return read
-
-    for name in READS:
-        setattr(torch.Tensor, name, counted(name))
-    try:
-        yield counts
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.Tensor, name, fn)
 
 
 def hf_greedy(model, prompt, n):
@@ -202,11 +178,11 @@ def test_an_eagle_head_and_an_ngram_drafter_decide_as_today(head_pair):
 
 
 def reads_per_round(fn):
-    """(host reads inside the rounds, rounds) of a generation, less the request's own checks (2 reads of the
-    prompt's ids in ``check_request``, outside the rounds)."""
-    with counting_host_reads() as counts:
+    """(host reads inside the rounds, rounds) of a generation (decode/waits.py: read), less the request's own checks
+    (2 reads of the prompt's ids in ``check_request``, outside the rounds)."""
+    with counting("cpu") as waits:
         out = fn()
-    return sum(counts.values()) - 2, len(out.steps)
+    return waits.read - 2, len(out.steps)
 
 
 @pytest.mark.parametrize("temperature", [0.9, 0])

@@ -18,7 +18,7 @@ from ears_core.draft.fixed_trees import FixedTreeSpec, build_fixed_tree, widths_
 from ears_core.draft.trees import TreeDraws, TreeSpec, build_tree
 from ears_core.rules import RULES, BudgetEARSRule, FLyRule, make_rule
 from ears_core.sampling import SamplingConfig, logits_to_probs
-from test_device_round import RULE_PARAMS, counting_host_reads, head_pair, hf_greedy  # noqa: F401 (a fixture)
+from test_device_round import RULE_PARAMS, head_pair, hf_greedy, reads_per_round  # noqa: F401 (a fixture)
 from test_tree_verify import markov, sample_trees
 from test_tree_walk import SHAPES, random_trees
 
@@ -194,13 +194,6 @@ def test_an_eagle_head_decides_as_today(head_pair):
         same_decisions(tree_generate(target, EagleDrafter(head, target), PROMPTS[2], rule=make_rule(rule, beta=0.3), **kw),
                        tree_generate(target, EagleDrafter(head, target), PROMPTS[2], rule=make_rule(rule, beta=0.3),
                                      device_round=True, **kw), exact=temperature == 0)
-
-
-def reads_per_round(fn):
-    """(host reads inside the rounds, rounds), less the request's own checks (2 reads of the prompt's ids)."""
-    with counting_host_reads() as counts:
-        out = fn()
-    return sum(counts.values()) - 2, len(out.steps)
 
 
 @pytest.mark.parametrize("rule,temperature,extra", [("standard", 0.9, {}), ("greedy", 0, {}),
