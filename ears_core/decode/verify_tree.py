@@ -50,6 +50,7 @@ from torch import Tensor
 from ears_core.decode.next_token import draw_after
 from ears_core.decode.tree_step import entry_values, argmax_stands, judge_child, sibling_residual
 from ears_core.decode.verify import DraftKind, check_drafts, default_draws
+from ears_core.draft.trees import children, children_table  # noqa: F401 - re-exported: the tree verifiers' structure
 from ears_core.rules import Q_EPS, AcceptanceRule
 from ears_core.rules.tree_distortion import path_distortions
 
@@ -76,25 +77,6 @@ class TreeVerdict:
     next_q: Tensor  # (B,) the entry's rank-0 draft probability of next_token (0 for a bonus)
     distortion: Tensor | None  # (B, D + 1) TV(emitted, P_target) per emitted position, if asked
     distortion_exact: Tensor | None  # (B, D + 1) bool: exact (else an upper bound)
-
-
-def children(parents: Sequence[int]) -> list[list[int]]:
-    """The children of each entry (0: the root, i + 1: node i) in rank order."""
-    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
-    for i, p in enumerate(parents):
-        kids[p + 1].append(i)
-    return kids
-
-
-def children_table(parents: Sequence[int], device: torch.device | None = None,
-                   kids: list[list[int]] | None = None) -> Tensor:
-    """(N + 1, W) long: the children of each entry in rank order, -1 padded (W >= 1)."""
-    kids = children(parents) if kids is None else kids
-    w = max(1, max(len(k) for k in kids))
-    table = torch.full((len(kids), w), -1, dtype=torch.long)
-    for e, k in enumerate(kids):
-        table[e, : len(k)] = torch.tensor(k, dtype=torch.long)
-    return table.to(device) if device is not None else table
 
 
 def depths(parents: Sequence[int]) -> list[int]:

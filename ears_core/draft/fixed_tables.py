@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ears_core.draft.trees import TreeDraws, accept_keys, additive_mask, ancestor_matrix
+from ears_core.draft.trees import TreeDraws, accept_keys, additive_mask, ancestor_matrix, children_table
 from ears_core.sampling import Stream, counter_uniforms
 
 __all__ = ["FixedTables"]
@@ -43,19 +43,10 @@ class FixedTables:
         self.parent_entry = torch.tensor(parents, dtype=torch.long, device=device) + 1  # (N,)
         self.entry_depth = torch.tensor([0] + depths, dtype=torch.long, device=device)  # (N+1,)
         self.accept_offsets = torch.tensor(accept_keys(depths, ranks, 0), dtype=torch.long, device=device)  # (N,)
-        self.children = self._children()  # (N+1, W)
+        self.children = children_table(parents, device)  # (N+1, W): each entry's children in rank order
         self.path_ranks = [self._path_ranks(d) for d in range(1, self.depth + 1)]  # (size_d, d) per depth
         self.visible = ancestor_matrix(parents, device)  # (N+1, N+1) bool: entry a sees entry b
         self._blocks: dict[torch.dtype, Tensor] = {}  # dtype -> (N+1, N+1) additive block of ``visible``
-
-    def _children(self) -> Tensor:
-        """(N+1, W) long: each entry's children in rank order, -1 padded (W = the widest depth, at least 1)."""
-        table = torch.full((self.size + 1, max(self.widths, default=1)), -1, dtype=torch.long, device=self.device)
-        for d, (start, size) in enumerate(self.levels):  # depth d + 1's nodes, children of depth d's entries
-            w = self.widths[d]
-            first = 0 if d == 0 else self.levels[d - 1][0] + 1  # the entries of depth d
-            table[first: first + size // w, :w] = start + torch.arange(size, device=self.device).reshape(-1, w)
-        return table
 
     def _path_ranks(self, depth: int) -> Tensor:
         """(size, depth) int64: the ranks along each path to depth ``depth``'s nodes, root first (the digits of the

@@ -40,7 +40,8 @@ from ears_core.sampling import (MASK64, Stream, chained_keys, counter_uniforms, 
                                 splitmix64)
 
 __all__ = ["TreeSpec", "TreeDraws", "DraftTree", "build_tree", "accept_keys", "accept_uniforms", "ancestor_matrix",
-           "additive_mask", "draft_pass", "node_rows", "ranked", "tree_position_ids", "tree_visibility"]
+           "additive_mask", "children", "children_table", "draft_pass", "node_rows", "ranked", "tree_position_ids",
+           "tree_visibility"]
 
 ProbsFn = Callable[[Tensor], Tensor]  # logits (..., V_model) -> probs (..., V)
 ExpandFn = Callable[[list[int], "DraftTree"], Tensor]  # (node ids, tree) -> (m, V_model) draft logits after each
@@ -357,6 +358,25 @@ def draft_pass(tree: DraftTree, ids: list[int], slots: list[int], prefix_len: in
     rows = [i + 1 for i in ids]
     return (tree_visibility(tree.parents, prefix_len, rows, [i + 1 for i in slots] + rows, device),
             tree_position_ids(tree.depths, prefix_len - 1, rows, device)[0])
+
+
+def children(parents: Sequence[int]) -> list[list[int]]:
+    """The children of each entry (0: the root, i + 1: node i) in rank order."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i)
+    return kids
+
+
+def children_table(parents: Sequence[int], device: torch.device | None = None,
+                   kids: list[list[int]] | None = None) -> Tensor:
+    """(N + 1, W) long: the children of each entry in rank order, -1 padded (W >= 1)."""
+    kids = children(parents) if kids is None else kids
+    w = max(1, max(len(k) for k in kids))
+    table = torch.full((len(kids), w), -1, dtype=torch.long)
+    for e, k in enumerate(kids):
+        table[e, : len(k)] = torch.tensor(k, dtype=torch.long)
+    return table.to(device) if device is not None else table
 
 
 def node_rows(t: Tensor, ids: list[int]) -> Tensor:
