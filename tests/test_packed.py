@@ -73,7 +73,8 @@ def test_a_tree_round_goes_through_the_packed_read_unchanged():
         tolerance=torch.tensor([[0.0, 0.01, 0.02, 0.03]]), max_p=torch.tensor([[0.5, 0.625, 0.75, 0.875, 1.0]]),
         next_p=torch.tensor([0.375]), next_q=torch.tensor([0.125]), num_accepted=torch.tensor([2]),
         next_token=torch.tensor([99_999]), is_bonus=torch.tensor([True]), last_rejected=torch.tensor([-1]),
-        path=torch.tensor([[1, 3, -1]]), kinds=torch.tensor([[2, 0, 3, 1]], dtype=torch.int8))
+        path=torch.tensor([[1, 3, -1]]), kinds=torch.tensor([[2, 0, 3, 1]], dtype=torch.int8), distortion=None,
+        distortion_exact=None)
     tokens, alive = torch.tensor([[11, 12, 13, 14]]), torch.tensor([True, True, False, True])
     scores = torch.tensor([-0.5, -1.25, -2.0, -3.5], dtype=torch.float64)  # float64, as a tree's scores
     priorities = torch.tensor([1.0, 0.5, 0.25, 0.125])
@@ -88,6 +89,14 @@ def test_a_tree_round_goes_through_the_packed_read_unchanged():
     assert host.u == [0.125, 0.25, 0.375, 0.5] and host.tolerance == f32([0.0, 0.01, 0.02, 0.03])
     assert host.max_p == [0.5, 0.625, 0.75, 0.875, 1.0] and (host.next_p, host.next_q) == (0.375, 0.125)
     assert host.scores == [-0.5, -1.25, -2.0, -3.5] and host.priorities == [1.0, 0.5, 0.25, 0.125]
+    assert host.distortion == [] and host.distortion_exact == []  # none computed: none read
+    v.distortion = torch.tensor([[0.25, 0.0625, 0.0, 0.0]], dtype=torch.float64)  # (1, D + 1), as path_distortions
+    v.distortion_exact = torch.tensor([[True, False, True, True]])
+    packed = pack_tree(v, tokens, alive, scores, priorities)
+    assert packed.shape == (11 * 4 + 3 + 7 + 2 * 4,)  # then the distortion and its flag per emitted position
+    host = unpack_tree(packed.tolist(), 4, 3, 4)
+    assert host.distortion == [0.25, 0.0625, 0.0, 0.0] and host.distortion_exact == [True, False, True, True]
+    assert host.path == [1, 3] and host.alive == [True, True, False, True]  # the fields before them unchanged
 
 
 def test_a_layout_refuses_a_field_of_the_wrong_width_or_a_missing_size():
@@ -105,4 +114,5 @@ def test_a_layout_refuses_a_field_of_the_wrong_width_or_a_missing_size():
         layout.unpack([0.0] * 5, k=2)
     with pytest.raises(ValueError, match="distinct names"):
         Layout(Field("x", FLOAT), Field("x", INT))
-    assert CHAIN_READ.size(k=4, c=0) == 41 and TREE_READ.size(n=6, depth=2) == 75
+    assert CHAIN_READ.size(k=4, c=0) == 41 and TREE_READ.size(n=6, depth=2, e=0) == 75
+    assert TREE_READ.size(n=6, depth=2, e=3) == 75 + 2 * 3  # a distortion and its flag per emitted position

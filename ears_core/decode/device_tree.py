@@ -13,9 +13,8 @@ decisions     ``device_walk``: today's tree walk (``tree_walk.walk_tree``) as te
               and rank by rank; the next token drawn on the device.
 packed read   the round's n, next token, bonus flag, last rejected node, path, and per node the token, kind,
               alive flag, p, q, ratio, U, tolerance, score and slot priority, max P per entry, next p and q: one
-              float64 vector (``pack``, laid out by ``packed.TREE_READ``); with a lossy rule's distortion, its
-              value and exact flag per emitted position after them; read once (``HostReader``) and unpacked as a
-              ``TreeHost`` (tree.py).
+              float64 vector (``pack``, laid out by ``packed.TREE_READ``, a lossy rule's distortion and exact flag
+              per emitted position included), read once (``HostReader``) and unpacked as a ``TreeHost`` (tree.py).
 KV            the target's cache keeps the prefix, the root and the path (``tree.keep_path``), the drafter's the
               path (``commit_tree``): the verdict's path tensor cut at the n of that read.
 records       today's (``TokenEvent``, ``DraftRecord``, ``TreeRecord``); the nodes that are not alive are left
@@ -66,18 +65,23 @@ __all__ = ["DeviceTreeShape", "pack", "unpack"]
 
 
 def pack(v: TreeVerdict, tokens: Tensor, alive: Tensor, scores: Tensor, priorities: Tensor) -> Tensor:
-    """Row 0 of a TreeVerdict, the tokens (1, N), alive (N,), scores and priorities (N,) as one float64 vector on
-    their device, laid out by ``packed.TREE_READ`` (module terms: packed read)."""
+    """Row 0 of a TreeVerdict (its distortion per emitted position where it has one), the tokens (1, N), alive (N,),
+    scores and priorities (N,) as one float64 vector on their device, laid out by ``packed.TREE_READ`` (module
+    terms: packed read)."""
+    none = v.p.new_zeros(0)  # (0,): a round that computed no distortion
+    dist, exact = (v.distortion[0], v.distortion_exact[0]) if v.distortion is not None else (none, none.bool())
     values = dict(p=v.p[0], q=v.q[0], ratio=v.ratio[0], u=v.u[0], tolerance=v.tolerance[0], max_p=v.max_p[0],
                   next_p=v.next_p[:1], next_q=v.next_q[:1], scores=scores, priorities=priorities,
                   num_accepted=v.num_accepted[:1], next_token=v.next_token[:1], last_rejected=v.last_rejected[:1],
-                  path=v.path[0], tokens=tokens[0], kinds=v.kinds[0], is_bonus=v.is_bonus[:1], alive=alive)
-    return TREE_READ.pack(values, n=tokens.shape[1], depth=v.path.shape[1])
+                  path=v.path[0], tokens=tokens[0], kinds=v.kinds[0], is_bonus=v.is_bonus[:1], alive=alive,
+                  distortion=dist, distortion_exact=exact)
+    return TREE_READ.pack(values, n=tokens.shape[1], depth=v.path.shape[1], e=dist.numel())
 
 
-def unpack(f: list[float], n: int, depth: int) -> TreeHost:
-    """The round's ``TreeHost`` (tree.py) from ``pack``'s vector read to the host; n nodes, depth D."""
-    fields = TREE_READ.unpack(f, n=n, depth=depth)
+def unpack(f: list[float], n: int, depth: int, e: int = 0) -> TreeHost:
+    """The round's ``TreeHost`` (tree.py) from ``pack``'s vector read to the host; n nodes, depth D, e emitted
+    positions with a distortion (D + 1, or 0)."""
+    fields = TREE_READ.unpack(f, n=n, depth=depth, e=e)
     fields["path"] = fields["path"][: fields["num_accepted"]]  # the accepted nodes only
     return TreeHost(**fields)
 
@@ -124,12 +128,8 @@ class DeviceTreeShape(TreeShape):
                         draft_support=self.support, tables=self.tables)
         zeros = torch.zeros(n, dtype=torch.float64, device=dev)
         packed = pack(v, tokens, alive, getattr(tree, "score_t", zeros), getattr(tree, "priority_t", zeros))
-        size = packed.numel()
-        if v.distortion is not None:  # per emitted position (D + 1,), and whether exact
-            packed = torch.cat([packed, v.distortion[0].double(), v.distortion_exact[0].double()])
-        f = self.reader.read(packed)  # the round's one host read
-        host = unpack(f[:size], n, self.max_depth)
+        e = 0 if v.distortion is None else self.max_depth + 1  # emitted positions with a distortion
+        host = unpack(self.reader.read(packed), n, self.max_depth, e)  # the round's one host read
         check_read(host.tokens, None if ctx.rule.argmax_only else host.q, target_probs.shape[-1])  # the input guard
-        host.distortion, host.distortion_exact = f[size: size + self.max_depth + 1], f[size + self.max_depth + 1:]
         self.nodes = v.path[0, : host.num_accepted]  # (n,) the path on the device, for the cache cuts
         return self.finish(v, host, produced, step)

@@ -97,10 +97,12 @@ CHAIN_READ = Layout(
     *_per(INT, None, "num_accepted", "next_token"), Field("tokens", INT, "k"), Field("kinds", INT, "k"),
 )
 
-# A tree round's read (tree.TreeHost, device_tree.py): n nodes, a path as deep as depth.
+# A tree round's read (tree.TreeHost, device_tree.py): n nodes, a path as deep as depth; e emitted positions with a
+# distortion (depth + 1, or 0 when the round computed none).
 TREE_READ = Layout(
     *_per(FLOAT, "n", "p", "q", "ratio", "u", "tolerance"), Field("max_p", FLOAT, "n", 1),
     *_per(FLOAT, None, "next_p", "next_q"), *_per(FLOAT, "n", "scores", "priorities"),
     *_per(INT, None, "num_accepted", "next_token", "last_rejected"), Field("path", INT, "depth"),
     Field("tokens", INT, "n"), Field("kinds", INT, "n"), Field("is_bonus", BOOL), Field("alive", BOOL, "n"),
+    Field("distortion", FLOAT, "e"), Field("distortion_exact", BOOL, "e"),
 )

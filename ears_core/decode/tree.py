@@ -249,7 +249,7 @@ class TreeHost:
         """Token events, draft records and the tree record of the nodes that are alive."""
         kinds, n, par = [KIND_NAMES[DraftKind(c)] for c in self.kinds], self.num_accepted, tree.parents
         dist = self.distortion or [0.0] * (n + 1)
-        exact = [bool(e) for e in self.distortion_exact[: n + 1]]
+        exact = self.distortion_exact[: n + 1]
         events = [TokenEvent(step, produced + e, self.tokens[a], "", kinds[a], self.p[a], self.q[a], self.ratio[a],
                              self.u[a], self.tolerance[a], self.max_p[par[a] + 1], dist[e])
                   for e, a in enumerate(self.path)]
