@@ -157,8 +157,11 @@ def _pending(pair: ModelPair, head_folder: Path | None, cache_dir: Any) -> list[
         found.append(Pending("the output head's form", head_form))
     if getattr(target, "ears_kernels_provisional", False):
         def kernels(piece: Any) -> None:  # the float target's head layouts and linear kernels, measured on it
+            from contextlib import nullcontext
+
             from ears_core.model.kernels.output_head import install_planned_head
             from ears_core.model.kernels.packed_linear import choose_kernels, pack_like
+            piece = piece or nullcontext  # a settle watches the cores, in pieces or not (busy: MachineBusy, uncached)
             install_planned_head(target, cache_dir=cache_dir, piece=piece)
             choose_kernels(target, cache_dir=cache_dir, piece=piece)
             target.ears_kernels_provisional = False

@@ -234,3 +234,4 @@ def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, 
         with pytest.raises(MachineBusy):
             Session(pair, cache_dir=tmp_path).warm_up(strict=True)
     assert not list(tmp_path.glob("costs/*.json"))  # nothing measured on busy cores was cached
+    assert not list(tmp_path.glob("kernels/*.json"))
