@@ -118,14 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     with torch.inference_mode():
         for ev in run:
             print(f"{COLOURS[ev.kind]}{ev.text}{RESET}" if colour and ev.text else ev.text, end="", flush=True)
-        stats = run.gen.result().stats
+        result = run.gen.result()
+        stats = result.stats
         base_tps = base_wall = None
         if not args.no_baseline:
             base = session.baseline(ids, cfg)
             for _ in base:
                 pass
             base_tps, base_wall = base.gen.stats().tokens_per_s, base.gen.stats().wall_tokens_per_s
-    print("\n\n" + summary_text(summary_rows(stats, base_tps, shape=cfg.draft_shape, baseline_wall_tps=base_wall)))
+    print("\n\n" + summary_text(summary_rows(stats, base_tps, shape=cfg.draft_shape, baseline_wall_tps=base_wall,
+                                                   stop=result.stop)))
     return 0
 
 

@@ -135,9 +135,12 @@ def test_an_eos_inside_an_accepted_block_stops_generation_there():
     for k in (2, 5):
         out = generate(target, draft, PROMPTS[0], rule=GreedyRule(), k=k, temperature=0, max_new_tokens=30)
         assert out.token_ids == ref
-        assert out.events[-1].token_id == eos
+        assert out.events[-1].token_id == eos and out.stop == "eos"
     ar = autoregressive(target, PROMPTS[0], temperature=0, max_new_tokens=30)
-    assert ar.token_ids == ref
+    assert ar.token_ids == ref and ar.stop == "eos"
+    # one token short of the EOS: the length ended it
+    assert generate(target, draft, PROMPTS[0], rule=GreedyRule(), k=5, temperature=0, max_new_tokens=first).stop == "length"
+    assert autoregressive(target, PROMPTS[0], temperature=0, max_new_tokens=first).stop == "length"
 
 
 def test_stream_yields_events_as_they_are_decided(tiny_pair):

@@ -406,7 +406,10 @@ def container(image):
 
 def check_generation(details: dict) -> None:
     n = GENERATE[4]
-    assert details["stats"]["new_tokens"] == n and len(details["kinds"]) == n
+    # a sampled run's tokens follow the drafts the policy chose: where drafting does not pay (k = 0 every round)
+    # seed 0's target-only sample ends at the end-of-sequence token after 11 tokens
+    made = details["stats"]["new_tokens"]
+    assert len(details["kinds"]) == made and (made == n if details["stop"] == "length" else details["stop"] == "eos")
     assert set(details["kinds"]) <= KINDS and details["stats"]["method"].startswith("ears")
 
 

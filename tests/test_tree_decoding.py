@@ -129,9 +129,10 @@ def test_eos_and_max_new_tokens_are_exact(tiny_pair):
     eos = ref[17]
     out = tree_generate(target, draft, PROMPTS[0], rule=GreedyRule(), budget=8, depth=4, temperature=0,
                         max_new_tokens=40, eos_token_id=eos)
-    assert out.token_ids == ref[: ref.index(eos) + 1]
+    assert out.token_ids == ref[: ref.index(eos) + 1] and out.stop == "eos"
     for n in (1, 2, 7):
-        assert len(tree_generate(target, draft, PROMPTS[0], budget=8, depth=4, max_new_tokens=n).token_ids) == n
+        out = tree_generate(target, draft, PROMPTS[0], budget=8, depth=4, max_new_tokens=n)
+        assert len(out.token_ids) == n and out.stop == "length"
 
 
 def test_a_size_policy_asked_before_each_draw_keeps_greedy_exact(tiny_pair):

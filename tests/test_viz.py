@@ -146,6 +146,8 @@ def test_figures_from_a_real_run():
     from ears_core.serve.summary import summary_markdown, summary_rows
     md = summary_markdown(summary_rows(res.stats, baseline_tps=res.stats.tokens_per_s / 2))
     assert "| speedup, measured | 2.00× |" in md and f"{res.stats.pardoned} pardoned" in md
+    assert "end-of-sequence" not in md and "(ended at the end-of-sequence token)" in summary_markdown(
+        summary_rows(res.stats, stop="eos"))
     assert not math.isnan(res.stats.mean_distortion)
 
 

@@ -52,7 +52,7 @@ def _speculative(target: PreTrainedModel, drafter: Any, input_ids: Any, rule: Ac
     steps: list[StepRecord] = []
     trees: list[Any] = []
     events = decode_rounds(target, drafter, shape, ids, rule, cfg, steps, trees, Detokenizer(tokenizer))
-    return Generation(method, max_drafts, steps, events, deadline_s, trees)
+    return Generation(method, max_drafts, steps, events, deadline_s, trees, cfg.eos)
 
 
 def stream(
@@ -198,7 +198,7 @@ def autoregressive_stream(
                        eos_set(target, eos_token_id), False)
     steps: list[StepRecord] = []
     events = target_only_events(target, ids, cfg, steps, Detokenizer(tokenizer))
-    return Generation("target-only", 0, steps, events, deadline_s)
+    return Generation("target-only", 0, steps, events, deadline_s, eos=cfg.eos)
 
 
 def autoregressive(target: PreTrainedModel, input_ids: Any, **kwargs: Any) -> GenerationResult:

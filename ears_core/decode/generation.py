@@ -43,14 +43,17 @@ class GenerationResult:
     steps: list[StepRecord]
     stats: GenerationStats
     timed_out: bool = False  # the deadline stopped decoding: the tokens so far
+    stop: str = "length"  # why decoding ended: "length" (max_new_tokens), "eos" (an end-of-sequence token), "deadline"
 
 
 class Generation:
     """An iterator of TokenEvents as they are decided; ``result()`` once it is exhausted (or stopped)."""
 
     def __init__(self, method: str, max_drafts: int, steps: list[StepRecord], events_iter: Iterator[TokenEvent],
-                 deadline_s: float | None = None, trees: list[Any] | None = None) -> None:
+                 deadline_s: float | None = None, trees: list[Any] | None = None, eos: frozenset[int] = frozenset()
+                 ) -> None:
         self.method = method
+        self.eos = eos  # the end-of-sequence ids the decode stops at (for ``result().stop``)
         self.max_drafts = max_drafts
         self.events: list[TokenEvent] = []
         self.steps = steps  # appended to by the decode loop, one record per round
@@ -109,7 +112,8 @@ class Generation:
             pass
         ids = [e.token_id for e in self.events]
         text = "".join(e.text for e in self.events)
-        return GenerationResult(ids, text, self.events, self.steps, self.stats(), self.timed_out)
+        stop = "deadline" if self.timed_out else "eos" if ids and ids[-1] in self.eos else "length"
+        return GenerationResult(ids, text, self.events, self.steps, self.stats(), self.timed_out, stop)
 
 
 # ----------------------------------------------------------------------------- request checks

@@ -34,11 +34,12 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def summary_rows(stats: GenerationStats, baseline_tps: float | None = None, *, contended: bool = False,
-                 baseline_note: str = "", shape: str = "chain", baseline_wall_tps: float | None = None
-                 ) -> list[tuple[str, str]]:
+                 baseline_note: str = "", shape: str = "chain", baseline_wall_tps: float | None = None,
+                 stop: str = "length") -> list[tuple[str, str]]:
     """(metric, value) rows: rates, lengths, distortion, speed, speedup measured vs theory, and the
     clocks (``clock_rows``). ``shape``: the run's draft shape; a tree's rows say so and give its mean
-    nodes per round. ``baseline_wall_tps``: target-only tokens/s on the wall clock."""
+    nodes per round. ``baseline_wall_tps``: target-only tokens/s on the wall clock. ``stop``: why the run
+    ended (``GenerationResult.stop``)."""
     speedup = stats.tokens_per_s / baseline_tps if baseline_tps else None
     label = " (contended: another decode ran at the same time)" if contended else ""
     tree, rounds = shape == "tree", max(stats.steps, 1)
@@ -47,7 +48,8 @@ def summary_rows(stats: GenerationStats, baseline_tps: float | None = None, *, c
         ("rule", stats.method),
         ("draft shape", f"tree: {stats.drafted / rounds:.2f} nodes per round (mean), the accepted path verified in "
          "one pass" if tree else f"chain: {stats.drafted / rounds:.2f} drafts per round (mean)"),
-        ("tokens / rounds", f"{stats.new_tokens} / {stats.steps}"),
+        ("tokens / rounds", f"{stats.new_tokens} / {stats.steps}"
+         + (" (ended at the end-of-sequence token)" if stop == "eos" else "")),
         ("acceptance rate", f"{_fmt(stats.acceptance_rate)} ({stats.accepted} of {stats.drafted} {what} stood)"),
         ("mean accepted per round", f"{stats.accepted / rounds:.2f} drafted tokens stood per round"),
         ("mean acceptance length", f"{stats.mean_accept_length:.2f} tokens per round"),
@@ -117,7 +119,7 @@ def run_record(result: Any, cfg: RunConfig, *, prompt: str, model: str, device: 
         settings.update(tree_budget=cfg.tree_budget, tree_width=cfg.tree_width)
     return {"settings": settings, "stats": stats.to_dict(), "baseline_tokens_per_s": baseline_tps,
             "speedup": stats.tokens_per_s / baseline_tps if baseline_tps else None,
-            "contended": contended, "timed_out": result.timed_out, "text": result.text,
+            "contended": contended, "timed_out": result.timed_out, "stop": result.stop, "text": result.text,
             "events": [e.to_dict() for e in result.events], "steps": [s.to_dict() for s in result.steps],
             "trees": [t.to_dict() for t in trees]}
 

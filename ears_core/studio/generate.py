@@ -87,7 +87,8 @@ def outcome(res: Any, cfg: Any, prompt: str, session: Any, base_tps: float | Non
     chain = cfg.draft_shape == "chain"  # the theory tab's E(a, K) is a chain's
     measured = None if st.acceptance_rate is None or not chain else (st.acceptance_rate, st.mean_accept_length,
                                                                       record["speedup"])
-    details = {k: record[k] for k in ("stats", "baseline_tokens_per_s", "speedup", "contended", "timed_out", "text")}
+    details = {k: record[k] for k in ("stats", "baseline_tokens_per_s", "speedup", "contended", "timed_out", "stop",
+                                          "text")}
     details.update({k: record["settings"][k] for k in ("model", "device", "rule", "draft_shape")},
                    kinds=[e.kind for e in res.events])
     return {**record, "measured": measured}, details
@@ -158,7 +159,8 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
     contended, curves = run.contended, {run.gen.method: list(run.gen.samples)}
     budget = cfg.rule == "ears-budget"  # the beta in force changes per round: draw it
     yield pack(tokens=viz.tokens_html(res.events), **charts(res.events, res.steps, cfg.k, curves, budget),
-               summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape)), **tree_out)
+               summary=summary_markdown(summary_rows(res.stats, contended=contended, shape=shape, stop=res.stop)),
+               **tree_out)
     base_tps, base_wall, base_note = None, None, ""
     if a["with_baseline"] and not res.timed_out:
         base_tps, base_wall, base_note, contended, cut = yield from _baseline(runs, session, ids, cfg, res, curves,
@@ -167,7 +169,7 @@ def _generate(slot: PairSlot, runs: Runs, a: dict[str, Any], given: list[str]):
             note = message(timeout_note(limit_s) + " (during the target-only baseline)")
     state, details = outcome(res, cfg, req.prompt, session, base_tps, contended, rounds)
     rows = summary_rows(res.stats, base_tps, contended=contended, baseline_note=base_note, shape=shape,
-                        baseline_wall_tps=base_wall)
+                        baseline_wall_tps=base_wall, stop=res.stop)
     drawn = f"; a tree of depth {cfg.k}, {cfg.tree_budget} nodes" if shape == "tree" else ""
     yield pack(tokens=viz.tokens_html(res.events), message=note, tput=plot(viz.throughput_spec(curves)),
                summary=summary_markdown(rows) + f"\n\n*model: {details['model']} on {details['device']}; "
@@ -213,7 +215,7 @@ def _baseline(runs: Runs, session: Any, ids: Any, cfg: Any, res: Any, curves: di
         curves["target-only (cached)"] = steady_samples(cached)
         return cached.tokens_per_s, cached.wall_tokens_per_s, " (cached)", contended, False
     base = runs.start(session.baseline(ids, cfg, deadline_s=max(timeout_s - res.stats.decode_s, 0.0)))
-    waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=cfg.draft_shape)) + \
+    waiting = summary_markdown(summary_rows(res.stats, contended=contended, shape=cfg.draft_shape, stop=res.stop)) + \
         "\n\n*measuring target-only…*"
     for _ in frames(base):
         yield pack(tput=plot(viz.throughput_spec({**curves, "target-only": snapshot(base)[2]})), summary=waiting)
