@@ -36,7 +36,7 @@ def test_a_refused_op_and_a_wrong_answer_both_read_as_not_running(monkeypatch) -
     assert not cpu_forms.tried(refuse)
     cpu_forms._int4_probe.cache_clear()
     try:
-        monkeypatch.setattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu",
+        monkeypatch.setattr(torch, "_weight_int4pack_mm_for_cpu",
                             lambda x, w, group, sz: torch.zeros(x.shape[0], 32, dtype=x.dtype), raising=False)
         assert not cpu_forms.int4_runs()  # it ran, but gave zeros: not a form to use
     finally:

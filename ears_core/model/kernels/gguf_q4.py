@@ -32,7 +32,7 @@ INNER_K_TILES = 2  # the packing's tile width along the input axis (the kernel a
 
 def available() -> bool:
     """Whether this torch has the CPU int4 kernel and its packing op."""
-    return all(hasattr(torch.ops.aten, op) for op in ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu"))
+    return hasattr(torch, "_weight_int4pack_mm_for_cpu") and hasattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu")
 
 
 def q4_1_parts(raw: np.ndarray) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,5 +96,5 @@ def pack_q4_1(codes: Tensor, d: Tensor, m: Tensor) -> Int4Weight:
 def int4_linear(x: Tensor, w: Int4Weight) -> Tensor:
     """(..., K) bfloat16 -> (..., N) bfloat16 through the int4 kernel."""
     h = x.reshape(-1, w.in_features)  # (r, K)
-    y = torch.ops.aten._weight_int4pack_mm_for_cpu(h, w.packed, GROUP, w.scales_zeros)  # (r, N)
+    y = torch._weight_int4pack_mm_for_cpu(h, w.packed, GROUP, w.scales_zeros)  # (r, N)
     return y.view(*x.shape[:-1], w.out_features)

@@ -44,7 +44,6 @@ class KVStore:
         self.banks: list[Any] = []  # whatever keeps graphs over this buffer: cleared when it grows
         self.lock = threading.RLock()  # module terms: threads
         self._holder: Any = None  # a weak reference: a finished generation's positions are not copied aside
-        self._views: list[tuple[Tensor, Tensor, Tensor]] | None = None
 
     @property
     def holder(self) -> "KVBuffer | None":
@@ -68,16 +67,17 @@ class KVStore:
             if need > self.capacity:
                 grown = self.buf.new_zeros(*self.buf.shape[:3], doubled_capacity(self.capacity, need), self.buf.shape[4])
                 grown[:, :, :, : cache.length] = self.buf[:, :, :, : cache.length]
-                self.buf, self._views = grown, None
+                self.buf = grown
                 for bank in self.banks:
                     bank.clear()
             return self.buf
 
-    def views(self) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """Per layer, views made once per allocation: keys and values (2, Hkv, C, D), keys, values (1, Hkv, C, D)."""
-        if self._views is None:
-            self._views = [(layer, layer[0:1], layer[1:2]) for layer in self.buf.unbind(0)]
-        return self._views
+    def views(self, start: int, end: int) -> list[tuple[Tensor, Tensor, Tensor]]:
+        """Per layer, a pass's views: where it writes its keys and values, positions [start, end) (2, Hkv, m, D),
+        and the keys and values it attends to, [0, end) (1, Hkv, end, D) each. Made with seven operations a pass,
+        whatever the number of layers (three a layer cost a lean step 0.5 ms)."""
+        seen = self.buf[:, :, :, :end]  # (L, 2, Hkv, end, D)
+        return list(zip(self.buf[:, :, :, start:end].unbind(0), seen[:, 0:1].unbind(0), seen[:, 1:2].unbind(0)))
 
 
 class KVBuffer:
@@ -113,9 +113,10 @@ class KVBuffer:
         return self.kv.take(self, self.length + extra)
 
     def layer_views(self, extra: int = 0) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """``reserve(extra)``, then the buffer's views per layer (``KVStore.views``): an exact pass's."""
+        """``reserve(extra)``, then the views per layer (``KVStore.views``) of an exact pass over ``extra`` new
+        positions after ``length``."""
         self.reserve(extra)
-        return self.kv.views()
+        return self.kv.views(self.length, self.length + extra)
 
     @torch.inference_mode()
     def keep_tail(self, start: int, keep: Tensor) -> None:
