@@ -189,6 +189,24 @@ def test_a_measurement_runs_pass_by_pass_and_stops_where_a_piece_refuses():
     assert len(measure_pass_ms(model, max_m=2, repeats=1, piece=lambda: contextmanager(lambda: (yield))())) == 2
 
 
+def test_a_quick_measurement_runs_one_pass_per_width_and_no_warm_up_round(monkeypatch, tmp_path):
+    from conftest import tiny_llama
+    from ears_core.model.measuring.pass_times import measure_pass_ms
+
+    model = tiny_llama(0)
+    widths: list[int] = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda ids, **kw: widths.append(ids.shape[1]) or forward(ids, **kw))
+    measure_pass_ms(model, max_m=3, repeats=1, cache_len=8)
+    assert widths == [8] + [1, 1, 2, 1, 3] * 2  # the context, then a warm-up round and a counted one
+    widths.clear()
+    measure_pass_ms(model, max_m=3, repeats=1, cache_len=8, warm=False)
+    assert widths == [8, 1, 1, 2, 1, 3]
+    widths.clear()  # a session's first use with nothing cached and a background to measure it later: quick
+    curve = profile.load_or_measure(model, max_m=3, cache_dir=tmp_path, quick=True)
+    assert curve.provisional and len(curve.verify_ms) == 3 and widths[0] == 64 and len(widths) == 6
+
+
 def test_a_depth_calibration_keeps_one_table_per_draft_depth():
     cal = DepthCalibration([Calibration(bins=4, prior_weight=2.0) for _ in range(2)])
     for _ in range(8):

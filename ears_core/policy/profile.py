@@ -11,8 +11,8 @@ busy         a measurement during which this process's threads waited for a core
              again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
              ``piece`` given) it raises ``MachineBusy``, so the work is put aside and tried at a later
              quiet; in a caller's thread it serves this process only.
-provisional  ``quick=True`` with nothing cached: one pass per width (a fraction of a second on the lean
-             target), flagged provisional and not cached; a session measures the profile between
+provisional  ``quick=True`` with nothing cached: one pass per width and no warm-up round (pass_times.py; 1.3
+             s on the lean target on the slowest machine measured, 2.6 with the round), flagged provisional and not cached; a session measures the profile between
              requests (serve/prices.py) and installs it.
 """
 
@@ -50,12 +50,13 @@ def profile_key(model: torch.nn.Module, extra: str = "") -> str:
 
 
 def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, max_m: int = 9, cache_len: int = 64,
-                   repeats: int = 5, vocab: int | None = None, key: str = "", piece: Callable[[], Any] | None = None
-                   ) -> PriceCurve:
+                   repeats: int = 5, vocab: int | None = None, key: str = "", piece: Callable[[], Any] | None = None,
+                   warm: bool = True) -> PriceCurve:
     """A price curve whose V(1) .. V(max_m) are ``target``'s fastest passes over m new tokens
     (model/measuring/pass_times.py; ``piece``: each pass runs in ``piece()``, for a measurement made in the
     background). ``drafter_ms``: a measured draft step (else 5 % of a step until the rounds measure it)."""
-    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab, piece=piece)
+    verify = measure_pass_ms(target, max_m=max_m, cache_len=cache_len, repeats=repeats, vocab=vocab, piece=piece,
+                             warm=warm)
     return PriceCurve(verify, drafter_ms if drafter_ms is not None else 0.05 * verify[0], 0.0, key,
                       time.strftime("%Y-%m-%d %H:%M:%S"))
 
@@ -100,7 +101,7 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     if cached is not None and not refresh:
         return cached
     if quick and cached is None:  # module terms: provisional
-        curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=1)
+        curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=1, warm=False)
         curve.provisional = True
         return curve
     curve, busy = measured_quietly(target, max_m=max_m, key=key, piece=piece)

@@ -19,11 +19,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["CHECKED_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree"]
+__all__ = ["CHECKED_WIDTHS", "VERIFY_WIDTHS", "EXACT_ATTENTION", "exact_attention", "make_rows_exact", "rows_agree"]
 
 EXACT_ATTENTION = "ears_float64"  # the name under which transformers' AttentionInterface knows it
 CAPS = (32, 16, 8)  # row caps tried, widest first (module terms)
-CHECKED_WIDTHS = (2, 9, 17, 40)  # pass widths checked: a chain's and a tree's verify passes, a prompt past a cap
+VERIFY_WIDTHS = (2, 9, 17)  # a chain's and a tree's verify passes (K + 1 <= 9, budget + 1 <= 17): rows that must agree
+CHECKED_WIDTHS = VERIFY_WIDTHS + (40,)  # and a prompt past a cap (a packed layer's, ``CAPS``)
 
 
 def exact_attention(module: nn.Module | None, query: Tensor, key: Tensor, value: Tensor,

@@ -3,7 +3,10 @@
 Terms
 -----
 lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.supported``, untimed (it beat the
-              float target on every CPU measured: docs/benchmarks.md); it must pass ``rows_agree`` at every load.
+              float target on every CPU measured: docs/benchmarks.md); it must pass ``rows_agree`` at every load,
+              for the verify passes' widths (exact_rows.py: ``VERIFY_WIDTHS``; a prompt's pass is the same one in
+              every method, and its int4 chunks are those of a 17-row pass: 2.8 s of a cold load with a 40-row
+              pass checked too, 1.3 s without).
 float path    transformers' model from the prepared cache with the project's CPU kernels: the reference.
 EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path, as is
               a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
@@ -39,7 +42,7 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     from transformers import AutoConfig, GenerationConfig
 
     from ears_core.model.loading.embedded import find_embedded_gguf
-    from ears_core.model.kernels.exact_rows import CHECKED_WIDTHS, rows_agree
+    from ears_core.model.kernels.exact_rows import VERIFY_WIDTHS, rows_agree
     from ears_core.model.loading.hub import ModelLoadError
     from ears_core.model.kernels.exact_head import install_exact_head
     from ears_core.model.measuring.lean_plan import install_row_plan
@@ -58,6 +61,6 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     model.ears_rows_provisional = install_row_plan(model, cache_dir, measure=False) is None
     install_exact_head(model, cache_dir)  # the cached form, else an untimed one: ears_head_provisional
     with torch.inference_mode():
-        if not rows_agree(model, CHECKED_WIDTHS):
+        if not rows_agree(model, VERIFY_WIDTHS):
             return None
     return model

@@ -8,6 +8,8 @@ paired ratio  each pass over m > 1 (all m logits kept) is timed right after a on
               times the median ratio, so a machine's fast and slow spells (docs/measurements.md) hit both passes
               of a pair. Kept as measured, even where a longer pass is cheaper.
 piece         ``piece()`` (optional): a context manager each forward runs in (serve/between.py).
+warm-up       a first round over every m, not counted; ``warm=False`` skips it (a quick measurement right after
+              a load whose own checks ran these passes: the lean target's exact-rows check).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ __all__ = ["measure_pass_ms"]
 
 @torch.inference_mode()
 def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int = 64, repeats: int = 5,
-                    vocab: int | None = None, piece: Callable[[], Any] | None = None) -> list[float]:
+                    vocab: int | None = None, piece: Callable[[], Any] | None = None, warm: bool = True) -> list[float]:
     """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes priced by paired ratios (module terms)."""
     from ears_core.model.passes.attention import avoid_replanning_attention
     from ears_core.model.passes.kv_cache import new_cache
@@ -50,11 +52,11 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
 
     steps: list[float] = []
     ratios: dict[int, list[float]] = {m: [] for m in range(2, max_m + 1)}
-    for r in range(repeats + 1):
+    for r in range(repeats + warm):
         for m in range(1, max_m + 1):
             one = timed(1)  # the pair's one-token pass (module terms: paired ratio)
             wide = timed(m) if m > 1 else None
-            if r > 0:  # the first pass over every m is the warm-up
+            if r >= warm:  # module terms: warm-up
                 steps.append(one)
                 if wide is not None:
                     ratios[m].append(wide / one)
