@@ -22,7 +22,7 @@ from ears_core.draft.eagle import EagleDrafter
 from ears_core.draft.fixed_trees import FixedTreeSpec, tables_for
 from ears_core.draft.trees import (DraftTree, TreeDraws, TreeSpec, accept_uniforms, additive_mask, draft_pass,
                                    tree_position_ids, tree_visibility)
-from ears_core.gpu_check.waits import round_waits
+from ears_core.gpu_check.waits import baseline_waits, round_waits
 from ears_core.pair import ModelPair
 from ears_core.rules import RULES, make_rule
 from ears_core.decode.tree_walk import walk_tree
@@ -226,3 +226,18 @@ def test_the_gpu_checks_round_waits_pass_on_the_cpu_and_fail_a_round_that_waits(
     monkeypatch.setattr(HostReader, "read", lambda self, packed: (packed.sum().item(), read(self, packed))[1])
     check = round_waits(session, ids, new_tokens=16)
     assert check.status == "fail" and "6 of 6 runs" in check.detail and "2 read" in check.detail
+
+
+def test_the_gpu_checks_target_only_waits_pass_on_the_cpu_and_fail_a_step_that_reads_more(pair, monkeypatch):
+    from ears_core.decode import baseline
+
+    target, draft = pair
+    session = Session(ModelPair(target, draft, None, CPU, torch.float32, "tiny", 96, "tiny-draft"))
+    ids = torch.tensor([PROMPTS[2]])
+    check = baseline_waits(session, ids, new_tokens=12)
+    assert check.status == "pass", check.detail
+    assert check.figures["read"] == check.figures["allowed_reads"] == 11 and check.figures["python"] == 0
+    first_argmax = baseline.first_argmax  # a step that reads its token on the host, as the loop once did
+    monkeypatch.setattr(baseline, "first_argmax", lambda probs: torch.tensor([int(first_argmax(probs))]))
+    check = baseline_waits(session, ids, new_tokens=12)
+    assert check.status == "fail" and "python" in check.detail

@@ -153,6 +153,7 @@ def _speed(report: Report, device: torch.device, present: list[tuple[str, str, i
         report.run(f"tokens/s {setting.label}",
                    lambda s=setting: speed.tokens_per_second(session, prompts, setting=s, **timed))
     report.run("round waits", lambda: waits.round_waits(session, prompts[0]))
+    report.run("target-only waits", lambda: waits.baseline_waits(session, prompts[0]))
     if eager is None or not captured.graphed_parts(pair):
         return
     eager_curve = report.run("price curve eager", lambda: speed.price_curve(eager, sizes.price_repeats))

@@ -1,4 +1,5 @@
-"""The device rounds' waits on this device: exactly one a round, the packed read (decode/waits.py's terms).
+"""The device rounds' waits on this device: exactly one a round, the packed read (decode/waits.py's terms); and
+target-only decoding's: one read every ``READ_EVERY`` tokens off the CPU (decode/baseline.py).
 
 Terms
 -----
@@ -13,21 +14,29 @@ counted     every round after the first: its reads, tensors made from Python dat
 verdict     pass when every counted round of every run makes one read and nothing else; fail naming the first
             round of a run that did not, with its call sites. Skipped for a drafter that drafts from host data
             (an n-gram lookup: no ``propose_tree``).
+baseline    target-only greedy decoding of ``new_tokens`` after its prefill, counted (on CUDA under the sync debug
+            mode after the first read): no tensor from Python, no copy, and at most one read per ``READ_EVERY``
+            tokens on a GPU (per token on the CPU) plus the ones its ``READ_MS`` bound adds.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
+from ears_core.decode import baseline
 from ears_core.decode.device_round import DeviceChainShape
 from ears_core.decode.device_tree import DeviceTreeShape
-from ears_core.decode.waits import Waits, counting_rounds
+from ears_core.decode.rounds import DecodeConfig
+from ears_core.decode.text import Detokenizer
+from ears_core.decode.waits import Waits, counting, counting_rounds
 from ears_core.gpu_check.outcome import Check
+from ears_core.sampling import SamplingConfig
 from ears_core.serve.session import RunConfig, Session
 
-__all__ = ["round_waits", "RUNS", "RULES"]
+__all__ = ["baseline_waits", "round_waits", "RUNS", "RULES"]
 
 RUNS = (("chain K=2", "chain", 2), ("chain K=8", "chain", 8), ("tree 8 nodes", "tree", 4))  # label, shape, K or depth
 RULES = (("greedy", {}, 0.0), ("ears", {"beta": 0.3}, 0.9))  # name, parameters, temperature
@@ -83,3 +92,36 @@ def round_waits(session: Session, ids: torch.Tensor, new_tokens: int = 32) -> Ch
                      + "; ".join(faults), figures)
     return Check("", "pass", f"{rounds} rounds of {len(figures)} runs (chain K = 2, 8; tree of 8; greedy and EARS "
                  f"0.3 at T = 0.9 with its distortion): 1 read a round, no tensor from Python, no copy ({how})", figures)
+
+
+def baseline_waits(session: Session, ids: torch.Tensor, new_tokens: int = 32) -> Check:
+    """Target-only decoding's waits on the session's device (module terms: baseline)."""
+    pair, device = session.pair, session.pair.device
+    every = 1 if device.type == "cpu" else baseline.READ_EVERY
+    cfg = DecodeConfig(SamplingConfig(0.0), new_tokens, 0, pair.vocab_size, frozenset(), False)
+    ids = ids.to(device)
+    events = baseline.target_only_events(pair.target, ids, cfg, [], Detokenizer(None))
+    first = next(events)  # the prefill and the first read: what later passes reuse is made there
+    sync = device.type == "cuda"
+    try:
+        with counting(device) as w:
+            if sync:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                made = 1 + sum(1 for _ in events)
+            finally:
+                if sync:
+                    torch.cuda.set_sync_debug_mode("default")
+    except RuntimeError as exc:
+        return Check("", "fail", f"a wait CUDA flagged: {str(exc).splitlines()[0]}", {})
+    after = made - every  # tokens after the first read
+    allowed = math.ceil(after / every)
+    figures = {"tokens": made, "read_every": every, "read": w.read, "python": w.python, "copy": w.copy,
+               "allowed_reads": allowed, "first_token": first.token_id}
+    if w.python or w.copy or made != new_tokens:
+        return Check("", "fail", f"target-only decoding made {w} over {after} tokens after its first read", figures)
+    extra = w.read - allowed
+    note = f" ({extra} more where a pass outlasted {baseline.READ_MS:.0f} ms)" if extra > 0 else ""
+    status = "pass" if extra <= after // 2 else "fail"  # the time bound may add reads, never one a token
+    return Check("", status, f"target-only: {w.read} reads over {after} tokens after the first read, one per "
+                 f"{every} token(s){note}; no tensor from Python, no copy", figures)
