@@ -193,8 +193,13 @@ def test_the_host_and_device_trees_draw_the_same_next_token(name, parents):
 
 
 def test_a_rule_with_a_residual_of_its_own_searches_that_residual():
-    """residual_cdf of a rule that overrides residual is that residual's cumulative mass (typical: P_target), and the
-    ratio rule's is max(0, p - q) unnormalised."""
-    p, q = torch.tensor([0.1, 0.4, 0.2, 0.3]), torch.tensor([0.3, 0.1, 0.2, 0.4])
-    assert torch.allclose(TypicalRule().residual_cdf(p, q), torch.tensor([0.1, 0.5, 0.7, 1.0]))
-    assert torch.allclose(AcceptanceRule().residual_cdf(p, q), torch.tensor([0.0, 0.3, 0.3, 0.3]))
+    """next_mass of a rule that overrides residual is that residual after a rejection (typical: P_target), the
+    ratio rule's is max(0, p - q) unnormalised, and both give the bonus (P_target) where a row is one; a
+    residual with no mass falls back to P_target."""
+    p, q = torch.tensor([[0.1, 0.4, 0.2, 0.3]] * 2), torch.tensor([[0.3, 0.1, 0.2, 0.4]] * 2)
+    rejected, bonus = torch.tensor([False, True]), p[0]
+    assert torch.equal(TypicalRule().next_mass(p, q, rejected), p)
+    assert torch.allclose(AcceptanceRule().next_mass(p, q, rejected)[0], torch.tensor([0.0, 0.3, 0.0, 0.0]))
+    assert torch.equal(AcceptanceRule().next_mass(p, q, rejected)[1], bonus)
+    assert torch.equal(AcceptanceRule().next_mass(p, p, rejected)[0], bonus)  # nothing left: P_target
+    assert torch.equal(GreedyRule().next_mass(p, q, rejected), torch.tensor([[0.0, 1.0, 0.0, 0.0]] * 2))

@@ -23,7 +23,7 @@ planned k     the policy's choice from earlier rounds only: the longest run of d
 decisions     verify.decide_drafts: the rule's accept / pardon test and the leading run n as a cumulative
               product of the flags that stood; no host read.
 next token    drawn on the device with the round's counter-based draws at position n by the draw every path
-              makes (next_token.py: the inverse CDF of the rule's ``residual_cdf`` after a rejection, of its
+              makes (next_token.py: the inverse CDF of the rule's ``next_mass`` after a rejection, of its
               ``bonus()`` at K; the argmax path takes the target's argmax): bit for bit today's tokens.
 packed read   the round's tokens, n, next token, kinds and per-token event fields (p, q, r, U, tolerance,
               max P, distortion) and the drafter's confidences in one float64 vector (``RoundHost.pack``, laid

@@ -1,6 +1,6 @@
 """The next token: the one token a verifier emits where its drafts stop, drawn one way on every path.
 
-Terms (next token, residual, bonus: verify.py and verify_tree.py; ``residual_cdf``: rules/base.py)
+Terms (next token, residual, bonus: verify.py and verify_tree.py; ``next_mass``: rules/base.py)
 -----
 stop       where a row's drafts end: a chain's position n, a tree's stop entry.
 faced      (..., V) the distribution the last test at the stop faced: in a chain P_target at n; in a tree the
@@ -10,10 +10,11 @@ q_last     (..., V) the draft distribution of the draft rejected at the stop (No
 bonus      no draft was rejected at the stop (a chain's n == K, a tree's leaf): the token comes from
            ``rule.bonus(P_target)``.
 draw       one uniform U and an inverse-CDF search on an unnormalised cumulative mass (``sampling.search_cdf``):
-           the first token whose cumulative mass is above U times the total. After a rejection the mass is
-           ``rule.residual_cdf(faced, q_last)`` (for a ratio rule max(0, faced - q_last) not normalised, and
-           faced itself where that has no mass: a ``torch.where``, no host read); at a bonus the cumulative sum of
-           ``rule.bonus``. All in float32. The host chain (verify), the host tree (verify_tree, tree_walk), the
+           the first token whose cumulative mass is above U times the total. The mass is
+           ``rule.next_mass(faced, q_last, is_bonus)``: after a rejection the residual (for a ratio rule
+           max(0, faced - q_last) not normalised, and faced itself where that has no mass), at a bonus
+           ``rule.bonus(faced)``, picked per row by ``torch.where`` (no host read), then one cumulative sum. All in
+           float32. The host chain (verify), the host tree (verify_tree, tree_walk), the
            device chain (device_verify) and the device tree (device_walk) all call ``draw_after``, so for the same
            draws they emit the same token, bit for bit, on any device.
 """
@@ -32,15 +33,13 @@ __all__ = ["draw_after", "draw_next"]
 def draw_after(rule: AcceptanceRule, faced: Tensor, q_last: Tensor | None, is_bonus: Tensor | bool,
                u: Tensor) -> Tensor:
     """The next token of each row (module terms). faced (..., V), q_last (..., V) or None, u (...,) -> (...,) long.
-    ``is_bonus``: (...,) bool, or one Python bool for every row (then only that row kind's mass is computed)."""
+    ``is_bonus``: (...,) bool, or one Python bool for every row."""
     faced = faced.float()
     if q_last is None or is_bonus is True:
         return search_cdf(rule.bonus(faced).float().cumsum(dim=-1), u)
-    residual = rule.residual_cdf(faced, q_last.float())  # (..., V)
     if is_bonus is False:
-        return search_cdf(residual, u)
-    bonus = rule.bonus(faced).float().cumsum(dim=-1)  # (..., V)
-    return search_cdf(torch.where(is_bonus.unsqueeze(-1), bonus, residual), u)
+        is_bonus = torch.zeros(faced.shape[:-1], dtype=torch.bool, device=faced.device)  # (...,)
+    return search_cdf(rule.next_mass(faced, q_last.float(), is_bonus).float().cumsum(dim=-1), u)
 
 
 def draw_next(rule: AcceptanceRule, target_probs: Tensor, draft_probs: Tensor, num_accepted: Tensor,
