@@ -214,10 +214,14 @@ def test_the_distortion_without_reads_is_the_host_walks_to_the_last_bit(rule, si
     assert float(host[0].max()) > 0.01 and bool(host[1].all()) != bounded  # power
 
 
-def test_the_gpu_checks_round_waits_pass_on_the_cpu_and_fail_a_round_that_waits(pair, monkeypatch):
-    target, draft = pair
-    session = Session(ModelPair(target, draft, None, CPU, torch.float32, "tiny", 96, "tiny-draft"))
-    ids = torch.tensor([PROMPTS[2]])
+@pytest.fixture
+def tiny_session(pair):
+    """A session over the tiny pair on the CPU, as gpu_check's CPU form builds one."""
+    return Session(ModelPair(*pair, None, CPU, torch.float32, "tiny", 96, "tiny-draft"))
+
+
+def test_the_gpu_checks_round_waits_pass_on_the_cpu_and_fail_a_round_that_waits(tiny_session, monkeypatch):
+    session, ids = tiny_session, torch.tensor([PROMPTS[2]])
     check = round_waits(session, ids, new_tokens=16)
     assert check.status == "pass", check.detail
     assert len(check.figures) == 6 and all(f["read"] == f["rounds"] > 0 and f["python"] == f["copy"] == 0
@@ -228,12 +232,10 @@ def test_the_gpu_checks_round_waits_pass_on_the_cpu_and_fail_a_round_that_waits(
     assert check.status == "fail" and "6 of 6 runs" in check.detail and "2 read" in check.detail
 
 
-def test_the_gpu_checks_target_only_waits_pass_on_the_cpu_and_fail_a_step_that_reads_more(pair, monkeypatch):
+def test_the_gpu_checks_target_only_waits_pass_on_the_cpu_and_fail_a_step_that_reads_more(tiny_session, monkeypatch):
     from ears_core.decode import baseline
 
-    target, draft = pair
-    session = Session(ModelPair(target, draft, None, CPU, torch.float32, "tiny", 96, "tiny-draft"))
-    ids = torch.tensor([PROMPTS[2]])
+    session, ids = tiny_session, torch.tensor([PROMPTS[2]])
     check = baseline_waits(session, ids, new_tokens=12)
     assert check.status == "pass", check.detail
     assert check.figures["read"] == check.figures["allowed_reads"] == 11 and check.figures["python"] == 0
