@@ -81,7 +81,7 @@ class HeadLayers(Decoder):
             self.cos, self.sin = self._tables(doubled_capacity(self.max_positions, start + m))
             self.max_positions = int(self.cos.shape[0])
         cos, sin = self.angles(positions, start, m)  # (m, 1, D) each
-        attend = Exact(start, start + m, None if mask is None else mask[None, None], self.dtype, self.scaling)
+        attend = Exact(None if mask is None else mask[None, None], self.dtype, self.scaling)
         out = self.run(z[0], cos, sin, attend, cache.layer_views(m), modules)  # (m, d)
         cache.length = start + m
         return out[None]

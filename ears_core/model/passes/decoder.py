@@ -15,8 +15,8 @@ norm         RMSNorm, x / sqrt(mean(x^2) + eps) * w. On a CPU as ``F.layer_norm`
              fused kernel where ``F.rms_norm`` runs eight small ops (12 against 57 us a bfloat16 row, 61 a pass);
              each row alone, so rows stay exact; 99.6 % of bfloat16 rows the same bits, the rest 1 ulp apart.
 attention    the policy ``attend(q, new, views)`` made per pass: ``Exact`` writes the new keys and values at
-             [start, end) and attends over [0, end) in ``dtype`` with a bool mask (float64: a row does not depend
-             on the pass width); ``Folded`` writes at ``slots`` and attends over the whole bucket with an additive
+             [start, end) and attends over [0, end) (the views a ``KVBuffer`` makes for the pass) in ``dtype`` with
+             a bool mask (float64: a row does not depend on the pass width); ``Folded`` writes at ``slots`` and attends over the whole bucket with an additive
              (G m, C) mask, the query heads folded onto the key/value heads: nothing read on the host, so a CUDA
              graph can capture it.
 """
@@ -80,10 +80,9 @@ def int4_kind(m: int, plan: dict[int, tuple[int, ...]]) -> Callable[..., Tensor]
 # ------------------------------------------------------------------------ attention policies
 @dataclass
 class Exact:
-    """Keys and values written at [start, end); attention over the visible slice in ``dtype`` (module terms)."""
+    """Keys and values written where the pass's views say (``KVStore.views``); attention over the visible slice in
+    ``dtype`` (module terms)."""
 
-    start: int
-    end: int
     mask: Tensor | None  # (1, 1, m, >= end) bool, True where a row may attend; None: one row, no mask
     dtype: torch.dtype
     scale: float | None = None  # None: SDPA's 1 / sqrt(D)

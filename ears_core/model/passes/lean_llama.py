@@ -89,7 +89,7 @@ class LeanLlama(nn.Module):
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
         mask = (seen[..., : n + m] if seen is not None  # else causal after the cache; no mask for one row
                 else None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None])
-        attend = Exact(n, n + m, mask, self.attn_dtype)
+        attend = Exact(mask, self.attn_dtype)
         x = self.embed(input_ids[0])  # (m, d)
         hidden = x.new_empty(len(self.layers) + 1, m, d.hidden) if output_hidden_states else None
         with cache.kv.lock:  # kv_cache.py: threads
