@@ -27,13 +27,11 @@ from typing import Any
 import torch
 
 from ears_core.decode import baseline
+from ears_core.decode.api import autoregressive_stream
 from ears_core.decode.device_round import DeviceChainShape
 from ears_core.decode.device_tree import DeviceTreeShape
-from ears_core.decode.rounds import DecodeConfig
-from ears_core.decode.text import Detokenizer
 from ears_core.decode.waits import Waits, counting, counting_rounds
 from ears_core.gpu_check.outcome import Check
-from ears_core.sampling import SamplingConfig
 from ears_core.serve.session import RunConfig, Session
 
 __all__ = ["baseline_waits", "round_waits", "RUNS", "RULES"]
@@ -98,9 +96,8 @@ def baseline_waits(session: Session, ids: torch.Tensor, new_tokens: int = 32) ->
     """Target-only decoding's waits on the session's device (module terms: baseline)."""
     pair, device = session.pair, session.pair.device
     every = 1 if device.type == "cpu" else baseline.READ_EVERY
-    cfg = DecodeConfig(SamplingConfig(0.0), new_tokens, 0, pair.vocab_size, frozenset(), False)
-    ids = ids.to(device)
-    events = baseline.target_only_events(pair.target, ids, cfg, [], Detokenizer(None))
+    events = autoregressive_stream(pair.target, ids.to(device), temperature=0.0, max_new_tokens=new_tokens,
+                                   eos_token_id=[], vocab_size=pair.vocab_size)  # no end-of-sequence stop
     first = next(events)  # the prefill and the first read: what later passes reuse is made there
     sync = device.type == "cuda"
     try:

@@ -11,9 +11,9 @@ busy         a measurement during which this process's threads waited for a core
              again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
              ``piece`` given) it raises ``MachineBusy``, so the work is put aside and tried at a later
              quiet; in a caller's thread it serves this process only.
-provisional  ``quick=True`` with nothing cached: one pass per width and no warm-up round (pass_times.py; 1.3
-             s on the lean target on the slowest machine measured, 2.6 with the round), flagged provisional and not cached; a session measures the profile between
-             requests (serve/prices.py) and installs it.
+provisional  ``quick=True`` with nothing cached: one pass per width and no warm-up round (pass_times.py; 1.3 s
+             on the lean target on the slowest machine measured, 2.6 with the round), flagged provisional and not
+             cached; a session measures the profile between requests (serve/prices.py) and installs it.
 """
 
 from __future__ import annotations

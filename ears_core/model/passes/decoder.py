@@ -16,9 +16,9 @@ norm         RMSNorm, x / sqrt(mean(x^2) + eps) * w. On a CPU as ``F.layer_norm`
              each row alone, so rows stay exact; 99.6 % of bfloat16 rows the same bits, the rest 1 ulp apart.
 attention    the policy ``attend(q, new, views)`` made per pass: ``Exact`` writes the new keys and values at
              [start, end) and attends over [0, end) (the views a ``KVBuffer`` makes for the pass) in ``dtype`` with
-             a bool mask (float64: a row does not depend on the pass width); ``Folded`` writes at ``slots`` and attends over the whole bucket with an additive
-             (G m, C) mask, the query heads folded onto the key/value heads: nothing read on the host, so a CUDA
-             graph can capture it.
+             a bool mask (float64: a row does not depend on the pass width); ``Folded`` writes at ``slots`` and
+             attends over the whole bucket with an additive (G m, C) mask, the query heads folded onto the key/value
+             heads: nothing read on the host, so a CUDA graph can capture it.
 """
 
 from __future__ import annotations
