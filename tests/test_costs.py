@@ -545,30 +545,10 @@ def test_a_session_starts_from_the_drafters_shipped_calibration():
     assert bare._initial_calibration(0.0)(0.55) == pytest.approx(0.55)  # no table: the prior
 
 
-def test_a_probe_tally_prices_looks_that_drafted_nothing_and_rounds_that_drafted():
-    """V(1) = 10 ms, V(2) = 12, a draft step 1 ms: a round with one draft costs 13 ms. An average probe at an
-    acceptance of 0.5 saves 1.5 x 10 - 13 = 2 ms; a look that drafts nothing costs its draft step."""
-    from ears_core.policy.costs import ProbeTally
-
-    curve = PriceCurve([10.0, 12.0], 1.0)
-    policy = DraftPolicy(curve, 1)
-    assert policy.average_probe_ms([0.5]) == pytest.approx(2.0)
-    assert policy.average_probe_ms([0.1]) == 0.0  # no draft pays: a plain step, nothing saved
-    tally = ProbeTally(policy.average_probe_ms([0.5]))
-    tally.add(curve, 0, 1)
-    assert tally.pays() and tally.saved_ms == pytest.approx(-1.0)
-    tally.add(curve, 0, 1)
-    assert not tally.pays()  # two looks have spent the prior's 2 ms
-    tally.add(curve, 1, 2)  # a draft that stood: 2 tokens for 13 ms against 20
-    assert tally.pays() and tally.saved_ms == pytest.approx(5.0) and tally.probes == 3
-
-
-def test_probes_back_off_once_their_looks_cost_more_than_an_average_probe_was_to_save(tiny_pair):
+def test_probes_back_off_only_while_an_average_first_draft_would_not_pay(tiny_pair):
     """The tiny draft's confidence stays in the low bin, where no draft ever stood: every probe
-    drafts nothing and pays a draft step (0.5 ms) for its look. The tally starts from what an average
-    probe would save (the calibration's mean), worth one probe: at a mean of 0.9 about 28 ms, more than
-    the 30 rounds' looks cost, so every round asks the drafter; at 0.3 about 2.7 ms, spent after six looks,
-    then the probes back off (2, 4, 8 rounds); at 0 nothing, and they back off from the first."""
+    drafts nothing. With a high mean acceptance (the high bin) drafting pays on average, so every
+    round asks the drafter again; with a mean of 0 the probes back off (2, 4, 8 rounds)."""
     target, draft = tiny_pair
     cheap = PriceCurve([10.0, 10.1, 10.2, 10.3, 10.4], 0.5, 0.0)
 
@@ -581,16 +561,12 @@ def test_probes_back_off_once_their_looks_cost_more_than_an_average_probe_was_to
         out = generate(target, drafter, PROMPTS[0], rule=StandardRule(), k=4, temperature=1.0,
                        max_new_tokens=30, seed=3, policy=DraftPolicy(cheap, 4), calibration=cal)
         assert sum(s.drafted for s in out.steps) == 0  # every confidence fell in the hopeless bin
-        asks = [k > 0 for k in calls]
-        return asks, len(out.steps)
+        return sum(1 for k in calls if k > 0), len(out.steps)
 
-    asks, rounds = asked(9000.0)
-    assert sum(asks) >= rounds - 1  # every round but the last (k = 0 at the end) was a probe
-    asks, rounds = asked(3000.0)
-    assert all(asks[:6]) and not all(asks[6:10])  # six looks spend the prior, then the schedule backs off
-    assert sum(asks) <= 6 + (rounds - 6) // 2
-    asks, rounds = asked(0.0)
-    assert not asks[1] and sum(asks) <= rounds // 2
+    probes, rounds = asked(9000.0)
+    assert probes >= rounds - 1  # every round but the last (k = 0 at the end) was a probe
+    backed_off, rounds = asked(0.0)
+    assert backed_off <= rounds // 2
 
 
 def test_a_price_curve_measured_through_a_slow_spell_keeps_its_shape(monkeypatch):

@@ -11,9 +11,9 @@ host read      the verdict's row 0 in one float64 vector (``RoundHost.read``); o
                is free, verify() reads n early and skips the work no emitted token needs (``emitted_only``).
 size policy    (``policy``, a ``costs.DraftPolicy``, with a ``calibration``) asked by the drafter before each
                draw: verify one more position? It reads only the draft side, so every rule stays exactly as
-               lossless (or as distorted) as without it. It backs off where probing does not pay: the
-               generation's probes so far, priced (``costs.ProbeTally``: a probe that drafted nothing still
-               paid for its look), with an average first draft (the calibration's means) as their prior.
+               lossless (or as distorted) as without it. It backs off where drafting does not pay: a probe
+               that drafted nothing paid only if an average first draft (the calibration's mean at depth 1)
+               would pay, so where drafting is cheap every round is a probe.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from ears_core.decode.verify import KIND_NAMES, DraftKind, argmax_path, check_en
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, TokenEvent
 from ears_core.metrics import expected_tokens
-from ears_core.policy.costs import ProbeTally
 from ears_core.model.passes.kv_cache import drop_last_positions
 from ears_core.rules import AcceptanceRule
 from ears_core.sampling import Stream, first_argmax
@@ -51,8 +50,6 @@ class ChainShape:
 
     def start(self, ctx: RoundContext) -> None:
         self.ctx = ctx
-        if self.policy is not None:
-            self.tally = ProbeTally(self.policy.average_probe_ms(self.calibration.means(self.depth)))
         drafter = ctx.drafter
         self.check = check_enabled(ctx.device)  # verify()'s drafter guard: a host read, skipped on CUDA
         self.emitted_only = ctx.device.type == "cpu"
@@ -113,8 +110,7 @@ class ChainShape:
         self.ctx.drafter.commit(rnd.num_accepted, rnd.next_token, target_features(self.out, self.ctx.drafter))
 
     def paid(self, rnd: Round) -> bool:
-        self.tally.add(self.policy.curve, rnd.drafted, rnd.num_accepted + 1)
-        return self.tally.pays()
+        return rnd.drafted > 0 or self.policy.keep_going([self.calibration.means(1)[0]], self.depth)
 
     def learn(self, rnd: Round) -> None:
         if self.policy is None:

@@ -20,7 +20,7 @@ draws       derived from (seed, output position) per stream (sampling.py), compu
             two rules on the same prompt and seed make the same decisions until the first position where
             they disagree.
 back-off    for a shape with a size policy (``backs_off``): a round that asks the drafter is a probe; when a
-            probe did not pay (``paid``, the shape's judgement), the next rounds are plain target steps (the drafter is
+            probe drafts nothing that pays (``paid``), the next rounds are plain target steps (the drafter is
             told with ``propose(0)``) and the next probe comes 2, then 4, then at most 8 rounds later; a
             probe that paid resets it. The schedule depends on past rounds only, so the output is as exact
             as without it.

@@ -23,10 +23,6 @@ fold in            ``RunningPrices.fold_in_step()``: when the rounds' plain step
                    profile's (the machine got slower or faster), the profile's part of every V(m) is
                    rescaled by their ratio, so the curve's scale is right at once, with no measurement;
                    its shape is the profile's until the rounds (or a new measurement) say otherwise.
-probe tally        ``ProbeTally``: whether asking the drafter pays on the text at hand. A probe that drafts nothing
-                   still ran the drafter's first step to read its confidence (the *look*, about one draft step);
-                   each probe is scored by the priced milliseconds it saved against plain target steps:
-                   tokens x (V(1) + o) - T(k) when it drafted k, minus a draft step when it drafted nothing.
 calibration        ``Calibration`` maps a drafter's confidence at position i (its own probability
                    mass on its top token, known BEFORE the token is drawn) to a_i: a Beta-smoothed
                    table per confidence bin, learnt online from the rounds (per rule and
@@ -45,8 +41,8 @@ from typing import Any, Sequence
 
 from ears_core.metrics import expected_tokens
 
-__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "ProbeTally", "expected_tokens",
-           "round_value", "break_even_acceptance", "describe"]
+__all__ = ["PriceCurve", "RunningPrices", "Calibration", "DepthCalibration", "DraftPolicy", "expected_tokens", "round_value",
+           "break_even_acceptance", "describe"]
 
 
 @dataclass
@@ -344,37 +340,11 @@ class DraftPolicy:
         values = round_value(seen + rest, self.curve)
         return max(values[i:]) > stop_value
 
-    def average_probe_ms(self, a: Sequence[float]) -> float:
-        """Milliseconds a round drafting with per-depth acceptances ``a`` (an average first draft on) saves
-        against plain target steps at its best length, less nothing for the look (it drafts)."""
-        c, e = self.curve, expected_tokens(list(a)[: self.max_k])
-        return max(e[k] * c.round_ms(0) - c.round_ms(k) for k in range(len(e)))
-
     def prior_at(self, position: int) -> float:
         """The estimate assumed for a position not drafted yet: ``prior``, one value or one per depth."""
         if isinstance(self.prior, (int, float)):
             return float(self.prior)
         return float(self.prior[min(position, len(self.prior)) - 1])
-
-
-@dataclass
-class ProbeTally:
-    """The probes of one generation, priced (module terms: probe tally). ``prior_ms``: what an average probe is
-    expected to save before any is seen (``DraftPolicy.average_probe_ms``), worth ``prior_weight`` probes."""
-
-    prior_ms: float
-    prior_weight: float = 1.0
-    saved_ms: float = 0.0
-    probes: int = 0
-
-    def add(self, curve: PriceCurve, drafted: int, tokens: int) -> None:
-        """One probe that sent ``drafted`` drafts and emitted ``tokens``."""
-        plain = curve.round_ms(0)
-        self.saved_ms += tokens * plain - curve.round_ms(drafted) if drafted else -curve.draft_ms
-        self.probes += 1
-
-    def pays(self) -> bool:
-        return self.prior_ms * self.prior_weight + self.saved_ms > 0
 
 
 def describe(curve: PriceCurve) -> str:
