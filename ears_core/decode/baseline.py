@@ -36,18 +36,23 @@ from ears_core.timing import StepClock
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["READ_EVERY", "READ_MS", "target_only_events"]
+__all__ = ["READ_EVERY", "READ_MS", "reads_every", "target_only_events"]
 
 READ_EVERY = 8  # tokens a read off the CPU (module terms: read)
 READ_MS = 50.0  # ... or host milliseconds since the last read, whichever comes first: the stream stays smooth
 
 
+def reads_every(device: torch.device) -> int:
+    """Tokens a read by default on ``device`` (module terms: read): 1 on the CPU, ``READ_EVERY`` elsewhere."""
+    return 1 if device.type == "cpu" else READ_EVERY
+
+
 def target_only_events(target: PreTrainedModel, ids: Tensor, cfg: DecodeConfig, steps: list[StepRecord],
                        detok: Detokenizer, read_every: int | None = None) -> Iterator[TokenEvent]:
     """Decode ``ids`` (1, T) with the target alone; yields one "target" TokenEvent per pass. ``read_every``:
-    tokens a read (module terms), default 1 on the CPU and ``READ_EVERY`` elsewhere."""
+    tokens a read (module terms), default ``reads_every(device)``."""
     avoid_replanning_attention(ids.device)  # as the speculative loop does: the same kernels, the same numerics
-    every = read_every or (1 if ids.device.type == "cpu" else READ_EVERY)
+    every = read_every or reads_every(ids.device)
     clock = StepClock(ids.device)
     u_all = counter_uniforms(cfg.seed, torch.arange(cfg.max_new_tokens, device=ids.device), Stream.TARGET)  # (N,)
     decided = torch.empty(cfg.max_new_tokens, 3, dtype=torch.float64, device=ids.device)  # (N, 3): token, p, max P

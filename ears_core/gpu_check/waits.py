@@ -95,7 +95,7 @@ def round_waits(session: Session, ids: torch.Tensor, new_tokens: int = 32) -> Ch
 def baseline_waits(session: Session, ids: torch.Tensor, new_tokens: int = 32) -> Check:
     """Target-only decoding's waits on the session's device (module terms: baseline)."""
     pair, device = session.pair, session.pair.device
-    every = 1 if device.type == "cpu" else baseline.READ_EVERY
+    every = baseline.reads_every(device)
     events = autoregressive_stream(pair.target, ids.to(device), temperature=0.0, max_new_tokens=new_tokens,
                                    eos_token_id=[], vocab_size=pair.vocab_size)  # no end-of-sequence stop
     first = next(events)  # the prefill and the first read: what later passes reuse is made there

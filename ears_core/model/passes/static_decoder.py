@@ -160,7 +160,7 @@ class StaticDecoder(Decoder):
         """The layers over x (m, d) -> the final-normed states (m, d) (module terms: static pass); hidden
         (L + 1, m, d) or None: filled with the input and each layer's output."""
         cos, sin = self.angles(pos)  # (m, 1, D) each
-        attend = Folded(slots, mask[None, None], self.groups, self.scaling)
+        attend = Folded(slots, mask[None, None], self.scaling)
         return super().run(x, cos, sin, attend, kv.unbind(0), dense, hidden)
 
     def logits(self, states: Tensor) -> Tensor:
