@@ -13,6 +13,29 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
 
+def _worker_share() -> int:
+    """The cores one pytest-xdist worker may use: all of them alone, its share beside the other workers. Two
+    OpenMP threads on two cores beside a busy worker run a test 3-7x slower (each parallel region waits for its
+    descheduled thread): the embedded pair's 32-token greedy check 5.7 s alone, 27 s beside a busy loop, 7.5 s
+    there on one thread."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, len(os.sched_getaffinity(0)) // workers)
+
+
+WORKER_THREADS = _worker_share()
+if WORKER_THREADS < len(os.sched_getaffinity(0)):  # beside other workers: the processes a test starts share too
+    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
+
+
+@pytest.fixture
+def worker_threads():
+    """Torch's thread count set to this worker's share of the cores (``WORKER_THREADS``) for a test that decodes
+    a real model, one thread again after."""
+    torch.set_num_threads(WORKER_THREADS)
+    yield WORKER_THREADS
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(autouse=True)
 def never_busy(monkeypatch):
     """A measurement in a test is never called busy (timing.py), however loaded the machine running the suite:

@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from conftest import WORKER_THREADS
+
 from ears_core import EARSRule, GreedyRule, autoregressive, generate
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.model.loading.hub import encode_prompt
@@ -11,7 +13,7 @@ from ears_core.pair import load_pair
 
 @pytest.fixture(scope="module")
 def embedded():
-    torch.set_num_threads(2)
+    torch.set_num_threads(WORKER_THREADS)
     yield load_pair("embedded", device="cpu")
     torch.set_num_threads(1)
 
@@ -50,7 +52,7 @@ SHIPPED_HEAD_SETTINGS = [("0", ""), ("1", "bfloat16"), ("1", "int4")]  # EARS_LE
 
 @pytest.mark.slow
 @pytest.mark.parametrize("lean,draft_dtype", SHIPPED_HEAD_SETTINGS, ids=["float", "lean-bfloat16", "lean-int4"])
-def test_the_shipped_draft_head_keeps_greedy_output(monkeypatch, lean, draft_dtype):
+def test_the_shipped_draft_head_keeps_greedy_output(monkeypatch, worker_threads, lean, draft_dtype):
     """The shipped head loads on each target path and in each variant (the int4 one included), and its greedy
     speculative output is the target's own greedy output."""
     from ears_core.draft.eagle import EagleDrafter
@@ -60,19 +62,15 @@ def test_the_shipped_draft_head_keeps_greedy_output(monkeypatch, lean, draft_dty
         pytest.skip("this CPU has no native bfloat16 or int4 kernel: the lean target does not run here")
     monkeypatch.setenv("EARS_LEAN", lean)
     monkeypatch.setenv("EARS_DRAFT_DTYPE", draft_dtype)
-    torch.set_num_threads(2)
-    try:
-        pair = load_pair("embedded", "embedded", device="cpu")
-        assert isinstance(pair.draft, EagleDrafter)
-        assert (pair.target.__class__.__name__ == "LeanLlama") == (lean == "1")
-        int4 = any(type(m).__name__ == "Int4Linear" for m in pair.draft.head.modules())
-        assert int4 == (draft_dtype == "int4")
-        ids = encode_prompt(pair.tokenizer, "Why is the sky blue?")
-        ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
-        out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), k=3, temperature=0,
-                       max_new_tokens=32, vocab_size=pair.vocab_size)
-        assert out.token_ids == ref.token_ids
-        assert out.stats.accepted > 0  # the trained head gets some drafts through
-        assert all(d.token_id in set(pair.draft.vocab_ids.tolist()) for s in out.steps for d in s.drafts)
-    finally:
-        torch.set_num_threads(1)
+    pair = load_pair("embedded", "embedded", device="cpu")
+    assert isinstance(pair.draft, EagleDrafter)
+    assert (pair.target.__class__.__name__ == "LeanLlama") == (lean == "1")
+    int4 = any(type(m).__name__ == "Int4Linear" for m in pair.draft.head.modules())
+    assert int4 == (draft_dtype == "int4")
+    ids = encode_prompt(pair.tokenizer, "Why is the sky blue?")
+    ref = autoregressive(pair.target, ids, temperature=0, max_new_tokens=32, vocab_size=pair.vocab_size)
+    out = generate(pair.target, pair.draft.fresh(), ids, rule=GreedyRule(), k=3, temperature=0,
+                   max_new_tokens=32, vocab_size=pair.vocab_size)
+    assert out.token_ids == ref.token_ids
+    assert out.stats.accepted > 0  # the trained head gets some drafts through
+    assert all(d.token_id in set(pair.draft.vocab_ids.tolist()) for s in out.steps for d in s.drafts)
