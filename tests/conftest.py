@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -120,3 +124,18 @@ def assert_first_two_tokens_follow(target: LlamaForCausalLM, prompt: list[int], 
             stat += float(((np.bincount(sel, minlength=vocab) - exp) ** 2 / exp).sum())
             df += vocab - 1
         assert df >= 30 and stats.chi2.sf(stat, df) > 1e-3
+
+
+@contextlib.contextmanager
+def crowded_cores(seconds: float = 5):
+    """Other processes spinning on every core, twice over, for the block (at most ``seconds``)."""
+    cores = len(os.sched_getaffinity(0))
+    spin = f"import time\nstop = time.perf_counter() + {seconds}\nwhile time.perf_counter() < stop: pass"
+    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * cores)]
+    try:
+        time.sleep(0.3)  # they are spinning
+        yield
+    finally:
+        for proc in others:
+            proc.kill()
+            proc.wait()

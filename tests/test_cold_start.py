@@ -4,10 +4,6 @@ curve, and a measurement the busy cores spoil detected and made again.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -24,7 +20,7 @@ from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
 from ears_core.timing import MachineBusy, RunQueue, cores_crowded
 
-from conftest import tiny_llama
+from conftest import crowded_cores, tiny_llama
 
 
 def _busy(monkeypatch, shares):
@@ -46,27 +42,12 @@ def test_the_run_queue_sees_another_job_on_the_cores():
     if not list(__import__("pathlib").Path("/proc/self/task").glob("*/schedstat")):
         pytest.skip("this kernel does not report run-queue waits")
     # this thread spinning while other processes spin on every core, twice over: it waits for a core most of the time
-    with _crowded_cores():
+    with crowded_cores():
         with RunQueue() as crowded:
             stop = time.perf_counter() + 0.6
             while time.perf_counter() < stop:
                 pass
     assert crowded.waited_share > 0.3, crowded.waited_share  # a fair share is 1 core in 2 * cores + 1
-
-
-@contextlib.contextmanager
-def _crowded_cores(seconds: float = 5):
-    """Other processes spinning on every core, twice over, for the block (at most ``seconds``)."""
-    cores = len(os.sched_getaffinity(0))
-    spin = f"import time\nstop = time.perf_counter() + {seconds}\nwhile time.perf_counter() < stop: pass"
-    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * cores)]
-    try:
-        time.sleep(0.3)  # they are spinning
-        yield
-    finally:
-        for proc in others:
-            proc.kill()
-            proc.wait()
 
 
 def test_crowded_cores_are_seen_and_a_quiet_machine_is_not(monkeypatch):
@@ -75,7 +56,7 @@ def test_crowded_cores_are_seen_and_a_quiet_machine_is_not(monkeypatch):
         pytest.skip("this kernel does not report run-queue waits")
     monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
     assert not cores_crowded(1)  # one thread never waits for its peers
-    with _crowded_cores():
+    with crowded_cores():
         assert cores_crowded(2)
 
 
@@ -223,7 +204,7 @@ def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, 
     monkeypatch.setattr(output_head, "plan_head", lambda w, rows, **k: plan(w, rows, **{**k, "repeats": 1}))
     monkeypatch.setattr(packed_linear, "measure_modes", lambda m, **k: modes(m, **{**k, "rounds": 1}))
     pair = load_pair()  # quiet: a load measures nothing, so what follows is the warm-up's
-    with _crowded_cores(seconds=600):
+    with crowded_cores(seconds=600):
         session = Session(pair, cache_dir=tmp_path)
         session.warm_up(tokens=8)
         assert session.provisional, "busy cores, yet every measurement was kept as this machine's"

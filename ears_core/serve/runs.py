@@ -2,16 +2,17 @@
 
 Terms
 -----
-contended   a run that overlapped another decode in this process: two decodes on the same cores
-            time each other, so such a run is labelled and its baseline is never cached.
+contended   a run that overlapped another decode in this process, or that other work crowded (crowding.py): what
+            shares the cores times the run, so it is labelled, its baseline never cached and its prices never learnt.
 quiet       no decode has run in this process for some seconds (``ActivityLog.quiet_for``): when work
             that must not slow a request (a price measurement) may run.
 piece       one short unit of such background work (one forward pass), run under ``ActivityLog.piece()``:
             it raises ``Busy`` once a decode has begun, and a decode that begins while a piece runs waits
             for that piece only, never for the rest of the work (``Tracked`` records the wait in the
             Generation's ``waits``).
-Tracked     a Generation whose decoding is registered with the ``ActivityLog`` while it runs;
-            ``on_end(gen)`` (optional) is called when it stops (the session learns prices there).
+Tracked     a Generation whose decoding is registered with the ``ActivityLog`` while it runs, on one torch thread
+            where the cores are crowded (crowding.py); ``on_end(gen, timed)`` (optional) is called when it stops
+            (the session learns there; ``timed``: its timings are this machine's, neither crowded nor contended).
 Background  a Tracked run decoded in a thread of its own, to completion, a deadline or ``stop()``;
             a UI reads ``events`` at its own frame rate and never slows the decode loop.
 """
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ears_core.decode.generation import Generation
+from ears_core.serve.crowding import CrowdWatch
 from ears_core.threads import join_at_exit
 
 __all__ = ["ActivityLog", "ACTIVITY", "Busy", "Tracked", "Background", "PIECE_WAIT"]
@@ -96,24 +98,33 @@ ACTIVITY = ActivityLog()  # one per process: every Session's decodes share the c
 
 
 class Tracked:
-    """A Generation whose decoding is registered with the activity log while it runs."""
+    """A Generation whose decoding is registered with the activity log while it runs (module terms);
+    ``contended``: it overlapped another decode here, ``crowded``: other work crowded the cores (it then ran on
+    one thread). Either way its speed is no clean figure."""
 
-    def __init__(self, gen: Generation, activity: ActivityLog, on_end: Callable[[Generation], Any] | None = None) -> None:
+    def __init__(self, gen: Generation, activity: ActivityLog,
+                 on_end: Callable[[Generation, bool], Any] | None = None, device: torch.device | str = "cpu") -> None:
         self.gen, self._activity, self._mark, self._on_end = gen, activity, None, on_end
-        self.contended = False
+        self._device = device
+        self.contended = self.crowded = False
 
     def __iter__(self) -> Iterator[Any]:
         self._mark = self._activity.begin()
         if self._mark["waited_s"] > 1e-3 and hasattr(self.gen, "waits"):  # a piece was running
             self.gen.waits[PIECE_WAIT] = self._mark["waited_s"]
+        watch = CrowdWatch(self._device)
         try:
+            watch.start()
             for ev in self.gen:
+                watch.tick()
                 yield ev
         finally:
+            watch.stop()
             self._activity.end(self._mark)
-            self.contended = self._mark["contended"]
+            self.crowded = watch.crowded
+            self.contended = self._mark["contended"] or self.crowded
             if self._on_end is not None:
-                self._on_end(self.gen)
+                self._on_end(self.gen, not self.contended)
 
     def __getattr__(self, name: str) -> Any:  # events, steps, samples, decode_s, stats(), result()
         return getattr(self.gen, name)

@@ -290,12 +290,14 @@ class Session:
         return Calibration(stood=list(counts["stood"]), seen=list(counts["seen"]))
 
     def absorb(self, gen: Generation, rule: AcceptanceRule, temperature: float, calibration: Any = None,
-               shape: str = "chain") -> None:
-        """Fold a finished run into the session: its rounds' timings into the running prices (a
-        tree's: the verify pass only; a stale curve is folded in, never measured here: serve/prices.py),
-        its calibration (learnt during the run) into the one for (rule, temperature) and its draft shape."""
+               shape: str = "chain", timed: bool = True) -> None:
+        """Fold a finished run into the session: its rounds' timings into the running prices where they are
+        this machine's (``timed``: neither crowded nor contended, serve/runs.py; a tree's: the verify pass only;
+        a stale curve is folded in, never measured here: serve/prices.py), its calibration (learnt during the
+        run) into the one for (rule, temperature) and its draft shape."""
         tree = shape == "tree"
-        self.pricing.observe(gen.steps, tree)
+        if timed:
+            self.pricing.observe(gen.steps, tree)
         with self._lock:
             if calibration is not None and calibration.prior_weight < 1e9:
                 self._calibrations[(rule.describe(), temperature, *(("tree",) if tree else ()))] = calibration
@@ -341,7 +343,8 @@ class Session:
         extra = self.policy_for(rule, temperature, cfg.k, cfg.draft_length)
         gen = stream(self.pair.target, self.pair.new_drafter(), ids, rule=rule, k=cfg.k, device_round=cfg.device_round,
                      deadline_s=deadline_s, **cfg.sampling_kwargs(temperature), **self._common(), **extra)
-        run = Tracked(gen, self.activity, lambda g: self.absorb(g, rule, temperature, extra.get("calibration")))
+        run = Tracked(gen, self.activity, lambda g, timed: self.absorb(g, rule, temperature, extra.get("calibration"),
+                                                                       timed=timed), self.pair.device)
         return self._since(run, since)
 
     def _since(self, run: Tracked, since: float) -> Tracked:
@@ -367,19 +370,19 @@ class Session:
         budget = extra.get("keep")
         calib = budget.calibration if budget is not None else None
 
-        def absorb(g: Generation) -> None:
-            self.absorb(g, rule, temperature, calib, shape="tree")
-            if budget is not None and budget.costed:
+        def absorb(g: Generation, timed: bool) -> None:
+            self.absorb(g, rule, temperature, calib, shape="tree", timed=timed)
+            if timed and budget is not None and budget.costed:
                 with self._lock:
                     self._node_ms[(rule.describe(), temperature, "tree")] = budget.node_ms
-        return Tracked(gen, self.activity, absorb)
+        return Tracked(gen, self.activity, absorb, self.pair.device)
 
     def baseline(self, ids: torch.Tensor, cfg: RunConfig, deadline_s: float | None = None) -> Tracked:
         """Target-only decoding of the same request (same temperature, seed, length)."""
         _, temperature = cfg.validate().rule_and_temperature()
         gen = autoregressive_stream(self.pair.target, ids, deadline_s=deadline_s,
                                     **cfg.sampling_kwargs(temperature), **self._common())
-        return Tracked(gen, self.activity)
+        return Tracked(gen, self.activity, device=self.pair.device)
 
     def _key(self, ids: torch.Tensor, cfg: RunConfig) -> tuple:
         _, temperature = cfg.rule_and_temperature()

@@ -41,7 +41,7 @@ def summary_rows(stats: GenerationStats, baseline_tps: float | None = None, *, c
     nodes per round. ``baseline_wall_tps``: target-only tokens/s on the wall clock. ``stop``: why the run
     ended (``GenerationResult.stop``)."""
     speedup = stats.tokens_per_s / baseline_tps if baseline_tps else None
-    label = " (contended: another decode ran at the same time)" if contended else ""
+    label = " (contended: another decode or job held the cores meanwhile)" if contended else ""
     tree, rounds = shape == "tree", max(stats.steps, 1)
     what = "nodes" if tree else "drafts"
     rows = [

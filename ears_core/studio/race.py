@@ -46,7 +46,7 @@ def _table(names: Sequence[str], results: Sequence[Any], contended: Sequence[boo
         lines.append(f"| {name} | {s.tokens_per_s:.1f}{' (contended)' if busy else ''} | {speed} | {wall} | {ttft} | "
                      f"{acc} | {s.pardoned} | {s.mean_distortion:.4f} |")
     if any(contended):
-        lines.append("\n*contended*: another decode ran at the same time, so these speeds are not clean figures.")
+        lines.append("\n*contended*: another decode or job held the cores meanwhile, so these speeds are not clean figures.")
     return lines
 
 
