@@ -8,14 +8,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Tiny models: one thread avoids OpenMP overhead (and stalls when another process holds a core).
-torch.set_num_threads(1)
-
 
 def _worker_share() -> int:
     """The cores one pytest-xdist worker may use: all of them alone, its share beside the other workers. Two
@@ -27,8 +19,17 @@ def _worker_share() -> int:
 
 
 WORKER_THREADS = _worker_share()
-if WORKER_THREADS < len(os.sched_getaffinity(0)):  # beside other workers: the processes a test starts share too
-    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))
+if WORKER_THREADS < len(os.sched_getaffinity(0)):  # beside other workers: every thread a test starts (OpenMP reads
+    os.environ.setdefault("OMP_NUM_THREADS", str(WORKER_THREADS))  # it when torch loads) and process shares too
+
+
+import pytest  # noqa: E402  (after OMP_NUM_THREADS: OpenMP reads it once, when torch loads)
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tiny models: one thread avoids OpenMP overhead (and stalls when another process holds a core).
+torch.set_num_threads(1)
 
 
 @pytest.fixture
