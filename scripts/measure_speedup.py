@@ -50,6 +50,7 @@ def _drain(run: Any) -> dict[str, Any]:
     steps = getattr(getattr(run, "gen", None), "steps", [])  # a speculative run's rounds (none for target-only)
     return {"tokens": tokens, "n": s.new_tokens, "decode_s": s.decode_s, "wall_s": s.wall_s or s.decode_s,
             "ttft_s": s.ttft_s, "rounds": s.steps, "drafted": s.drafted, "accepted": s.accepted,
+            "crowded": int(getattr(run, "crowded", False)),  # other work crowded it onto one thread (serve/crowding.py)
             **{part: sum(getattr(r, part) for r in steps) for part in ROUND_PARTS}}
 
 
@@ -77,7 +78,7 @@ def _merged(reps: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     for key, first in reps[0].items():
         rows = [r[key] for r in reps]
         out[key] = {**first, **{f: sum(x[f] for x in rows) for f in ("n", "decode_s", "wall_s", "rounds", "drafted",
-                                                                        "accepted", *ROUND_PARTS)},
+                                                                        "accepted", "crowded", *ROUND_PARTS)},
                     "ttft_s": sum(x["ttft_s"] or 0 for x in rows) / len(rows), "all_tokens": [x["tokens"] for x in rows],
                     "repeat_tok_s": [x["n"] / x["decode_s"] for x in rows]}
     return out
@@ -111,6 +112,7 @@ def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
             "greedy_equal": sum(all(t == b["tokens"] for t in s["all_tokens"]) for s, b in zip(spec, base))
                             if name == "T=0" else None,
             "target_only_twice_lowest_prompt_ratio": _same_twice(runs, f"base T={temp}"),
+            "crowded_runs": tot(spec, "crowded") + tot(base, "crowded"),
         }
         # where a round's time goes, in target-only steps (ms a target-only token): what the ratio is made of
         step_ms = 1000 * tot(base, "decode_s") / tot(base, "n")
@@ -233,7 +235,8 @@ def main() -> None:
                   + f", {row['tokens_per_round']:.2f} a round, "
                   f"{row['shapes']}, TTFT {row['ttft_s_mean']:.2f} s, a round in steps: "
                   + " + ".join(f"{k} {v:.2f}" for k, v in row["round_in_steps"].items())
-                  + (f", greedy = target on {row['greedy_equal']}/{len(prompts)}" if row["greedy_equal"] is not None else ""))
+                  + (f", greedy = target on {row['greedy_equal']}/{len(prompts)}" if row["greedy_equal"] is not None else "")
+                  + (f"; {row['crowded_runs']} runs crowded onto one thread" if row["crowded_runs"] else ""))
 
 
 if __name__ == "__main__":
