@@ -2,7 +2,7 @@
 GGUF, or stops the load with a ModelLoadError naming the file and the command that fixes it; nothing else in the
 cache is touched.
 
-The conversion (about a minute) is replaced by a tiny saved Llama with a blocks file made for a stand-in GGUF, so
+The conversion (about half a minute) is replaced by a tiny saved Llama with a blocks file made for a stand-in GGUF, so
 each fault is proven in milliseconds; one slow test cuts a copy of the real prepared weights and has them
 prepared again from the real GGUF.
 """
@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from safetensors.numpy import save_file
 from test_models import _save_tiny
 
@@ -206,7 +207,7 @@ def test_a_full_disk_while_preparing_is_a_clear_error(fake, monkeypatch):
 @pytest.mark.slow
 def test_weights_cut_short_are_prepared_again_from_the_gguf(tmp_path, monkeypatch, caplog):
     """The fault as found: model.safetensors cut to 100 MB. The load prepares the folder again from the real GGUF
-    (about a minute) and the remade model gives the tokens the first preparation checked."""
+    (about half a minute) and the remade model gives the tokens the first preparation checked."""
     source = embedded.prepare_embedded()  # where `make test` prepared it
     folder = tmp_path / embedded.CACHE_SUBDIR
     shutil.copytree(source, folder, ignore=lambda at, names: ["model.safetensors"] if Path(at) == source else [])
@@ -223,3 +224,54 @@ def test_weights_cut_short_are_prepared_again_from_the_gguf(tmp_path, monkeypatc
     new = pair.target.generate(ids, max_new_tokens=8, do_sample=False, attention_mask=ids.new_ones(ids.shape),
                                pad_token_id=pair.tokenizer.eos_token_id)[0, ids.shape[1]:].tolist()
     assert new == _marker(folder)["check"]["greedy_tokens"] == _marker(source)["check"]["greedy_tokens"]
+
+
+def _converted(tmp_path: Path):
+    """A tiny Llama as the conversion's in-memory model, saved to tmp_path as its copy; -> (model, tokenizer)."""
+    from transformers import AutoTokenizer
+
+    model = _save_tiny(tmp_path)
+    return model, AutoTokenizer.from_pretrained(tmp_path)
+
+
+def test_the_conversion_check_passes_a_faithful_copy_within_summation_noise(tmp_path):
+    """The copy's weights are the same bits: it passes, and still passes when the in-memory model's logits move by
+    5e-4 of their largest (another summation order), recording the saved copy's greedy tokens."""
+    model, tokenizer = _converted(tmp_path)
+    check = embedded._check_same_outputs(model, tokenizer, tmp_path)
+    assert check["max_abs_logit_diff"] == 0.0 and len(check["greedy_tokens"]) == 8
+    model.lm_head.register_forward_hook(lambda m, i, out: out + 5e-4 * out.abs().max())
+    noisy = embedded._check_same_outputs(model, tokenizer, tmp_path)
+    assert 0 < noisy["max_abs_logit_diff"] and noisy["greedy_tokens"] == check["greedy_tokens"]
+
+
+def test_the_conversion_check_refuses_a_changed_weight_or_outputs_beyond_the_noise(tmp_path):
+    model, tokenizer = _converted(tmp_path)
+    with torch.no_grad():  # one weight one float step away
+        w = model.model.layers[1].mlp.down_proj.weight
+        w[0, 0] = torch.nextafter(w[0, 0], w[0, 0] + 1)
+    with pytest.raises(ModelLoadError, match=r"differs from the GGUF load \(weights model\.layers\.1\.mlp\.down_proj"):
+        embedded._check_same_outputs(model, tokenizer, tmp_path)
+    model, tokenizer = _converted(tmp_path)
+    model.lm_head.register_forward_hook(lambda m, i, out: out + 1e-2 * out.abs().max())  # a setting that did not carry
+    with pytest.raises(ModelLoadError, match="differs from the GGUF load \\(its outputs"):
+        embedded._check_same_outputs(model, tokenizer, tmp_path)
+
+
+def test_a_conversion_parses_each_gguf_once_and_builds_each_name_map_once(monkeypatch, tmp_path):
+    """transformers reads the GGUF three times to load it and maps names once per submodule: within the block the
+    gguf package's reader and name map are memoised per argument, and given back after it."""
+    import gguf
+
+    parsed, mapped = [], []
+    monkeypatch.setattr(gguf, "GGUFReader", lambda path, mode="r": parsed.append((path, mode)) or object())
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda arch, blocks: mapped.append((arch, blocks)) or object())
+    plain_reader, plain_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    (tmp_path / "b.gguf").write_bytes(b"")
+    with embedded.gguf_parsed_once():
+        a = [gguf.GGUFReader(str(tmp_path / "a.gguf")) for _ in range(3)]
+        b = gguf.GGUFReader(tmp_path / "b.gguf")
+        maps = [gguf.get_tensor_name_map("llama", n) for n in (30, 30, 2)]
+    assert a[0] is a[1] is a[2] and b is not a[0] and len(parsed) == 2
+    assert maps[0] is maps[1] and maps[2] is not maps[0] and mapped == [("llama", 30), ("llama", 2)]
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (plain_reader, plain_map)
