@@ -129,10 +129,11 @@ def assert_first_two_tokens_follow(target: LlamaForCausalLM, prompt: list[int], 
 
 @contextlib.contextmanager
 def crowded_cores(seconds: float = 5):
-    """Other processes spinning on every core, twice over, for the block (at most ``seconds``)."""
+    """One other process spinning on every core for the block (at most ``seconds``): two busy processes on two
+    cores. More would slow the suite's other worker as much and prove nothing more."""
     cores = len(os.sched_getaffinity(0))
     spin = f"import time\nstop = time.perf_counter() + {seconds}\nwhile time.perf_counter() < stop: pass"
-    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2 * cores)]
+    others = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(cores)]
     try:
         time.sleep(0.3)  # they are spinning
         yield
