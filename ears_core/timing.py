@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE", "cores_crowded"]
+__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE", "PROBE_S", "cores_crowded"]
 
 BUSY_SHARE = 0.2  # of a measurement's thread time spent waiting for a core: busy (module terms)
 
@@ -53,23 +53,35 @@ class RunQueue:
     core during the block, the share they waited for one; ``rq.busy``: above ``BUSY_SHARE`` (module terms)."""
 
     def __enter__(self) -> "RunQueue":
+        return self.begin()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.end()
+
+    def begin(self) -> "RunQueue":
+        """Start a reading (what ``with`` does on entry); -> self."""
         self.waited_share = 0.0
         self._start = _schedstat()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def end(self) -> bool:
+        """End the reading (what ``with`` does on exit): sets ``waited_share``; -> ``busy``."""
         run = wait = 0
         for tid, (r, w) in _schedstat().items():  # threads that ended meanwhile drop out
             r0, w0 = self._start.get(tid, (0, 0))
             run, wait = run + r - r0, wait + w - w0
         self.waited_share = wait / (run + wait) if run + wait > 0 else 0.0
+        return self.busy
 
     @property
     def busy(self) -> bool:
         return self.waited_share > BUSY_SHARE
 
 
-def cores_crowded(threads: int, probe_s: float = 0.1) -> bool:
+PROBE_S = 0.02  # seconds of ``cores_crowded``'s parallel product: read busy 20 of 20 times beside one busy loop
+
+
+def cores_crowded(threads: int, probe_s: float = PROBE_S) -> bool:
     """Whether ``threads`` torch threads would wait for cores now (module terms: crowded); False for one thread."""
     if threads < 2:
         return False

@@ -54,13 +54,14 @@ def test_a_run_on_crowded_cores_decodes_on_one_thread_then_gives_the_threads_bac
 def test_cores_crowded_during_a_run_send_the_rest_of_it_to_one_thread(monkeypatch, two_threads):
     """Quiet at the start, busy at the second reading: every event after it runs on one thread."""
     monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
-    monkeypatch.setattr(crowding, "cores_crowded", lambda threads, probe_s: False)
+    monkeypatch.setattr(crowding, "cores_crowded", lambda threads: False)
     monkeypatch.setattr(crowding, "CHECK_S", 0.0)  # a reading at every event
     shares = iter([0.0, 0.0, 0.6])
 
     class Queue(RunQueue):
-        def __exit__(self, *exc):
+        def end(self):
             self.waited_share = next(shares)
+            return self.busy
 
     monkeypatch.setattr(crowding, "RunQueue", Queue)
     run, seen = _run(tiny_llama(0), tokens=8)

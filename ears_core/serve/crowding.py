@@ -6,7 +6,7 @@ crowded     another job holds the cores while a run decodes on several torch thr
             before it, ``timing.RunQueue`` reading busy during it). Every OpenMP parallel region then waits for a
             descheduled thread: the embedded target decoded 5.1 tok/s on 2 threads beside one busy process on a
             2-vCPU Xeon, 26.6 on 1 thread (33.5 on 2 threads, 26.4 on 1 when quiet).
-watch       ``CrowdWatch``: per run, a probe of ``PROBE_S`` before its first pass and a run-queue reading every
+watch       ``CrowdWatch``: per run, a probe (``timing.PROBE_S``) before its first pass and a run-queue reading every
             ``CHECK_S`` of wall time while it decodes; once crowded, the run decodes on one thread to its end, and
             the thread count it found is put back when it stops. Off on a GPU and where torch runs one thread.
 """
@@ -19,9 +19,8 @@ import torch
 
 from ears_core.timing import RunQueue, cores_crowded
 
-__all__ = ["CrowdWatch", "PROBE_S", "CHECK_S"]
+__all__ = ["CrowdWatch", "CHECK_S"]
 
-PROBE_S = 0.02  # the parallel product before a run (module terms: watch); read busy 20 of 20 times beside one busy loop
 CHECK_S = 0.5  # wall seconds between run-queue readings during a run (a reading costs well under a millisecond)
 
 
@@ -39,7 +38,7 @@ class CrowdWatch:
     def start(self) -> None:
         if not self.active:
             return
-        if cores_crowded(self.threads, PROBE_S):
+        if cores_crowded(self.threads):
             self._fall_back()
         else:
             self._read_from(time.perf_counter())
@@ -50,8 +49,7 @@ class CrowdWatch:
         now = time.perf_counter()
         if now < self._next:
             return
-        self._queue.__exit__(None, None, None)
-        if self._queue.busy:
+        if self._queue.end():
             self._fall_back()
         else:
             self._read_from(now)
@@ -62,7 +60,7 @@ class CrowdWatch:
         self._queue = None
 
     def _read_from(self, now: float) -> None:
-        self._queue = RunQueue().__enter__()
+        self._queue = RunQueue().begin()
         self._next = now + CHECK_S
 
     def _fall_back(self) -> None:
