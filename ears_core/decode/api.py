@@ -6,10 +6,9 @@ the result is a ``Generation`` to iterate (TokenEvents as they are decided) or t
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
-from transformers import PreTrainedModel
 
 from ears_core.decode.baseline import target_only_events
 from ears_core.decode.chain import ChainShape
@@ -26,6 +25,9 @@ from ears_core.deprecated import renamed_keyword
 from ears_core.events import StepRecord
 from ears_core.rules import AcceptanceRule, StandardRule
 from ears_core.sampling import SamplingConfig
+
+if TYPE_CHECKING:  # annotations only: importing it loads transformers' modeling code (seconds)
+    from transformers import PreTrainedModel
 
 __all__ = ["stream", "generate", "tree_stream", "tree_generate", "autoregressive_stream", "autoregressive"]
 

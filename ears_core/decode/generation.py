@@ -22,15 +22,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
 
 from ears_core.draft.drafters import model_vocab_size, scored_vocab
 from ears_core.events import StepRecord, TokenEvent
 from ears_core.metrics import GenerationStats, summarize
+
+if TYPE_CHECKING:  # annotations only: importing it loads transformers' modeling code (seconds)
+    from transformers import PreTrainedModel
 
 __all__ = ["GenerationResult", "Generation", "as_input_ids", "eos_set", "check_request", "shared_vocab"]
 

@@ -30,11 +30,11 @@ host syncs  one per round: the verdict, read to the host once to cut the caches 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from ears_core.decode.text import Detokenizer
 from ears_core.draft.drafters import target_features
@@ -44,6 +44,9 @@ from ears_core.model.passes.kv_cache import new_cache
 from ears_core.rules import AcceptanceRule, verifying_rule
 from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs
 from ears_core.timing import StepClock
+
+if TYPE_CHECKING:  # annotations only: importing it loads transformers' modeling code (seconds)
+    from transformers import PreTrainedModel
 
 __all__ = ["DecodeConfig", "Round", "RoundContext", "RoundShape", "Backoff", "decode_rounds", "MAX_BACKOFF"]
 

@@ -37,12 +37,12 @@ size policy  ``keep(priority, nodes so far, depth)`` (e.g. ``tree_policy.TreeBud
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.tree_walk import walk_tree
@@ -55,6 +55,9 @@ from ears_core.draft.trees import (
 from ears_core.events import DraftRecord, TokenEvent
 from ears_core.model.passes.kv_cache import cache_device, drop_last_positions, keep_tail_positions, on_device
 from ears_core.sampling import Stream
+
+if TYPE_CHECKING:  # annotations only: importing it loads transformers' modeling code (seconds)
+    from transformers import PreTrainedModel
 
 __all__ = ["TreeHost", "TreeRecord", "TreeShape", "score_tree", "keep_path"]
 

@@ -18,15 +18,18 @@ support             (optional) the (N,) token ids outside which the drafter's di
 from __future__ import annotations
 
 from itertools import takewhile
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache
 
 from ears_core.draft.trees import DraftTree, ProbsFn, additive_mask, build_tree, draft_pass, node_rows
 from ears_core.model.passes.kv_cache import keep_tail_positions, new_cache
 from ears_core.sampling import sample_with_uniforms
+
+if TYPE_CHECKING:  # annotations only: importing it loads transformers' modeling code (seconds)
+    from transformers import PreTrainedModel
 
 __all__ = ["Drafter", "ModelDrafter", "NGramDrafter", "draft_chain", "drawn", "model_vocab_size", "scored_vocab",
            "target_features"]
