@@ -11,6 +11,7 @@ docs/benchmarks.md has the measurements.
 """
 
 import os as _os
+from typing import TYPE_CHECKING
 
 # Large CPU tensors (the weights) in transparent huge pages: target-only decoding measured faster and steadier
 # across processes with them (docs/measurements.md).
@@ -37,6 +38,20 @@ _HOMES = {
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names.split()}
 
+
+if TYPE_CHECKING:  # the same names for type checkers and editors
+    from ears_core.decode.api import autoregressive, autoregressive_stream, generate, stream, tree_generate, tree_stream
+    from ears_core.decode.generation import Generation, GenerationResult
+    from ears_core.decode.verify import DraftKind, Verdict, verify
+    from ears_core.decode.verify_tree import TreeVerdict, verify_tree
+    from ears_core.draft.drafters import Drafter, ModelDrafter, NGramDrafter
+    from ears_core.events import KINDS, DraftRecord, StepRecord, TokenEvent
+    from ears_core.metrics import GenerationStats, expected_tokens_per_step, summarize, theoretical_speedup
+    from ears_core.pair import ModelPair, load_pair
+    from ears_core.rules import (RULES, AcceptanceRule, EARSRule, EntropyEARSRule, GreedyRule, Param, StandardRule,
+                                 TypicalRule, make_rule, register_rule)
+    from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
+    from ears_core.serve.session import RunConfig, Session
 
 def __getattr__(name: str):
     """A public name, imported from its module the first time it is asked for (then kept in the package)."""

@@ -230,3 +230,21 @@ def test_importing_ears_core_puts_large_tensors_in_huge_pages_unless_the_user_sa
         pytest.skip("this kernel offers no transparent huge pages")
     assert _huge_kb_after_a_big_tensor(None) >= 32 * 1024  # most of the 64 MB tensor
     assert _huge_kb_after_a_big_tensor("0") < 32 * 1024  # the user's choice wins
+
+
+def test_the_package_names_each_public_name_once_where_it_lives_and_imports_it_on_first_use():
+    """``ears_core.__all__``, the lazy table and the type checkers' imports name the same things, and importing the
+    package alone loads no torch (a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    import ears_core
+
+    tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
+    guarded = next(node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING")
+    typed = {alias.name: node.module for node in guarded.body for alias in node.names}
+    assert typed == ears_core._HOME and set(ears_core.__all__) == set(typed)
+    assert all(getattr(ears_core, name) is not None for name in ears_core.__all__)
+    code = "import sys, ears_core; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == \
+        ["False", "False"]
