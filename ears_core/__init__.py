@@ -53,7 +53,8 @@ if TYPE_CHECKING:  # the same names for type checkers and editors
     from ears_core.sampling import SamplingConfig, Stream, counter_uniforms, logits_to_probs, sample_with_uniforms
     from ears_core.serve.session import RunConfig, Session
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> object:
     """A public name, imported from its module the first time it is asked for (then kept in the package)."""
     module = _HOME.get(name)
     if module is None:
