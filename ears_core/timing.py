@@ -81,7 +81,7 @@ class RunQueue:
 PROBE_S = 0.02  # seconds of ``cores_crowded``'s parallel product: read busy 20 of 20 times beside one busy loop
 
 
-def cores_crowded(threads: int, probe_s: float = PROBE_S) -> bool:
+def cores_crowded(threads: int) -> bool:
     """Whether ``threads`` torch threads would wait for cores now (module terms: crowded); False for one thread."""
     if threads < 2:
         return False
@@ -90,7 +90,7 @@ def cores_crowded(threads: int, probe_s: float = PROBE_S) -> bool:
     torch.set_num_threads(threads)
     try:
         with RunQueue() as queue:
-            stop = time.perf_counter() + probe_s
+            stop = time.perf_counter() + PROBE_S
             while time.perf_counter() < stop:
                 a @ a
     finally:
