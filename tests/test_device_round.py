@@ -48,7 +48,7 @@ def pair():
 def test_the_device_round_decides_as_todays_chain_round_for_every_rule(pair, name, temperature):
     target, draft = pair
     kinds: Counter = Counter()
-    for seed in range(2):
+    for seed in range(2 if temperature else 1):  # at T = 0 the seed changes no decision: a second is the same check
         for prompt in PROMPTS[:3]:
             kw = dict(k=4, temperature=temperature, max_new_tokens=30, seed=seed)
             today = generate(target, draft, prompt, rule=make_rule(name, **RULE_PARAMS), **kw)
