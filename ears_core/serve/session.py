@@ -183,7 +183,7 @@ class Session:
         """Stop measuring in the background (the session is dropped: a pair switched out)."""
         self.pricing.close()
 
-    def warm_up(self, tokens: int = 24, strict: bool = False) -> None:
+    def warm_up(self, tokens: int = 12, strict: bool = False) -> None:
         """Make sure of a price curve and run one short speculative generation with K = 2: the first
         kernels run, and the draft step and per-round overhead are measured. Where the drafter can
         branch, one short tree of fixed size follows, learnt from by nothing (its first passes with
