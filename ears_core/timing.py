@@ -13,6 +13,12 @@ busy        a measurement's threads spent more than ``BUSY_SHARE`` of their time
             (Linux's per-thread run-queue wait, ``/proc/self/task/*/schedstat``): another job held the
             cores, so what was timed is not this machine's price. ``RunQueue`` reads it around a
             measurement; where the kernel does not report it, nothing is ever called busy.
+stolen      on a virtual machine, the CPU time the hypervisor gave to other guests while this one's CPUs
+            wanted to run (the steal column of ``/proc/stat``, all CPUs): a thread is "on a core" in its own
+            schedstat meanwhile, so the run queue never sees it. ``RunQueue(steal=True)`` (the measurements,
+            not a run's crowding watch) also reads busy where more than ``BUSY_SHARE`` of the CPU time wanted
+            was stolen, over at least ``STEAL_MIN_TICKS`` of it (a shorter reading says nothing); the hypervisor
+            takes 20-40 % in spells on some cloud machines (docs/benchmarks.md).
 crowded     ``cores_crowded(threads)``: a short parallel product on ``threads`` threads reads busy. With
             other jobs on the cores, torch's OpenMP threads wait for each other at every barrier: building
             and checking the lean target took 32 s on 2 threads beside two busy loops, 3.8 s on 1
@@ -27,7 +33,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE", "PROBE_S", "cores_crowded"]
+__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE", "PROBE_S", "STEAL_MIN_TICKS", "cores_crowded", "cpu_ticks",
+           "stolen_share"]
 
 BUSY_SHARE = 0.2  # of a measurement's thread time spent waiting for a core: busy (module terms)
 
@@ -48,9 +55,37 @@ def _schedstat() -> dict[str, tuple[int, int]]:
     return found
 
 
+STEAL_MIN_TICKS = 50  # CPU time wanted, in clock ticks of all CPUs (0.5 s at 100 a second), below which steal is not read
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, wanted) clock ticks of all CPUs since boot: the steal column of ``/proc/stat``, and every column
+    but idle and iowait (steal included; guest time is inside user); None where not reported (module terms)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if len(fields) < 9 or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return steal, user + nice + system + irq + softirq + steal
+
+
+def stolen_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> float | None:
+    """Of the CPU time wanted between two ``cpu_ticks`` readings, the share the hypervisor took (module terms:
+    stolen); None where either is missing or less than ``STEAL_MIN_TICKS`` was wanted."""
+    if start is None or end is None or end[1] - start[1] < STEAL_MIN_TICKS:
+        return None
+    return (end[0] - start[0]) / (end[1] - start[1])
+
+
 class RunQueue:
     """``with RunQueue() as rq: ...`` then ``rq.waited_share``: of the time this process's threads wanted a
-    core during the block, the share they waited for one; ``rq.busy``: above ``BUSY_SHARE`` (module terms)."""
+    core during the block, the share they waited for one; ``rq.busy``: above ``BUSY_SHARE`` (module terms).
+    ``steal``: ``rq.stolen_share`` is read too, and busy above ``BUSY_SHARE`` as well (module terms: stolen)."""
+
+    def __init__(self, steal: bool = False) -> None:
+        self.steal = steal
 
     def __enter__(self) -> "RunQueue":
         return self.begin()
@@ -60,22 +95,25 @@ class RunQueue:
 
     def begin(self) -> "RunQueue":
         """Start a reading (what ``with`` does on entry); -> self."""
-        self.waited_share = 0.0
+        self.waited_share = self.stolen_share = 0.0
         self._start = _schedstat()
+        self._ticks = cpu_ticks() if self.steal else None
         return self
 
     def end(self) -> bool:
-        """End the reading (what ``with`` does on exit): sets ``waited_share``; -> ``busy``."""
+        """End the reading (what ``with`` does on exit): sets ``waited_share`` (and ``stolen_share``); -> ``busy``."""
         run = wait = 0
         for tid, (r, w) in _schedstat().items():  # threads that ended meanwhile drop out
             r0, w0 = self._start.get(tid, (0, 0))
             run, wait = run + r - r0, wait + w - w0
         self.waited_share = wait / (run + wait) if run + wait > 0 else 0.0
+        if self.steal:
+            self.stolen_share = stolen_share(self._ticks, cpu_ticks()) or 0.0
         return self.busy
 
     @property
     def busy(self) -> bool:
-        return self.waited_share > BUSY_SHARE
+        return self.waited_share > BUSY_SHARE or self.stolen_share > BUSY_SHARE
 
 
 PROBE_S = 0.02  # seconds of ``cores_crowded``'s parallel product: read busy 20 of 20 times beside one busy loop

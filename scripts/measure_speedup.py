@@ -9,7 +9,8 @@ slow spell of the machine falls on all of them; several drafts (``--drafts``: "a
 or head folders) do the same, each with every dtype. Reported per dtype and setting: tokens/s of both, the
 ratio on the decode clock and on the wall clock (each run's request-to-last-token time), the lowest
 per-prompt ratio beside its noise floor (two target-only runs of the same prompt against each other: ``--repeats``
-runs each prompt that many times, the order of speculative and target-only swapped each time), tokens a round, time to first token, and the dtype's price curve and draft step.
+runs each prompt that many times, the order of speculative and target-only swapped each time), tokens a round, time to first token, and the dtype's price curve and draft step;
+and the share of the CPU time the hypervisor took, per prompt and in all (``timing.py``, stolen: a high share marks a noisy run).
 Greedy speculative output is checked against target-only output prompt by prompt. ``--peer`` measures
 llama.cpp's plain decoding of the same GGUF on the same threads (scripts/llama_cpp_peer.py, built once with
 ``--build``) before and after the runs, and puts its tokens/s beside the project's.
@@ -37,6 +38,7 @@ import torch
 from ears_core import load_pair
 from ears_core.policy.costs import describe
 from ears_core.serve.session import RunConfig, Session
+from ears_core.timing import cpu_ticks, stolen_share
 
 ROOT = Path(__file__).resolve().parent.parent
 ROUND_PARTS = ("draft_ms", "target_ms", "overhead_ms")  # a round: drafting, the verify pass, the rest
@@ -197,13 +199,17 @@ def main() -> None:
             print(label, session.profile_text(), flush=True)
     peer = [_peer(a.threads, a.tokens)] if a.peer else []
     runs: dict[str, list] = {dt: [] for dt in sessions}
-    t0 = time.time()
+    t0, first_ticks, steal = time.time(), cpu_ticks(), []  # steal: the hypervisor's share of each prompt's CPU time
     for i, p in enumerate(prompts):
+        ticks = cpu_ticks()
         for dt, session in sessions.items():
             ids = session.encode(p["prompt"])
             runs[dt].append(_merged([_one_prompt(session, ids, a.tokens, seed=i, device_round=a.device_round,
                                                  spec_first=j % 2 == 1) for j in range(a.repeats)]))
-        print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s)", flush=True)
+        steal.append(stolen_share(ticks, cpu_ticks()))
+        print(f"prompt {i + 1}/{len(prompts)} ({time.time() - t0:.0f} s"
+              + (f", {steal[-1]:.0%} stolen" if steal[-1] is not None else "") + ")", flush=True)
+    whole = stolen_share(first_ticks, cpu_ticks())
     if a.peer:
         peer.append(_peer(a.threads, a.tokens))
     from ears_core.model.kernels.cpu_forms import report
@@ -212,6 +218,8 @@ def main() -> None:
               "cpu": _cpu_name(), "kernel_forms": report(),
               "heads": {dt: str(getattr(s.pair.target, "head_form", None)) for dt, s in sessions.items()},
               "prompts": len(prompts), "tokens": a.tokens, "repeats": a.repeats, "minutes": round((time.time() - t0) / 60, 1),
+              "stolen_share": None if whole is None else round(whole, 3),  # timing.py, stolen: high = a noisy run
+              "stolen_share_per_prompt": [None if x is None else round(x, 3) for x in steal],
               "dtypes": {dt: {"price_curve": describe(s.prices), "profile": s.profile_text(), "settings": _fold(runs[dt])}
                          for dt, s in sessions.items()}}
     if peer:
@@ -224,6 +232,9 @@ def main() -> None:
               f"{peer[1]['generation_tok_s']} after")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
+    if whole is not None:
+        print(f"\nthe hypervisor took {whole:.1%} of the CPU time wanted (most in one prompt: "
+              f"{max(x or 0.0 for x in steal):.1%}): timing.py, stolen")
     for dt, r in result["dtypes"].items():
         print(f"\n{dt}: {r['profile']}")
         for name, row in r["settings"].items():

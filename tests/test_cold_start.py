@@ -60,6 +60,53 @@ def test_crowded_cores_are_seen_and_a_quiet_machine_is_not(monkeypatch):
         assert cores_crowded(2)
 
 
+def _ticks(monkeypatch, *readings):
+    """timing.cpu_ticks reads the given (stolen, wanted) ticks in turn; the run queue reads nothing waited."""
+    it = iter(readings)
+    monkeypatch.setattr(ears_core.timing, "cpu_ticks", lambda: next(it))
+    monkeypatch.setattr(ears_core.timing, "_schedstat", dict)
+    monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
+
+
+@pytest.mark.parametrize("readings,share", [(((100, 1000), (400, 1600)), 0.5), (((100, 1000), (110, 1100)), 0.1),
+                                            (((100, 1000), (130, 1040)), 0.0), ((None, None), 0.0)],
+                         ids=["half stolen", "a tenth", "too short to say", "not reported"])
+def test_time_the_hypervisor_took_is_read_beside_the_run_queue(monkeypatch, readings, share):
+    """timing.py, stolen: a measurement reads busy where more than BUSY_SHARE of the CPU time it wanted went to
+    other guests, over STEAL_MIN_TICKS at least; a run's crowding watch (no steal) never reads the ticks."""
+    _ticks(monkeypatch, *readings)
+    with RunQueue(steal=True) as measured:
+        pass
+    assert measured.stolen_share == share and measured.busy == (share > 0.2)
+    monkeypatch.setattr(ears_core.timing, "cpu_ticks", lambda: pytest.fail("read without steal"))
+    with RunQueue() as watched:
+        pass
+    assert watched.stolen_share == 0.0 and not watched.busy
+
+
+def test_the_machine_reports_its_stolen_ticks():
+    first = ears_core.timing.cpu_ticks()
+    if first is None:
+        pytest.skip("no /proc/stat here")
+    time.sleep(0.05)
+    second = ears_core.timing.cpu_ticks()
+    assert 0 <= first[0] <= first[1] and second[0] >= first[0] and second[1] >= first[1]
+
+
+def test_measurements_made_while_the_hypervisor_took_the_cores_are_made_again_or_refused(monkeypatch):
+    """A price curve measured in a spell of steal is measured again (the quiet one kept); a kernel choice
+    measured in one raises MachineBusy naming it (the caller keeps its default: pair.py, provisional)."""
+    from ears_core.model.measuring import measured
+
+    _ticks(monkeypatch, (0, 0), (500, 1000), (500, 1000), (510, 2000))
+    calls = []
+    monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: calls.append(1) or "curve")
+    assert profile.measured_quietly(None, max_m=3, key="k") == ("curve", False) and len(calls) == 2
+    _ticks(monkeypatch, (0, 0), (500, 1000))
+    with pytest.raises(MachineBusy, match="measuring the head's form"):
+        measured.quietly("the head's form", lambda: 1)
+
+
 @pytest.mark.parametrize("crowded", [False, True])
 def test_a_load_runs_on_one_thread_where_the_cores_are_crowded(monkeypatch, crowded):
     import ears_core.pair

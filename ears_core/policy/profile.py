@@ -7,7 +7,8 @@ profile      a ``PriceCurve`` (policy/costs.py) of the target's passes over m = 
              as JSON under ``$EARS_CACHE/costs/``; a file that does not read back is measured again
              (model/measuring/records.py).
 busy         a measurement during which this process's threads waited for a core more than
-             ``timing.BUSY_SHARE`` of the time (timing.py: another job held the cores). It is measured
+             ``timing.BUSY_SHARE`` of the time (timing.py: another job held the cores), or the hypervisor took
+             that share of the CPU time wanted (timing.py: stolen). It is measured
              again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
              ``piece`` given) it raises ``MachineBusy``, so the work is put aside and tried at a later
              quiet; in a caller's thread it serves this process only.
@@ -65,7 +66,7 @@ def measured_quietly(target: torch.nn.Module, *, max_m: int, key: str, piece: Ca
                      repeats: int = 5) -> tuple[PriceCurve, bool]:
     """``measure_prices``, again while the machine reads busy (module terms): (the last curve, still busy)."""
     for _ in range(BUSY_TRIES):
-        with RunQueue() as queue:
+        with RunQueue(steal=True) as queue:
             curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=repeats)
         if not queue.busy:
             return curve, False

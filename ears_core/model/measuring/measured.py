@@ -98,7 +98,7 @@ def keep_first(ms: dict[T, float], margin: float) -> T:
 def quietly(what: str, measure: Callable[[], T], check: bool = True) -> T:
     """measure() while the run queue is watched; ``MachineBusy`` naming ``what`` if the cores were busy
     (module terms: quiet; ``check`` False: a scripted timer, nothing to watch)."""
-    with RunQueue() as queue:
+    with RunQueue(steal=True) as queue:
         out = measure()
     if check and queue.busy:
         raise MachineBusy(f"the cores were busy while measuring {what}: tried again later")
