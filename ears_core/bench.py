@@ -70,6 +70,7 @@ from ears_core.quality.section import QualitySettings, run_section
 from ears_core.decode.api import autoregressive_stream, stream
 from ears_core.rules import RULES
 from ears_core.decode.api import tree_stream
+from ears_core.timing import cpu_ticks, stolen_share
 
 __all__ = ["Config", "BenchSettings", "build_plan", "run_bench", "main"]
 
@@ -214,7 +215,7 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
     if progress and prices_at_start:
         print(f"this machine's {prices_at_start}", file=sys.stderr, flush=True)
     rows: dict[Job, dict[str, Any]] = {}
-    t_start = time.perf_counter()
+    t_start, ticks = time.perf_counter(), cpu_ticks()
     for n, job in enumerate(jobs, 1):
         p = prompts[job.prompt_id]
         r = bench.run(job.config, ids[job.prompt_id], job.seed, job.max_new_tokens)
@@ -230,6 +231,8 @@ def run_bench(s: BenchSettings, bench: Bench | None = None, progress: bool = Tru
     if progress and sys.stderr.isatty():
         print(file=sys.stderr)
     info = machine(bench.target)
+    stolen = stolen_share(ticks, cpu_ticks())  # the hypervisor's share of the CPU time the runs wanted (timing.py)
+    info["stolen_share"] = None if stolen is None else round(stolen, 3)
     if bench.session is not None:  # the price curve the runs were priced with: at the start and as the rounds left it
         info["prices_at_start"], info["prices_at_end"] = prices_at_start, bench.session.profile_text()
     meta = dict(target=s.target, draft=bench.draft_label, assisted=bench.assisted_label if assisted else None,

@@ -13,6 +13,7 @@ import torch
 from ears_core import bench
 from ears_core.report.bench_plan import PROMPTS_FILE, BenchSettings, Config, Job, build_plan, final_answer, load_prompts, spread
 from ears_core.report.bench_report import RUN_FIELDS, pool, wilson
+from ears_core.timing import cpu_ticks
 from test_models import save_noisy_pair
 
 HAS_CHROMIUM = os.path.exists("/usr/bin/chromium")
@@ -56,6 +57,11 @@ def test_bench_on_a_tiny_pair_writes_every_column(tiny_folders, tmp_path, capsys
     summary = json.loads((out / "summary.json").read_text())
     assert summary["machine"]["prices_at_start"].startswith("verify price in steps")
     assert summary["machine"]["prices_at_end"].startswith("verify price in steps")
+    stolen = summary["machine"]["stolen_share"]  # the runs want seconds of CPU: read wherever /proc/stat reports it
+    if cpu_ticks() is not None:
+        assert 0.0 <= stolen <= 1.0 and "of the CPU time the runs wanted" in printed
+    else:
+        assert stolen is None
     assert set(summary["sections"]) == {"main", "sweep", "k", "fidelity", "frontier", "policy", "tree"}
     main = {r["config"].replace(" [fixed]", ""): r for r in summary["sections"]["main"]}
     assert set(main) == {"target T=0.9 K=0", "ordinary T=0.9 K=4", "ears 0.1 T=0.9 K=4", "ears 0.5 T=0.9 K=4",

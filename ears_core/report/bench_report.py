@@ -238,6 +238,8 @@ def format_table(summary: dict[str, Any]) -> str:
     for when in ("start", "end"):  # every speed figure below was measured on this price curve
         if summary["machine"].get(f"prices_at_{when}"):
             parts.append(f"prices at the {when}: {summary['machine'][f'prices_at_{when}']}")
+    if summary["machine"].get("stolen_share") is not None:  # a high share: a noisy run (timing.py, stolen)
+        parts.append(f"the hypervisor took {summary['machine']['stolen_share']:.1%} of the CPU time the runs wanted")
     for sec, rows in summary["sections"].items():
         cols = _cols(rows)
         body = [[h for _, h, _ in cols]] + [_cells(r, cols) for r in rows]
