@@ -192,7 +192,7 @@ def _resolve(spec: str, role: str, cache_dir: str | os.PathLike | None) -> tuple
 
 
 def _load_tokenizer(spec: str, role: str, cache_dir: Any, allow_download: bool) -> Any:
-    return load_tokenizer(spec, *_resolve(spec, role, cache_dir), role, allow_download)
+    return load_tokenizer(spec, *_resolve(spec, role, cache_dir), role, allow_download, backend=spec == EMBEDDED)
 
 
 def _load_model(spec: str, role: str, device: torch.device, dtype: torch.dtype, cache_dir: Any,

@@ -4,6 +4,10 @@ curve, and a measurement the busy cores spoil detected and made again.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -191,6 +195,41 @@ def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_pa
     assert pair.provisional == ["the int4 row plan", "the output head's form", "the draft head's kernels"]
     assert pair.draft.kernel_provisional and pair.draft.kernel_choice is None
     assert not list(tmp_path.glob("kernels/*.json"))
+
+
+# transformers' Llama modules and what their configuration validators import: 5 s of a cold start on two cores
+HEAVY = ("transformers.models.llama.configuration_llama", "transformers.models.llama.modeling_llama",
+         "transformers.modeling_utils", "torch._dynamo", "sympy")
+_LOAD_AND_DECODE = """
+import json, sys
+from ears_core import load_pair
+from ears_core.serve.session import RunConfig, Session
+from ears_core.policy.profile import profile_key
+pair = load_pair()
+session = Session(pair)
+ids = session.encode("Why is the sky blue?")
+run = session.speculative(ids, RunConfig(rule="ears", params={"beta": 0.1}, temperature=0.9, max_new_tokens=8, seed=0))
+tokens = sum(1 for _ in run)
+print(json.dumps({"target": type(pair.target).__name__, "body": type(pair.new_drafter().head.body).__name__,
+                  "key": profile_key(pair.target), "tokens": tokens, "heavy": [m for m in %r if m in sys.modules]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_lean_load_and_its_first_request_import_no_transformers_llama_module():
+    """From a fresh process: the embedded pair loads, answers and keys its prices by the model's folder with the
+    model's config read as transformers' base config, the draft head's body as plain weights (plain_body.py) and
+    the tokenizer as its own class: none of the imports that cost a cold start 5 s."""
+    if not supported():
+        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations (the lean target)")
+    env = {k: v for k, v in os.environ.items() if k not in ("EARS_LEAN", "EARS_DTYPE", "EARS_DRAFT_DTYPE")}
+    out = subprocess.run([sys.executable, "-c", _LOAD_AND_DECODE % (HEAVY,)], capture_output=True, text=True,
+                         timeout=600, env=env, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["target"] == "LeanLlama" and got["body"] == "PlainBody" and got["tokens"] > 0
+    assert got["key"].startswith("smollm2-135m-instruct|30x576x49152|cpu|bfloat16")  # the folder's name, not the class
+    assert got["heavy"] == []
 
 
 def test_settling_runs_in_pieces_and_a_decode_puts_it_aside(monkeypatch):

@@ -74,3 +74,21 @@ def test_the_shipped_draft_head_keeps_greedy_output(monkeypatch, worker_threads,
     assert out.token_ids == ref.token_ids
     assert out.stats.accepted > 0  # the trained head gets some drafts through
     assert all(d.token_id in set(pair.draft.vocab_ids.tolist()) for s in out.steps for d in s.drafts)
+
+
+def test_the_embedded_tokenizer_loaded_as_its_own_class_is_the_one_autotokenizer_gives():
+    """pair.py loads the embedded target's tokenizer as transformers' TokenizersBackend, not through AutoTokenizer
+    (which reads the model's config first): the same class, vocabulary, specials, chat prompt and encodings."""
+    from transformers import AutoTokenizer
+
+    from ears_core.model.loading.embedded import prepare_embedded
+    from ears_core.model.loading.hub import load_tokenizer
+
+    folder = str(prepare_embedded())
+    mine, auto = load_tokenizer("embedded", folder, True, "target", False, backend=True), AutoTokenizer.from_pretrained(folder)
+    assert type(mine) is type(auto) and mine.get_vocab() == auto.get_vocab() and len(mine) == len(auto) == 49152
+    assert (mine.eos_token_id, mine.pad_token_id, mine.all_special_ids) == (auto.eos_token_id, auto.pad_token_id,
+                                                                            auto.all_special_ids)
+    for prompt in ("Why is the sky blue?", "Write <|im_end|> a haiku\n\nabout  the sea."):
+        assert torch.equal(encode_prompt(mine, prompt), encode_prompt(auto, prompt))
+        assert mine(prompt).input_ids == auto(prompt).input_ids

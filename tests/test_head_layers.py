@@ -57,6 +57,39 @@ def test_a_tree_pass_equals_the_general_forward_with_its_mask_and_positions():
     assert pos[0].tolist() == [6, 6, 7, 7, 8]
 
 
+def test_the_plain_rope_gives_transformers_own_tables_and_stands_aside_for_a_scaled_one():
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    from ears_core.model.passes.decoder import plain_rotary, rotation_tables
+
+    cfg = LlamaConfig(hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 5e4})
+    mine, theirs = rotation_tables(plain_rotary(cfg), 16, 300), rotation_tables(LlamaRotaryEmbedding(cfg), 16, 300)
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))  # (P, D) each, the same bits
+    assert not torch.equal(mine[0], rotation_tables(plain_rotary(LlamaConfig(hidden_size=64, num_attention_heads=4)),
+                                                    16, 300)[0])  # the theta is read
+    scaled = LlamaConfig(hidden_size=64, num_attention_heads=4,
+                         rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
+    assert plain_rotary(scaled) is None
+
+
+@torch.inference_mode()
+def test_a_head_loaded_plain_runs_the_bits_of_one_loaded_with_llama_model(tmp_path):
+    from ears_core.draft.plain_body import PlainBody
+
+    random_head().save(tmp_path / "head")
+    plain, full = DraftHead.load(tmp_path / "head", plain=True), DraftHead.load(tmp_path / "head")
+    assert isinstance(plain.body, PlainBody) and type(full.body).__name__ == "LlamaModel"
+    assert set(plain.state_dict()) == {k for k in full.state_dict() if not k.startswith("body.embed_tokens")}
+    z = torch.randn(1, 9, 64)  # (B, T, d)
+    mine, theirs = HeadLayers(plain.body), HeadLayers(full.body)
+    assert torch.equal(mine(z, mine.new_cache()), theirs(z, theirs.new_cache()))
+    assert EagleDrafter(plain, tiny_llama(0)).by_hand
+    with pytest.raises(RuntimeError, match="plain=False"):
+        plain.body(inputs_embeds=z)
+    random_head(rope={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}).save(tmp_path / "scaled")
+    assert type(DraftHead.load(tmp_path / "scaled", plain=True).body).__name__ == "LlamaModel"
+
+
 @torch.inference_mode()
 def test_crop_drops_the_tail_and_new_entries_take_its_place():
     head = random_head(layers=1)

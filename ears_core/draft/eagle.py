@@ -28,12 +28,12 @@ import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from transformers import DynamicCache, LlamaConfig, LlamaModel, PreTrainedModel
+from transformers import DynamicCache
 
 from ears_core.draft.drafters import Draw, Keep, ProbsFn, draft_chain, drawn
 from ears_core.draft.head_layers import head_layers, supports
@@ -41,11 +41,16 @@ from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass, node_rows
 from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
 
+if TYPE_CHECKING:  # annotations only: transformers' Llama modules cost seconds to import (plain_body.py)
+    from transformers import LlamaConfig, PreTrainedModel
+
 __all__ = ["DraftHead", "EagleDrafter", "head_config_from_target"]
 
 
 def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
     """A Llama config for the head: the target's widths, ``layers`` decoder layers, no vocabulary."""
+    from transformers import LlamaConfig
+
     c = target_config
     return LlamaConfig(vocab_size=1, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                        num_hidden_layers=layers, bos_token_id=None, eos_token_id=None, pad_token_id=None,
@@ -58,7 +63,8 @@ def head_config_from_target(target_config: Any, layers: int = 1) -> LlamaConfig:
 class DraftHead(nn.Module):
     """fc + decoder layer(s) + norm: (features (B, T, d), token embeddings (B, T, d)) -> (B, T, d)."""
 
-    def __init__(self, config: LlamaConfig, vocab_ids: Tensor, feature_layers: tuple[int, ...] = (-1,)) -> None:
+    def __init__(self, config: LlamaConfig, vocab_ids: Tensor, feature_layers: tuple[int, ...] = (-1,),
+                 body: nn.Module | None = None) -> None:
         super().__init__()
         d = config.hidden_size
         self.config = config
@@ -66,7 +72,10 @@ class DraftHead(nn.Module):
         if not self.feature_layers:
             raise ValueError("feature_layers must name at least one hidden state of the target (e.g. (-1,))")
         self.fc = nn.Linear((len(self.feature_layers) + 1) * d, d, bias=True)
-        self.body = LlamaModel(config)
+        if body is None:  # the general forward (training, CUDA graph capture); plain_body.py: weights only
+            from transformers import LlamaModel
+            body = LlamaModel(config)
+        self.body = body
         self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=True)  # (N,)
         self.temperature_scale = 1.0  # tau (see the module docstring); saved in head.json
 
@@ -96,11 +105,23 @@ class DraftHead(nn.Module):
         (folder / "head.json").write_text(json.dumps(info, indent=1, default=str))
 
     @classmethod
-    def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32) -> "DraftHead":
+    def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32, plain: bool = False) -> "DraftHead":
+        """The head saved in ``folder``. ``plain``: its body as weights only where usable (plain_body.py), for a head
+        that only drafts by hand: no transformers Llama modules imported; else (and by default) ``LlamaModel``."""
+        from transformers import PretrainedConfig
+
+        from ears_core.draft.plain_body import plain_body_for
+
         folder = Path(folder)
         info = json.loads((folder / "head.json").read_text())
         state = load_file(str(folder / "head.safetensors"))
-        head = cls(LlamaConfig.from_dict(info["head_config"]), state["vocab_ids"], tuple(info.get("feature_layers", (-1,))))
+        config, body = PretrainedConfig.from_dict(info["head_config"]), None
+        if plain:
+            body = plain_body_for(config)
+        if body is None:
+            from transformers import LlamaConfig
+            config = LlamaConfig.from_dict(info["head_config"])
+        head = cls(config, state["vocab_ids"], tuple(info.get("feature_layers", (-1,))), body=body)
         missing, unexpected = head.load_state_dict(state, strict=False)
         bad = [m for m in missing if not m.startswith("body.embed_tokens")]
         if bad or unexpected:

@@ -65,7 +65,9 @@ def head_drafter(target_model: torch.nn.Module, variant: Variant, vocab_size: in
     from ears_core.draft.eagle import DraftHead, EagleDrafter
 
     emb = target_model.get_input_embeddings().weight  # (V, d)
-    head, width = DraftHead.load(folder, dtype=variant.torch_dtype).to(emb.device), emb.shape[1]
+    # on a CPU its body is weights only (plain_body.py): it drafts by hand there, never through the general forward
+    plain = emb.device.type == "cpu"
+    head, width = DraftHead.load(folder, dtype=variant.torch_dtype, plain=plain).to(emb.device), emb.shape[1]
     if head.config.hidden_size != width:
         raise ModelLoadError(f"the draft head in {folder} is {head.config.hidden_size} wide but the target's hidden "
                              f"states are {width}: a head only drafts for the target it was trained on")

@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ears_core.model.loading.damage import file_table, safetensors_metadata, table_damage, whole_damage
 from ears_core.model.measuring.records import cache_root
@@ -230,6 +229,8 @@ def gguf_parsed_once() -> Iterator[None]:
 def _convert(gguf: Path, tmp: Path) -> dict[str, Any]:
     """The GGUF's model and tokenizer saved in ``tmp`` and checked (the expensive step: about 20 s on two cores); the
     marker's record of it."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # here: a prepared folder's load never needs them
+
     t0 = time.perf_counter()
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -273,6 +274,8 @@ def _check_same_outputs(model: torch.nn.Module, tokenizer: Any, folder: Path) ->
     with the same weights may sum in another order (a float32 pass measured 4.8e-3 apart out of 37 once), while a
     configuration that does not carry over (rotary base, norm epsilon, tied head) moves them by whole units. The
     greedy tokens recorded are the saved copy's, the model every later load runs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     reloaded = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     ids = encode_prompt(tokenizer, _CHECK_PROMPT)  # (1, T)
     if not torch.equal(ids, encode_prompt(AutoTokenizer.from_pretrained(folder), _CHECK_PROMPT)):

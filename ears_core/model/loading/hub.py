@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ears_core.model.loading.damage import folder_damage
 
@@ -120,9 +119,16 @@ def _hub_copy(spec: str) -> Path | None:
     return Path(found).parent if isinstance(found, str) else None
 
 
-def load_tokenizer(spec: str, source: str, local: bool, role: str, allow_download: bool) -> Any:
-    """The tokenizer at ``source`` (what ``spec`` resolved to); errors name ``spec`` and the fix."""
-    return _call(f"{role} tokenizer", AutoTokenizer.from_pretrained, spec, source, local, allow_download)
+def load_tokenizer(spec: str, source: str, local: bool, role: str, allow_download: bool,
+                   backend: bool = False) -> Any:
+    """The tokenizer at ``source`` (what ``spec`` resolved to); errors name ``spec`` and the fix. ``backend``: the
+    folder's tokenizer is transformers' model-independent ``TokenizersBackend`` (the embedded pair's), loaded as
+    that class without ``AutoTokenizer``, which reads the model's config first (seconds of imports when cold)."""
+    if backend:
+        from transformers import TokenizersBackend as loader
+    else:
+        from transformers import AutoTokenizer as loader
+    return _call(f"{role} tokenizer", loader.from_pretrained, spec, source, local, allow_download)
 
 
 def load_model(spec: str, source: str, local: bool, role: str, device: torch.device, dtype: torch.dtype,
@@ -131,6 +137,8 @@ def load_model(spec: str, source: str, local: bool, role: str, device: torch.dev
     kwargs: dict[str, Any] = {"dtype": dtype}
     if device_map is not None:
         kwargs["device_map"] = device_map  # accelerate places the layers
+    from transformers import AutoModelForCausalLM
+
     model = _call(f"{role} model", AutoModelForCausalLM.from_pretrained, spec, source, local,
                   allow_download, **kwargs)
     if device_map is None:

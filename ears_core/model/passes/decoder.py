@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ears_core.model.kernels.gguf_q4 import GROUP
 
 __all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "fold_heads", "int4_kind", "modules",
-           "rotation_tables", "unfold_heads"]
+           "plain_rotary", "rotation_tables", "unfold_heads"]
 
 ROW_CAP = 16  # rows per int4 kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
 
@@ -136,7 +136,24 @@ def unfold_heads(a: Tensor, m: int) -> Tensor:
     return a.view(h_kv, gm // m, m, dim).permute(2, 0, 1, 3).reshape(m, h_kv * (gm // m) * dim)
 
 
-def rotation_tables(rotary: nn.Module, head_dim: int, positions: int, device: torch.device | str = "cpu"
+def plain_rotary(config: Any) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None:
+    """For a config whose rope is the plain one (``rope_parameters`` of type ``default``): ``(x, position_ids) ->
+    (cos, sin)`` with the floats of transformers' rotary embedding for it (inverse frequencies theta^(-2i/D)), so
+    a pass need not import transformers' modeling modules (seconds at a cold start); None for any other rope."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
+        return None
+    dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // int(config.num_attention_heads))
+    inv_freq = 1.0 / (float(rope["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))  # (D/2,)
+
+    def rotary(x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:  # (B, P) -> (B, P, D) each
+        freqs = position_ids[..., None].float() * inv_freq.to(x.device)  # (B, P, D/2)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (B, P, D)
+        return angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    return rotary
+
+
+def rotation_tables(rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], head_dim: int, positions: int, device: torch.device | str = "cpu"
                     ) -> tuple[Tensor, Tensor]:
     """(cos, signed sin), each (P, D) float32, for P positions of a transformers rotary embedding, such that
     ``x cos + x.roll(D / 2, -1) sin`` is its ``x cos + rotate_half(x) sin``."""

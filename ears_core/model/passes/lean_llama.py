@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import PassOutput, pass_inputs
-from ears_core.model.passes.decoder import Decoder, Exact, Layer, int4_kind, rotation_tables
+from ears_core.model.passes.decoder import Decoder, Exact, Layer, int4_kind, plain_rotary, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
 __all__ = ["LeanLlama"]
@@ -33,7 +33,6 @@ class LeanLlama(nn.Module):
                  attn_dtype: torch.dtype = torch.float64) -> None:
         super().__init__()
         from transformers import GenerationConfig
-        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
         self.config = config
         self.generation_config = GenerationConfig.from_model_config(config)  # end-of-sequence ids, as transformers'
@@ -41,7 +40,11 @@ class LeanLlama(nn.Module):
         heads, kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
         head_dim = int(getattr(text, "head_dim", None) or int(text.hidden_size) // heads)
         positions = int(getattr(text, "max_position_embeddings", 8192))
-        cos, sin = rotation_tables(LlamaRotaryEmbedding(text), head_dim, positions)  # (P, D) each, float32
+        rotary = plain_rotary(text)
+        if rotary is None:  # a scaled rope: transformers' own tables
+            from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+            rotary = LlamaRotaryEmbedding(text)
+        cos, sin = rotation_tables(rotary, head_dim, positions)  # (P, D) each, float32
         # per head of the fused q/k/v output: q and k heads rotate, v heads pass (cos 1, sin 0: the same bits)
         rotates = torch.arange(heads + 2 * kv_heads) < heads + kv_heads  # (H + 2 Hkv,)
         cos = torch.where(rotates[None, :, None], cos[:, None], 1.0).to(torch.bfloat16)  # (P, H + 2 Hkv, D)
