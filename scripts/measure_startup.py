@@ -7,13 +7,15 @@ background prices (as the app's pair slot makes it), then a first request (the a
 T = 0.9, ``--tokens`` new tokens), waits for the background measurements (the pair's provisional choices and
 the price curve) and decodes the same request again, warmed. ``contended`` starts two busy-looping processes
 beside the start (a browser loading would do the same to two cores) and stops them once the first request
-is served; the background measurements then run on a quiet machine.
+is served; the background measurements then run on a quiet machine. ``app cold`` and ``app cached`` start the
+app as ``python app.py`` does (``app.start``: the pair loading while Gradio is imported, the page built) and
+report when the page is built and when the pair is ready (loaded and warmed up), without serving it.
 
     python scripts/measure_startup.py [--tokens 64] [--out docs/results/startup.json]
 
 Run it alone on the machine. Reported per scenario: seconds from the process's start to import, to the pair
 loaded, to ready (warmed up), to the first request's first token and last token; the first and warmed
-requests' tokens/s; the price curve at ready and once settled.
+requests' tokens/s; the price curve at ready and once settled (the app's: to the page built and to ready).
 """
 from __future__ import annotations
 
@@ -69,6 +71,19 @@ print(json.dumps({"import_s": t_import - t0, "load_s": t_load - t0, "ready_s": t
 """ % PROMPT
 
 
+APP = r"""
+import json, sys, time
+t0 = float(sys.argv[1])
+import app
+from ears_core.serve.settings import Settings
+demo = app.start(Settings.from_env())  # what `python app.py` does before it serves
+t_built = time.time()
+demo.ears_slot.preloader.join(600)
+print(json.dumps({"page_built_s": t_built - t0, "ready_s": time.time() - t0,
+                  "loaded": demo.ears_slot.loaded is not None}))
+"""
+
+
 def _cold_cache() -> Path:
     """A fresh $EARS_CACHE holding only the prepared embedded target (a link to it)."""
     from ears_core.model.loading.embedded import CACHE_SUBDIR, prepare_embedded
@@ -78,12 +93,12 @@ def _cold_cache() -> Path:
     return folder
 
 
-def _start(cache: Path, tokens: int, busy: int = 0) -> dict:
+def _start(cache: Path, tokens: int, busy: int = 0, child_code: str = CHILD) -> dict:
     flag = cache / "ready.flag"
     flag.unlink(missing_ok=True)
     loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     env = {**os.environ, "EARS_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(time.time()), str(tokens), str(flag)], env=env,
+    child = subprocess.Popen([sys.executable, "-c", child_code, str(time.time()), str(tokens), str(flag)], env=env,
                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
         while busy and child.poll() is None and not flag.exists():
@@ -107,10 +122,14 @@ def main() -> None:
     results["cached"] = _start(cache, args.tokens)
     contended_cache = _cold_cache()
     results["contended cold"] = _start(contended_cache, args.tokens, busy=2)
-    for name in ("cold", "cached", "contended cold"):
+    app_cache = _cold_cache()
+    results["app cold"] = _start(app_cache, args.tokens, child_code=APP)
+    results["app cached"] = _start(cache, args.tokens, child_code=APP)
+    for name in ("cold", "cached", "contended cold", "app cold", "app cached"):
         print(name, json.dumps(results[name], indent=1))
     shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(contended_cache, ignore_errors=True)
+    shutil.rmtree(app_cache, ignore_errors=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -134,3 +134,26 @@ def test_the_machine_panel_follows_a_run_instead_of_the_state_changing():
     generate = next(f for f in fns if f.api_name == "generate")
     after = [f for f in fns if f.trigger_after == generate._id]
     assert any("rounds_plot" in [getattr(o, "elem_id", None) for o in f.outputs] for f in after)
+
+
+def test_the_app_starts_its_pair_loading_and_builds_the_page_around_that_slot(tmp_path, monkeypatch):
+    """``app.start`` (what ``python app.py`` does before serving): the configured pair loads and warms up in the
+    background, started before Gradio's import, and the page it returns reads that one slot, ready once loaded."""
+    import app
+    from test_app import tiny_backend
+    from conftest import tiny_llama
+
+    pair = tiny_backend(tiny_llama(0, max_pos=1024))
+    pair.target.save_pretrained(tmp_path / "pair")
+    pair.tokenizer.save_pretrained(tmp_path / "pair")
+    for name, value in (("EARS_TARGET", str(tmp_path / "pair")), ("EARS_DRAFT", "ngram"), ("EARS_DEVICE", "cpu"),
+                        ("EARS_CACHE", str(tmp_path / "cache"))):
+        monkeypatch.setenv(name, value)
+    demo = app.start(Settings.from_env())
+    try:
+        slot = demo.ears_slot
+        assert slot.preloader is not None and slot.choice == (str(tmp_path / "pair"), "ngram")
+        slot.preloader.join(120)
+        assert slot.state == "ready" and slot.loaded.pair.draft_spec == "ngram"
+    finally:
+        demo.close()
