@@ -37,6 +37,7 @@ from transformers import DynamicCache
 
 from ears_core.draft.drafters import Draw, Keep, ProbsFn, draft_chain, drawn
 from ears_core.draft.head_layers import head_layers, supports
+from ears_core.draft.plain_body import plain_body_for
 from ears_core.draft.step_graphs import StepGraphs
 from ears_core.draft.trees import DraftTree, additive_mask, build_tree, draft_pass, node_rows
 from ears_core.model.passes.kv_cache import KVBuffer, drop_last_positions
@@ -108,17 +109,13 @@ class DraftHead(nn.Module):
     def load(cls, folder: str | Path, dtype: torch.dtype = torch.float32, plain: bool = False) -> "DraftHead":
         """The head saved in ``folder``. ``plain``: its body as weights only where usable (plain_body.py), for a head
         that only drafts by hand: no transformers Llama modules imported; else (and by default) ``LlamaModel``."""
-        from transformers import PretrainedConfig
-
-        from ears_core.draft.plain_body import plain_body_for
-
         folder = Path(folder)
         info = json.loads((folder / "head.json").read_text())
         state = load_file(str(folder / "head.safetensors"))
-        config, body = PretrainedConfig.from_dict(info["head_config"]), None
-        if plain:
-            body = plain_body_for(config)
-        if body is None:
+        body = plain_body_for(info["head_config"]) if plain else None
+        if body is not None:
+            config = body.config
+        else:
             from transformers import LlamaConfig
             config = LlamaConfig.from_dict(info["head_config"])
         head = cls(config, state["vocab_ids"], tuple(info.get("feature_layers", (-1,))), body=body)

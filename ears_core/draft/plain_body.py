@@ -9,16 +9,17 @@ plain body   ``PlainBody``: ``layers[i].self_attn.{q,k,v,o}_proj``, ``layers[i].
              ``layers[i].{input,post_attention}_layernorm.weight``, ``norm.weight`` and ``rotary_emb`` (the plain
              rope's tables, decoder.py: ``plain_rotary``): the state dict keys of ``LlamaModel`` less its
              embedding, so a head's saved weights load into either. It has no forward of its own.
-usable       ``plain_body_for(config)``: the config is a Llama-layer head whose rope is the plain one (the
+usable       ``plain_body_for(head_config)``: the config is a Llama-layer head whose rope is the plain one (the
              embedded head's); else None and the head keeps ``LlamaModel``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
+from transformers import PretrainedConfig
 
 from ears_core.model.passes.decoder import plain_rotary
 
@@ -64,13 +65,11 @@ class _Layer(nn.Module):
 
 
 class PlainBody(nn.Module):
-    """A head body's weights, run only by ``HeadLayers`` (module terms: plain body)."""
+    """A head body's weights, run only by ``HeadLayers`` (module terms: plain body); ``rotary``: the config's plain
+    rope (``plain_rotary``)."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]) -> None:
         super().__init__()
-        rotary = plain_rotary(config)
-        if rotary is None:
-            raise ValueError("a plain body needs the plain rope (rope_type 'default'): load the head with LlamaModel")
         head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // int(config.num_attention_heads))
         self.config = config
         self.layers = nn.ModuleList(_Layer(config, head_dim) for _ in range(int(config.num_hidden_layers)))
@@ -82,8 +81,11 @@ class PlainBody(nn.Module):
                            "DraftHead.load(folder, plain=False) to run its general forward (training, CUDA graphs)")
 
 
-def plain_body_for(config: Any) -> PlainBody | None:
-    """A plain body for a head config where it is usable (module terms), else None."""
+def plain_body_for(head_config: dict[str, Any]) -> PlainBody | None:
+    """A plain body for a head's saved config (head.json's ``head_config``) where it is usable (module terms), its
+    config read as transformers' base config; else None."""
+    config = PretrainedConfig.from_dict(head_config)
+    rotary = plain_rotary(config)
     usable = str(getattr(config, "model_type", "llama") or "llama") == "llama" \
-        and str(getattr(config, "hidden_act", "silu")) == "silu" and plain_rotary(config) is not None
-    return PlainBody(config) if usable else None
+        and str(getattr(config, "hidden_act", "silu")) == "silu" and rotary is not None
+    return PlainBody(config, rotary) if usable else None

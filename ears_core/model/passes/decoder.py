@@ -153,7 +153,8 @@ def plain_rotary(config: Any) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor
     return rotary
 
 
-def rotation_tables(rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], head_dim: int, positions: int, device: torch.device | str = "cpu"
+def rotation_tables(rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], head_dim: int, positions: int,
+                    device: torch.device | str = "cpu"
                     ) -> tuple[Tensor, Tensor]:
     """(cos, signed sin), each (P, D) float32, for P positions of a transformers rotary embedding, such that
     ``x cos + x.roll(D / 2, -1) sin`` is its ``x cos + rotate_half(x) sin``."""
