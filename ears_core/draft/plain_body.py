@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
-from ears_core.model.passes.decoder import plain_rotary
+from ears_core.model.passes.decoder import head_dim_of, plain_rotary
 
 __all__ = ["PlainBody", "plain_body_for"]
 
@@ -70,7 +70,7 @@ class PlainBody(nn.Module):
 
     def __init__(self, config: Any, rotary: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]) -> None:
         super().__init__()
-        head_dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // int(config.num_attention_heads))
+        head_dim = head_dim_of(config)
         self.config = config
         self.layers = nn.ModuleList(_Layer(config, head_dim) for _ in range(int(config.num_hidden_layers)))
         self.norm = _Norm(int(config.hidden_size), float(config.rms_norm_eps))

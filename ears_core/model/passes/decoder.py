@@ -37,8 +37,8 @@ from torch import Tensor, nn
 
 from ears_core.model.kernels.gguf_q4 import GROUP
 
-__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "fold_heads", "int4_kind", "modules",
-           "plain_rotary", "rotation_tables", "unfold_heads"]
+__all__ = ["Decoder", "Exact", "Folded", "Layer", "ROW_CAP", "dense", "fold_heads", "head_dim_of", "int4_kind",
+           "modules", "plain_rotary", "rotation_tables", "unfold_heads"]
 
 ROW_CAP = 16  # rows per int4 kernel call: a longer pass (a prompt) runs in chunks, as a few rows would
 
@@ -136,6 +136,11 @@ def unfold_heads(a: Tensor, m: int) -> Tensor:
     return a.view(h_kv, gm // m, m, dim).permute(2, 0, 1, 3).reshape(m, h_kv * (gm // m) * dim)
 
 
+def head_dim_of(config: Any) -> int:
+    """A (text) config's head width D: its ``head_dim``, else hidden size / attention heads."""
+    return int(getattr(config, "head_dim", None) or int(config.hidden_size) // int(config.num_attention_heads))
+
+
 def plain_rotary(config: Any) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None:
     """For a config whose rope is the plain one (``rope_parameters`` of type ``default``): ``(x, position_ids) ->
     (cos, sin)`` with the floats of transformers' rotary embedding for it (inverse frequencies theta^(-2i/D)), so
@@ -143,7 +148,7 @@ def plain_rotary(config: Any) -> Callable[[Tensor, Tensor], tuple[Tensor, Tensor
     rope = getattr(config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
         return None
-    dim = int(getattr(config, "head_dim", None) or int(config.hidden_size) // int(config.num_attention_heads))
+    dim = head_dim_of(config)
     inv_freq = 1.0 / (float(rope["rope_theta"]) ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))  # (D/2,)
 
     def rotary(x: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:  # (B, P) -> (B, P, D) each
@@ -175,7 +180,7 @@ class Decoder:
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         self.heads, self.kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
         self.hidden = int(text.hidden_size)
-        self.head_dim = int(getattr(text, "head_dim", None) or self.hidden // self.heads)
+        self.head_dim = head_dim_of(text)
         self.layers, self.final_norm, self.eps = layers, final_norm, eps
         # module terms: norm; (2 d,) weights per layer (attention, MLP) and the final norm's, or None off the CPU
         self.doubled = ([(_doubled(l.attn_norm), _doubled(l.mlp_norm)) for l in layers], _doubled(final_norm)) \

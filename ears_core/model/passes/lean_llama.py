@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ears_core.model.passes.attention import PassOutput, pass_inputs
-from ears_core.model.passes.decoder import Decoder, Exact, Layer, int4_kind, plain_rotary, rotation_tables
+from ears_core.model.passes.decoder import Decoder, Exact, Layer, head_dim_of, int4_kind, plain_rotary, rotation_tables
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 
 __all__ = ["LeanLlama"]
@@ -38,7 +38,7 @@ class LeanLlama(nn.Module):
         self.generation_config = GenerationConfig.from_model_config(config)  # end-of-sequence ids, as transformers'
         text = config.get_text_config()
         heads, kv_heads = int(text.num_attention_heads), int(text.num_key_value_heads)
-        head_dim = int(getattr(text, "head_dim", None) or int(text.hidden_size) // heads)
+        head_dim = head_dim_of(text)
         positions = int(getattr(text, "max_position_embeddings", 8192))
         rotary = plain_rotary(text)
         if rotary is None:  # a scaled rope: transformers' own tables
