@@ -24,7 +24,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 @pytest.fixture(scope="module")
 def app_url():
     from ears_core.studio import build_app
-    with served(build_app()) as url:  # the language models load lazily, on a first Generate: not needed here
+    with served(build_app(preload=False)) as url:  # the language models are not needed here: never loaded
         yield url
 
 
