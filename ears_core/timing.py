@@ -19,6 +19,9 @@ stolen      on a virtual machine, the CPU time the hypervisor gave to other gues
             not a run's crowding watch) also reads busy where more than ``BUSY_SHARE`` of the CPU time wanted
             was stolen, over at least ``STEAL_MIN_TICKS`` of it (a shorter reading says nothing); the hypervisor
             takes 20-40 % in spells on some cloud machines (docs/benchmarks.md).
+given up    a measurement watched with ``RunQueue(early=True)`` that reads busy partway (after at least ``EARLY_S``
+            of thread time wanted, checked by ``check_early`` between its timed units) stops there with ``GaveUp``: on
+            crowded cores a warm-up no longer spends a whole measurement learning that it cannot keep it.
 crowded     ``cores_crowded(threads)``: a short parallel product on ``threads`` threads reads busy. With
             other jobs on the cores, torch's OpenMP threads wait for each other at every barrier: building
             and checking the lean target took 32 s on 2 threads beside two busy loops, 3.8 s on 1
@@ -27,20 +30,29 @@ crowded     ``cores_crowded(threads)``: a short parallel product on ``threads`` 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["StepClock", "RunQueue", "MachineBusy", "BUSY_SHARE", "PROBE_S", "STEAL_MIN_TICKS", "cores_crowded", "cpu_ticks",
-           "stolen_share"]
+__all__ = ["StepClock", "RunQueue", "MachineBusy", "GaveUp", "BUSY_SHARE", "EARLY_S", "PROBE_S", "STEAL_MIN_TICKS",
+           "check_early", "cores_crowded", "cpu_ticks", "stolen_share"]
 
 BUSY_SHARE = 0.2  # of a measurement's thread time spent waiting for a core: busy (module terms)
 
 
+EARLY_S = 0.5  # seconds of thread time a watched measurement wants before it may be given up (module terms)
+EARLY_EVERY_S = 0.1  # the least wall time between two partway readings of one watch (each reads every thread's file)
+
+
 class MachineBusy(RuntimeError):
     """A measurement was made while other work held the cores (module terms: busy)."""
+
+
+class GaveUp(MachineBusy):
+    """A watched measurement read busy partway and stopped (module terms: given up)."""
 
 
 def _schedstat() -> dict[str, tuple[int, int]]:
@@ -82,10 +94,11 @@ def stolen_share(start: tuple[int, int] | None, end: tuple[int, int] | None) -> 
 class RunQueue:
     """``with RunQueue() as rq: ...`` then ``rq.waited_share``: of the time this process's threads wanted a
     core during the block, the share they waited for one; ``rq.busy``: above ``BUSY_SHARE`` (module terms).
-    ``steal``: ``rq.stolen_share`` is read too, and busy above ``BUSY_SHARE`` as well (module terms: stolen)."""
+    ``steal``: ``rq.stolen_share`` is read too, and busy above ``BUSY_SHARE`` as well (module terms: stolen).
+    ``early``: the block is this thread's watch, which ``check_early`` reads partway (module terms: given up)."""
 
-    def __init__(self, steal: bool = False) -> None:
-        self.steal = steal
+    def __init__(self, steal: bool = False, early: bool = False) -> None:
+        self.steal, self.early = steal, early
 
     def __enter__(self) -> "RunQueue":
         return self.begin()
@@ -98,22 +111,60 @@ class RunQueue:
         self.waited_share = self.stolen_share = 0.0
         self._start = _schedstat()
         self._ticks = cpu_ticks() if self.steal else None
+        self._peeked = time.perf_counter()
+        if self.early:
+            _watches().append(self)
         return self
 
-    def end(self) -> bool:
-        """End the reading (what ``with`` does on exit): sets ``waited_share`` (and ``stolen_share``); -> ``busy``."""
+    def _read(self) -> tuple[float, float, int]:
+        """(waited share, stolen share, ns of thread time wanted) from ``begin`` to now."""
         run = wait = 0
         for tid, (r, w) in _schedstat().items():  # threads that ended meanwhile drop out
             r0, w0 = self._start.get(tid, (0, 0))
             run, wait = run + r - r0, wait + w - w0
-        self.waited_share = wait / (run + wait) if run + wait > 0 else 0.0
-        if self.steal:
-            self.stolen_share = stolen_share(self._ticks, cpu_ticks()) or 0.0
+        stolen = (stolen_share(self._ticks, cpu_ticks()) or 0.0) if self.steal else 0.0
+        return (wait / (run + wait) if run + wait > 0 else 0.0), stolen, run + wait
+
+    def end(self) -> bool:
+        """End the reading (what ``with`` does on exit): sets ``waited_share`` (and ``stolen_share``); -> ``busy``."""
+        if self.early and self in _watches():
+            _watches().remove(self)
+        self.waited_share, self.stolen_share, _ = self._read()
         return self.busy
+
+    def busy_so_far(self) -> bool:
+        """Busy from ``begin`` to now, once at least ``EARLY_S`` of thread time was wanted (module terms: given up)."""
+        waited, stolen, wanted = self._read()
+        return wanted >= EARLY_S * 1e9 and (waited > BUSY_SHARE or stolen > BUSY_SHARE)
 
     @property
     def busy(self) -> bool:
         return self.waited_share > BUSY_SHARE or self.stolen_share > BUSY_SHARE
+
+
+_LOCAL = threading.local()
+
+
+def _watches() -> list[RunQueue]:
+    """This thread's open ``RunQueue(early=True)`` blocks, innermost last."""
+    if not hasattr(_LOCAL, "watches"):
+        _LOCAL.watches = []
+    return _LOCAL.watches
+
+
+def check_early() -> None:
+    """Between the timed units of a measurement: raise ``GaveUp`` when this thread's innermost early watch reads
+    busy so far (module terms: given up); nothing outside such a watch, or within ``EARLY_EVERY_S`` of its last look."""
+    watches = getattr(_LOCAL, "watches", None)
+    if not watches:
+        return
+    watch = watches[-1]
+    now = time.perf_counter()
+    if now - watch._peeked < EARLY_EVERY_S:
+        return
+    watch._peeked = now
+    if watch.busy_so_far():
+        raise GaveUp("the cores read busy partway through a measurement")
 
 
 PROBE_S = 0.02  # seconds of ``cores_crowded``'s parallel product: read busy 20 of 20 times beside one busy loop

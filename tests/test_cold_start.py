@@ -35,6 +35,7 @@ def _busy(monkeypatch, shares):
 
     class Queue(RunQueue):
         def __exit__(self, *exc):
+            super().__exit__(*exc)  # the watch ends (timing.py: given up), then reads the share given
             self.waited_share = next(it) if threading.current_thread() is here else 0.0
 
     return Queue
@@ -152,6 +153,49 @@ def test_a_measurement_busy_throughout_is_never_cached_and_is_put_aside_in_the_b
     assert curve.verify_ms and not list((tmp_path / "costs").glob("*.json"))
     with pytest.raises(MachineBusy):
         profile.load_or_measure(model, max_m=3, cache_dir=tmp_path, piece=lambda: __import__("contextlib").nullcontext())
+
+
+def _schedstat_growing(monkeypatch, waited: float) -> None:
+    """timing._schedstat: one thread that has wanted a core 0.1 s more at every reading, ``waited`` of it waiting;
+    a watch looks at every chance it gets (timing.py: given up)."""
+    monkeypatch.setattr(ears_core.timing, "BUSY_SHARE", 0.2)
+    monkeypatch.setattr(ears_core.timing, "EARLY_EVERY_S", 0.0)
+    monkeypatch.setattr(ears_core.timing, "cpu_ticks", lambda: None)
+    wanted = iter(range(0, 10**12, 10**8))
+    monkeypatch.setattr(ears_core.timing, "_schedstat",
+                        lambda: {"1": (lambda n: (round(n * (1 - waited)), round(n * waited)))(next(wanted))})
+
+
+@pytest.mark.parametrize("waited, check, units", [(0.5, True, 4), (0.1, True, 30), (0.5, False, 30)])
+def test_a_measurement_on_busy_cores_is_given_up_once_it_has_read_busy_long_enough(monkeypatch, waited, check,
+                                                                                   units):
+    """Half the thread time waited: given up before the unit that would pass EARLY_S (0.5 s) of thread time wanted
+    (the watch's first reading is its start), naming what it measured; a tenth, or a scripted timer, runs whole."""
+    from ears_core.model.measuring.measured import interleaved, quietly
+
+    _schedstat_growing(monkeypatch, waited)
+    ran = []
+    measure = lambda: interleaved(list(range(10)), ran.append, 3)  # noqa: E731  (30 units)
+    if units < 30:
+        with pytest.raises(MachineBusy, match="measuring the output head's layouts"):
+            quietly("the output head's layouts", measure, check=check)
+    else:
+        quietly("the output head's layouts", measure, check=check)
+    assert len(ran) == units
+    ears_core.timing.check_early()  # outside any watch: nothing to read
+
+
+def test_price_tries_given_up_partway_leave_a_quick_provisional_curve_never_cached(monkeypatch, tmp_path):
+    model = tiny_llama(0)
+    _schedstat_growing(monkeypatch, 0.5)
+    calls = []
+    real = profile.measure_prices
+    monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: calls.append(k.get("repeats")) or real(*a, **k))
+    curve = profile.load_or_measure(model, max_m=3, cache_dir=tmp_path)
+    assert calls == [5] * profile.BUSY_TRIES + [1]  # each try given up, then one pass per width, unwatched
+    assert curve.provisional and len(curve.verify_ms) == 3 and not list(tmp_path.glob("costs/*.json"))
+    with pytest.raises(MachineBusy):
+        profile.load_or_measure(model, max_m=3, cache_dir=tmp_path, strict=True)
 
 
 def test_a_quick_provisional_curve_is_not_cached_and_running_prices_replace_it_fast(tmp_path):

@@ -8,8 +8,8 @@ profile      a ``PriceCurve`` (policy/costs.py) of the target's passes over m = 
              (model/measuring/records.py).
 busy         a measurement during which this process's threads waited for a core more than
              ``timing.BUSY_SHARE`` of the time (timing.py: another job held the cores), or the hypervisor took
-             that share of the CPU time wanted (timing.py: stolen). It is measured
-             again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
+             that share of the CPU time wanted (timing.py: stolen); a try that reads busy partway stops there
+             (timing.py: given up). It is measured again, ``BUSY_TRIES`` times at most; still busy, it is never cached: in the background (a
              ``piece`` given) it raises ``MachineBusy``, so the work is put aside and tried at a later
              quiet; in a caller's thread it serves this process only.
 provisional  ``quick=True`` with nothing cached: one pass per width and no warm-up round (pass_times.py; 1.3 s
@@ -30,7 +30,7 @@ from ears_core.model.measuring.measured import cache_file
 from ears_core.model.measuring.pass_times import measure_pass_ms
 from ears_core.model.measuring.records import read_record, write_record
 from ears_core.policy.costs import PriceCurve
-from ears_core.timing import MachineBusy, RunQueue
+from ears_core.timing import GaveUp, MachineBusy, RunQueue
 
 __all__ = ["BUSY_TRIES", "REFRESH_SLOWER", "load_or_measure", "measure_prices", "profile_key"]
 
@@ -65,9 +65,13 @@ def measure_prices(target: torch.nn.Module, drafter_ms: float | None = None, *, 
 def measured_quietly(target: torch.nn.Module, *, max_m: int, key: str, piece: Callable[[], Any] | None = None,
                      repeats: int = 5) -> tuple[PriceCurve, bool]:
     """``measure_prices``, again while the machine reads busy (module terms): (the last curve, still busy)."""
+    curve = None
     for _ in range(BUSY_TRIES):
-        with RunQueue(steal=True) as queue:
-            curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=repeats)
+        with RunQueue(steal=True, early=True) as queue:
+            try:
+                curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=repeats)
+            except GaveUp:  # read busy partway (timing.py: given up)
+                continue
         if not queue.busy:
             return curve, False
     return curve, True
@@ -109,6 +113,8 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     if busy:
         if piece is not None or strict:
             raise MachineBusy(f"the cores were busy through {BUSY_TRIES} price measurements: tried again later")
+        if curve is None:  # every try given up partway: one pass per width (module terms: provisional)
+            curve = measure_prices(target, max_m=max_m, key=key, repeats=1, warm=False)
         curve.provisional = True  # for this process only, moved fast by the runs' rounds (costs.py)
         return curve
     if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:  # a refresh that reads much slower

@@ -7,7 +7,8 @@ record       a dataclass under ``Measured`` (the int4 row plan, the output head'
              ``$EARS_CACHE/kernels/<KIND>-<key>.json`` (records.py); a missing, damaged or stale one reads as None.
 interleaved  every round times every candidate, reversed every other round: a slow moment hits them all.
 margin       ``keep_first(ms, margin)``: the cheapest, but the first (the default) unless one is ``margin`` cheaper.
-quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores raise ``MachineBusy`` (never cached).
+quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores raise ``MachineBusy`` (never cached),
+             partway when they read busy before the end (timing.py: given up; ``interleaved`` looks between its units).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any, Callable, ClassVar, Sequence, TypeVar
 import torch
 
 from ears_core.model.measuring.records import read_record, write_record
-from ears_core.timing import MachineBusy, RunQueue
+from ears_core.timing import GaveUp, MachineBusy, RunQueue, check_early
 
 __all__ = ["MEASURED_M", "Measured", "cache_file", "interleaved", "keep_first", "machine_tag", "quietly"]
 
@@ -84,6 +85,7 @@ def interleaved(candidates: Sequence[T], time_one: Callable[[T], Any], rounds: i
     for r in range(rounds):
         with (piece or nullcontext)():
             for c in (candidates if r % 2 == 0 else candidates[::-1]):
+                check_early()  # a watched measurement on busy cores stops here (timing.py: given up)
                 samples[c].append(time_one(c))
     return samples
 
@@ -98,8 +100,12 @@ def keep_first(ms: dict[T, float], margin: float) -> T:
 def quietly(what: str, measure: Callable[[], T], check: bool = True) -> T:
     """measure() while the run queue is watched; ``MachineBusy`` naming ``what`` if the cores were busy
     (module terms: quiet; ``check`` False: a scripted timer, nothing to watch)."""
-    with RunQueue(steal=True) as queue:
-        out = measure()
+    busy = f"the cores were busy while measuring {what}: tried again later"
+    with RunQueue(steal=True, early=check) as queue:
+        try:
+            out = measure()
+        except GaveUp as stop:
+            raise MachineBusy(busy) from stop
     if check and queue.busy:
-        raise MachineBusy(f"the cores were busy while measuring {what}: tried again later")
+        raise MachineBusy(busy)
     return out

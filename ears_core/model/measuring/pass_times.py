@@ -28,7 +28,7 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
     """[V(1), ..., V(max_m)] in ms: ``target``'s step and its passes priced by paired ratios (module terms)."""
     from ears_core.model.passes.attention import avoid_replanning_attention
     from ears_core.model.passes.kv_cache import new_cache
-    from ears_core.timing import StepClock
+    from ears_core.timing import StepClock, check_early
 
     piece = piece or nullcontext
     dev = next(target.parameters()).device
@@ -43,6 +43,7 @@ def measure_pass_ms(target: torch.nn.Module, *, max_m: int = 9, cache_len: int =
     clock = StepClock(dev)
 
     def timed(m: int) -> float:
+        check_early()  # a watched measurement on busy cores stops here (timing.py: given up)
         with piece():
             t0 = clock.mark()
             target(new[:, :m], past_key_values=cache, use_cache=True, logits_to_keep=m)
