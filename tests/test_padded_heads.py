@@ -79,12 +79,14 @@ def test_no_padding_row_is_ever_emitted_at_a_high_temperature(padded_folders):
     pair = load_pair(*map(str, padded_folders), device="cpu")
     ids = pair.encode("The sea is", chat=False)
     spec, plain = [], []
-    for seed in range(4):  # 4 x 250 = 1,000 tokens a path; eos_token_id=[]: no early end
+    # 2 x 250 = 500 tokens a path; eos_token_id=[]: no early end. Read past the tokenizer, 1 token in 25 is a
+    # padding row here (below): 20 expected, a loop that read them passes with probability e^-20
+    for seed in range(2):
         spec += generate(*pair, ids, rule=EARSRule(beta=0.3), k=4, temperature=1.5, max_new_tokens=250,
                          seed=seed, eos_token_id=[]).token_ids
         plain += autoregressive(pair.target, ids, temperature=1.5, max_new_tokens=250, seed=seed,
                                 eos_token_id=[]).token_ids
-    assert len(spec) == 1000 == len(plain)
+    assert len(spec) == 500 == len(plain)
     assert max(spec) < TOKENS and max(plain) < TOKENS
     # Without the pair's vocabulary the padding rows win: the test would catch a loop that read them.
     loose = autoregressive(pair.target, ids, temperature=1.5, max_new_tokens=50, seed=0, eos_token_id=[],
