@@ -212,6 +212,29 @@ def test_ears_lean_is_read_and_a_bad_value_names_the_fix(monkeypatch) -> None:
 
 
 @pytest.mark.slow
+def test_a_second_load_of_the_same_lean_target_reuses_its_row_check(monkeypatch) -> None:
+    """target_path.py: the row check's answer is kept per process for the same file, row plan, head form, kernel mode
+    and threads; the portable mode (another key) checks again."""
+    if not lean_target.supported():
+        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations")
+    from ears_core.model.kernels import exact_rows
+    from ears_core.model.loading.embedded import prepare_embedded
+
+    checked = []
+    real = exact_rows.rows_agree
+    monkeypatch.setattr(exact_rows, "rows_agree", lambda *a, **k: checked.append(1) or real(*a, **k))
+    monkeypatch.setattr(target_path, "_ROWS_AGREED", {})
+    monkeypatch.setenv("EARS_CPU_KERNELS", "best")  # whatever mode a module fixture left set
+    folder = prepare_embedded()
+    assert target_path.lean_embedded(folder) is not None and target_path.lean_embedded(folder) is not None
+    assert len(checked) == 1
+    monkeypatch.setenv("EARS_CPU_KERNELS", "portable")
+    assert target_path.lean_embedded(folder) is not None and len(checked) == 2
+    monkeypatch.setattr(target_path, "_ROWS_AGREED", {key: False for key in target_path._ROWS_AGREED})
+    assert target_path.lean_embedded(folder) is None and len(checked) == 2  # a kept failure stays one
+
+
+@pytest.mark.slow
 @once_per_form
 def test_the_embedded_pair_runs_lean_and_greedy_output_is_the_target_s(monkeypatch) -> None:
     if not lean_target.supported():

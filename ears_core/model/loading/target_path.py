@@ -6,7 +6,8 @@ lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.su
               float target on every CPU measured: docs/benchmarks.md); it must pass ``rows_agree`` at every load,
               for the verify passes' widths (exact_rows.py: ``VERIFY_WIDTHS``; a prompt's pass is the same one in
               every method, and its int4 chunks are those of a 17-row pass: 2.8 s of a cold load with a 40-row
-              pass checked too, 1.3 s without).
+              pass checked too, 1.3 s without). A load of the same target in the same process (``_rows_key``: the
+              same file, row plan, head form, kernel mode and threads) reuses the answer.
 float path    transformers' model from the prepared cache with the project's CPU kernels: the reference.
 EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path, as is
               a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
@@ -77,7 +78,21 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
         model.generation_config = GenerationConfig.from_pretrained(folder)
     model.ears_rows_provisional = install_row_plan(model, cache_dir, measure=False) is None
     install_exact_head(model, cache_dir)  # the cached form, else an untimed one: ears_head_provisional
-    with torch.inference_mode():
-        if not rows_agree(model, VERIFY_WIDTHS):
-            return None
-    return model
+    key = _rows_key(source, model)
+    if key not in _ROWS_AGREED:  # a pair loaded again in this process (the app's picker): the same answer
+        with torch.inference_mode():
+            _ROWS_AGREED[key] = rows_agree(model, VERIFY_WIDTHS)
+    return model if _ROWS_AGREED[key] else None
+
+
+_ROWS_AGREED: dict[tuple, bool] = {}  # ``_rows_key`` -> whether that lean target's rows agreed, in this process
+
+
+def _rows_key(source: Path, model: Any) -> tuple:
+    """What a lean target's row check depends on: the file its weights came from, its row plan and head form, the
+    kernels' class and mode (cpu_forms.tag) and torch's threads."""
+    from ears_core.model.kernels.cpu_forms import tag
+
+    stat, form = Path(source).stat(), model.head_form.form
+    return (str(Path(source).resolve()), stat.st_size, stat.st_mtime_ns, tuple(sorted(model.row_plan.items())),
+            form.layout, form.width, tuple(map(tuple, form.chunks)), tag(), torch.get_num_threads())
