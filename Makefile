@@ -45,13 +45,13 @@ DOCKER_TESTS := tests/test_docker_image.py
 AVX2_TESTS := tests/test_lean.py tests/test_exact_head.py tests/test_cpu_forms.py tests/test_int4_linear.py \
               tests/test_exact_rows.py
 test: install browser
-	$(PY) -m pytest -n 2 --dist loadfile --ignore=$(DOCKER_TESTS)
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --ignore=$(DOCKER_TESTS)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -n 2 --dist loadfile $(AVX2_TESTS)
 	$(PY) -m pytest $(DOCKER_TESTS)
 
 # Skip the tests marked slow.
 test-fast: install
-	$(PY) -m pytest -n 2 --dist loadfile -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -m "not slow"
 
 # Refresh the README's pictures (assets/screenshot.png, assets/tpp/screenshot.png): the browser tests,
 # told to save their screenshots there. `make test` writes them to temporary folders only.

@@ -32,6 +32,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(items):
+    """The test files longest first, each file's tests in their own order. ``pytest -n 2 --dist loadfile
+    --no-loadscope-reorder`` (the Makefile) hands files to the workers in this order, so the last ones are short and
+    the workers end together (by their number of tests, xdist's default, the browser files came last and one worker
+    waited 15-30 s for the other). The seconds are each file's in a full run here (``file_seconds.json``: its tests'
+    wall times summed, e.g. from ``--junitxml``); a file not there counts 0.3 s a test."""
+    import json
+    from collections import Counter
+    from pathlib import Path
+
+    seconds = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
+    files = Counter(item.nodeid.split("::")[0] for item in items)
+    items.sort(key=lambda item: -seconds.get(Path(item.nodeid.split("::")[0]).name,
+                                             0.3 * files[item.nodeid.split("::")[0]]))  # stable: a file keeps its order
+
+
 @pytest.fixture
 def worker_threads():
     """Torch's thread count set to this worker's share of the cores (``WORKER_THREADS``) for a test that decodes
