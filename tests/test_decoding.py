@@ -190,7 +190,9 @@ def test_autoregressive_first_token_follows_the_target_distribution(small_vocab_
     prompt = [1, 2, 3]
     with torch.no_grad():
         p = logits_to_probs(target(torch.tensor([prompt])).logits[0, -1], SamplingConfig(0.9)).double().numpy()
-    c = first_token_counts(lambda s: autoregressive(target, prompt, temperature=0.9, max_new_tokens=1, seed=s).token_ids[0], 3000)
+    # 1,000 draws find a wrong token law (another vocabulary, the argmax); this nearly flat law does not tell
+    # T = 1.0 from 0.9 with any affordable count (3,000 draws: power 2.5 %); tests/test_sampling.py checks the temperature
+    c = first_token_counts(lambda s: autoregressive(target, prompt, temperature=0.9, max_new_tokens=1, seed=s).token_ids[0], 1000)
     assert stats.chisquare(c, p / p.sum() * c.sum()).pvalue > 1e-3
 
 

@@ -209,7 +209,7 @@ def test_a_budget_that_never_pays_is_target_only_draw_for_draw(tiny_pair, head, 
 def test_the_first_tokens_with_the_cost_budget_follow_the_target(small_vocab_pair):
     # As tests/test_tree_decoding.py's end-to-end check, with the cost model sizing every tree.
     target, draft = small_vocab_pair
-    prompt, n = [3, 7, 1], 1500
+    prompt, n = [3, 7, 1], 1000  # as there: resampling from P_target instead of the residual reads p 5e-6
     first, second, sizes = [], [], set()
     # the depth-1 nodes always pay; a depth-2 node pays or not depending on its priority, which
     # depends on the draw of its parent

@@ -280,7 +280,7 @@ after_import = list(touched)
 tpp = {}
 def sample():  # the point-process tab, undecorated: on the CPU, in a request thread of the app's process
     tpp["outs"] = list(next(f.fn for f in demo.fns.values() if f.api_name == "tpp_sample")(
-        "hawkes", "draft", "cost model", 4, 200, 0))
+        "hawkes", "draft", "cost model", 4, 50, 0))
 request = threading.Thread(target=sample, name="request")
 request.start(); request.join()
 probe = threading.Thread(target=lambda: torch.zeros(1).to("cuda:0"), name="probe")  # the log catches this
@@ -368,7 +368,7 @@ def test_on_zerogpu_importing_the_app_touches_no_cuda():
     process tab samples on the CPU, outside any GPU call."""
     out = run_as_on_zerogpu(IMPORT, EARS_TARGET="embedded")
     assert out["touched"] == [] and out["probe"] == ["probe"]  # the log works: a thread's CUDA start is caught
-    assert "200 events" in out["tpp"]  # the CPU-only tab works beside spaces' patches
+    assert "50 events" in out["tpp"]  # the CPU-only tab works beside spaces' patches
     assert out["device"] == "cuda:0" and out["state"] == "idle"  # placed, not yet in a Session
     assert out["decorated"] == ["generate", "quality_sweep", "race"]
     assert len(out["notice"]) == 1 and "a Race 40 s" in out["notice"][0]  # what a request asks for, on the page
