@@ -333,11 +333,12 @@ def test_the_blocks_file_builds_the_same_lean_target_as_the_gguf_and_spares_pars
 
     source = find_embedded_gguf()
     config = AutoConfig.from_pretrained(prepare_embedded())
-    path = lean_target.blocks_file(tmp_path, source)
-    assert path == lean_target.blocks_path(tmp_path) and not list(tmp_path.glob("*.safetensors"))  # no loader's weights
     ids = torch.tensor([[1, 504, 3458, 282, 4649, 47, 198, 504]])  # (1, 8)
-    with torch.inference_mode():
+    with embedded.gguf_parsed_once(), torch.inference_mode():  # the GGUF's parse (seconds here) made once for both
+        path = lean_target.blocks_file(tmp_path, source)
         want = lean_target.from_gguf(source, config)(ids).logits
+    assert path == lean_target.blocks_path(tmp_path) and not list(tmp_path.glob("*.safetensors"))  # no loader's weights
+    with torch.inference_mode():
         monkeypatch.setattr(gguf_package, "GGUFReader", _refused)
         got = lean_target.from_gguf(path, config)(ids).logits
         assert torch.equal(got, want)
