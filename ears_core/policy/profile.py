@@ -77,6 +77,13 @@ def measured_quietly(target: torch.nn.Module, *, max_m: int, key: str, piece: Ca
     return curve, True
 
 
+def _quick_curve(target: torch.nn.Module, max_m: int, key: str, piece: Callable[[], Any] | None = None) -> PriceCurve:
+    """One pass per width and no warm-up round, flagged provisional and never cached (module terms: provisional)."""
+    curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=1, warm=False)
+    curve.provisional = True
+    return curve
+
+
 REFRESH_SLOWER = 1.15  # a refreshed step up to 15 % slower than the cached one still replaces it
 
 
@@ -106,15 +113,13 @@ def load_or_measure(target: torch.nn.Module, *, max_m: int = 9, cache_dir: str |
     if cached is not None and not refresh:
         return cached
     if quick and cached is None:  # module terms: provisional
-        curve = measure_prices(target, max_m=max_m, key=key, piece=piece, repeats=1, warm=False)
-        curve.provisional = True
-        return curve
+        return _quick_curve(target, max_m, key, piece)
     curve, busy = measured_quietly(target, max_m=max_m, key=key, piece=piece)
     if busy:
         if piece is not None or strict:
             raise MachineBusy(f"the cores were busy through {BUSY_TRIES} price measurements: tried again later")
         if curve is None:  # every try given up partway: one pass per width (module terms: provisional)
-            curve = measure_prices(target, max_m=max_m, key=key, repeats=1, warm=False)
+            return _quick_curve(target, max_m, key)
         curve.provisional = True  # for this process only, moved fast by the runs' rounds (costs.py)
         return curve
     if cached is not None and curve.step_ms > REFRESH_SLOWER * cached.step_ms:  # a refresh that reads much slower
