@@ -155,7 +155,7 @@ def _watches() -> list[RunQueue]:
 def check_early() -> None:
     """Between the timed units of a measurement: raise ``GaveUp`` when this thread's innermost early watch reads
     busy so far (module terms: given up); nothing outside such a watch, or within ``EARLY_EVERY_S`` of its last look."""
-    watches = getattr(_LOCAL, "watches", None)
+    watches = _watches()
     if not watches:
         return
     watch = watches[-1]

@@ -43,9 +43,10 @@ def pytest_collection_modifyitems(items):
     from pathlib import Path
 
     seconds = json.loads((Path(__file__).parent / "file_seconds.json").read_text())
-    files = Counter(item.nodeid.split("::")[0] for item in items)
-    items.sort(key=lambda item: -seconds.get(Path(item.nodeid.split("::")[0]).name,
-                                             0.3 * files[item.nodeid.split("::")[0]]))  # stable: a file keeps its order
+    file_of = {item: item.nodeid.split("::")[0] for item in items}
+    tests = Counter(file_of.values())
+    # a stable sort: each file keeps its tests' order
+    items.sort(key=lambda item: -seconds.get(Path(file_of[item]).name, 0.3 * tests[file_of[item]]))
 
 
 @pytest.fixture
