@@ -336,7 +336,8 @@ def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, 
     plan, modes = output_head.plan_head, packed_linear.measure_modes
     monkeypatch.setattr(output_head, "plan_head", lambda w, rows, **k: plan(w, rows, **{**k, "repeats": 1}))
     monkeypatch.setattr(packed_linear, "measure_modes", lambda m, **k: modes(m, **{**k, "rounds": 1}))
-    pair = load_pair()  # quiet: a load measures nothing, so what follows is the warm-up's
+    pair = load_pair()  # on quiet cores; what it measures may be cached (a bfloat16 "float" target's kernels)
+    measured_quietly = set(tmp_path.glob("kernels/*.json"))
     with crowded_cores(seconds=600):
         session = Session(pair, cache_dir=tmp_path)
         session.warm_up(tokens=8)
@@ -348,4 +349,4 @@ def test_a_session_warmed_beside_busy_processes_starts_and_decodes(monkeypatch, 
         with pytest.raises(MachineBusy):
             Session(pair, cache_dir=tmp_path).warm_up(strict=True)
     assert not list(tmp_path.glob("costs/*.json"))  # nothing measured on busy cores was cached
-    assert not list(tmp_path.glob("kernels/*.json"))
+    assert set(tmp_path.glob("kernels/*.json")) == measured_quietly
