@@ -236,7 +236,9 @@ def load_pair(target: str = EMBEDDED, draft: str | None = AUTO, *, device: str |
     # thread that imported `spaces` (its torch patches are per thread; ears_core/studio/zerogpu.py).
     run = in_passing_thread if dev.type == "cpu" else _here
     threads = torch.get_num_threads()
-    if dev.type == "cpu" and cores_crowded(threads):  # timing.py, crowded: one thread loads faster then
+    # timing.py, crowded: one thread loads faster then. Probed in a passing thread too: a pool left here would
+    # throttle every OpenMP region of a later passing thread (a Session's warm-up measuring prices) by ~1.6x.
+    if dev.type == "cpu" and in_passing_thread(cores_crowded, threads):
         torch.set_num_threads(1)
     try:
         pair = run(_load_pair, target, draft, dev, dt, cache_dir, allow_download, chosen_here)

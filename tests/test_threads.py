@@ -38,10 +38,17 @@ def test_load_pair_and_warm_up_run_their_torch_work_in_a_passing_thread(monkeypa
         seen.append(threading.get_ident())
         raise models.ModelLoadError("stop here")
 
+    def fake_probe(threads):  # the crowding probe runs a parallel region: a pool wherever it runs
+        probed.append(threading.get_ident())
+        return False
+
+    probed = []
     monkeypatch.setattr(models, "_load_pair", fake_load)
+    monkeypatch.setattr(models, "cores_crowded", fake_probe)
     with pytest.raises(models.ModelLoadError, match="stop here"):
         models.load_pair("embedded", None, device="cpu")
     assert seen and seen[0] != threading.get_ident()
+    assert probed and probed[0] != threading.get_ident()
 
     from ears_core.serve.session import Session
 
