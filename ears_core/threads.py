@@ -5,7 +5,10 @@ Terms
 pool        the first parallel region a thread runs gives it a pool of OpenMP workers until it exits; while a
             process holds more OpenMP threads than cores, every region waits for a wake-up (docs/measurements.md).
 passing     ``in_passing_thread(fn)`` runs fn in a new thread, with the caller's torch thread count, that ends
-            (and its pool with it) when fn returns.
+            (and its pool with it) when fn returns; in the caller itself where it is pooled.
+pooled      a thread that decoded (``note_pool``, at a Generation's first token) holds a pool already: work run
+            beside it in a passing thread would make two pools, and a price measured there reads a step ~1.6x too
+            long (docs/measurements.md), so ``in_passing_thread`` runs fn in such a caller, adding no pool.
 at exit     a daemon thread inside a torch kernel when the interpreter finalises kills the process (exit code 134):
             ``join_at_exit(thread, stop)`` has ``stop()`` called and the thread joined at exit (``EXIT_JOIN_S``).
 """
@@ -20,12 +23,18 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-__all__ = ["EXIT_JOIN_S", "in_passing_thread", "join_at_exit"]
+__all__ = ["EXIT_JOIN_S", "in_passing_thread", "join_at_exit", "note_pool"]
 
 T = TypeVar("T")
 EXIT_JOIN_S = 30.0  # how long the exit waits for registered threads, all together
 _LIVE: "weakref.WeakKeyDictionary[threading.Thread, Callable[[], Any] | None]" = weakref.WeakKeyDictionary()
 _LIVE_LOCK = threading.Lock()
+_POOLED: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # module terms: pooled
+
+
+def note_pool() -> None:
+    """Mark the calling thread as pooled (module terms): it runs torch's parallel regions, decoding."""
+    _POOLED.add(threading.current_thread())
 
 
 def join_at_exit(thread: threading.Thread, stop: Callable[[], Any] | None = None) -> threading.Thread:
@@ -51,7 +60,10 @@ def _join_live_threads(timeout: float | None = None) -> int:
 
 
 def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """fn(*args, **kwargs) in a passing thread (module terms); its result, or its exception re-raised here."""
+    """fn(*args, **kwargs) in a passing thread, or here in a pooled caller (module terms); its result, or its
+    exception re-raised here."""
+    if threading.current_thread() in _POOLED:
+        return fn(*args, **kwargs)
     threads = torch.get_num_threads()
     box: dict[str, Any] = {}
 

@@ -14,6 +14,13 @@ import ears_core.threads as threads_module
 from ears_core.threads import in_passing_thread, join_at_exit
 
 
+@pytest.fixture(autouse=True)
+def no_pooled_thread(monkeypatch):
+    """This worker's main thread decoded in other tests (threads.py: pooled); here it starts unmarked."""
+    import weakref
+    monkeypatch.setattr(threads_module, "_POOLED", weakref.WeakSet())
+
+
 def test_it_runs_elsewhere_returns_and_raises_as_the_call_would():
     here = threading.get_ident()
     assert in_passing_thread(lambda a, b=0: (threading.get_ident(), a + b), 2, b=3)[1] == 5
@@ -77,6 +84,32 @@ def test_a_price_measurement_asked_for_from_a_request_thread_runs_in_a_passing_t
     session = Session(ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"))
     assert session.prices.measured_at == "now"
     assert seen and seen[0] != threading.get_ident()
+
+
+def test_a_thread_that_decoded_runs_passing_work_itself_and_adds_no_pool(tiny_pair):
+    """After a Generation's first token its thread holds torch's pool: a Session's warm-up or price measurement
+    asked for from it runs there (a second pool would slow that measurement ~1.6x), while a thread that never
+    decoded still hands such work to a passing thread."""
+    from ears_core import GreedyRule
+    from ears_core.decode.api import stream
+
+    seen = {}
+
+    def decode_then_pass(name):
+        if name == "decodes":
+            run = stream(*tiny_pair, torch.tensor([[1, 2, 3]]), rule=GreedyRule(), temperature=0.0,
+                         max_new_tokens=2, k=2)
+            next(iter(run))  # the first token marks the thread
+        seen[name] = (threading.get_ident(), in_passing_thread(threading.get_ident))
+
+    for name in ("decodes", "never decodes"):
+        worker = threading.Thread(target=decode_then_pass, args=(name,))
+        worker.start()
+        worker.join()
+    here, ran = seen["decodes"]
+    assert ran == here
+    here, ran = seen["never decodes"]
+    assert ran != here
 
 
 _EXIT_SCRIPT = """

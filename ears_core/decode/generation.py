@@ -30,6 +30,7 @@ from torch import Tensor
 from ears_core.draft.drafters import model_vocab_size, scored_vocab
 from ears_core.events import StepRecord, TokenEvent
 from ears_core.metrics import GenerationStats, summarize
+from ears_core.threads import note_pool
 
 if TYPE_CHECKING:  # annotations only: importing it loads transformers' modeling code (seconds)
     from transformers import PreTrainedModel
@@ -84,6 +85,7 @@ class Generation:
         t0 = time.perf_counter()
         if self._first_call is None:
             self._first_call = t0
+            note_pool()  # this thread decodes: it holds torch's pool from here on (threads.py: pooled)
         try:
             ev = next(self._it)
         except StopIteration:
