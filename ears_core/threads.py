@@ -6,7 +6,7 @@ pool        the first parallel region a thread runs gives it a pool of OpenMP wo
             process holds more OpenMP threads than cores, every region waits for a wake-up (docs/measurements.md).
 passing     ``in_passing_thread(fn)`` runs fn in a new thread, with the caller's torch thread count, that ends
             (and its pool with it) when fn returns; in the caller itself where it is pooled.
-pooled      a thread that decoded (``note_pool``, at a Generation's first token) holds a pool already: work run
+pooled      a thread that decoded on 2+ threads (``note_pool``, at a Generation's first token) holds a pool: work run
             beside it in a passing thread would make two pools, and a price measured there reads a step ~1.6x too
             long (docs/measurements.md), so ``in_passing_thread`` runs fn in such a caller, adding no pool.
 at exit     a daemon thread inside a torch kernel when the interpreter finalises kills the process (exit code 134):
@@ -23,7 +23,7 @@ from typing import Any, Callable, TypeVar
 
 import torch
 
-__all__ = ["EXIT_JOIN_S", "in_passing_thread", "join_at_exit", "note_pool"]
+__all__ = ["EXIT_JOIN_S", "in_passing_thread", "join_at_exit", "note_pool", "pooled_elsewhere"]
 
 T = TypeVar("T")
 EXIT_JOIN_S = 30.0  # how long the exit waits for registered threads, all together
@@ -33,8 +33,16 @@ _POOLED: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()  # module terms
 
 
 def note_pool() -> None:
-    """Mark the calling thread as pooled (module terms): it runs torch's parallel regions, decoding."""
-    _POOLED.add(threading.current_thread())
+    """Mark the calling thread as pooled (module terms) where it runs torch's parallel regions, decoding on two
+    threads or more (on one, torch runs no parallel region and OpenMP keeps no pool)."""
+    if torch.get_num_threads() > 1:
+        _POOLED.add(threading.current_thread())
+
+
+def pooled_elsewhere() -> bool:
+    """Whether a live thread other than the caller is pooled (module terms): torch work here runs beside its pool."""
+    here = threading.current_thread()
+    return any(t is not here and t.is_alive() for t in list(_POOLED))
 
 
 def join_at_exit(thread: threading.Thread, stop: Callable[[], Any] | None = None) -> threading.Thread:

@@ -96,11 +96,13 @@ def test_a_thread_that_decoded_runs_passing_work_itself_and_adds_no_pool(tiny_pa
     seen = {}
 
     def decode_then_pass(name):
+        torch.set_num_threads(2)  # on one thread torch keeps no pool, and no thread is marked
         if name == "decodes":
             run = stream(*tiny_pair, torch.tensor([[1, 2, 3]]), rule=GreedyRule(), temperature=0.0,
                          max_new_tokens=2, k=2)
             next(iter(run))  # the first token marks the thread
         seen[name] = (threading.get_ident(), in_passing_thread(threading.get_ident))
+        torch.set_num_threads(1)  # MKL's count is the process's: the suite's one thread again
 
     for name in ("decodes", "never decodes"):
         worker = threading.Thread(target=decode_then_pass, args=(name,))
@@ -110,6 +112,55 @@ def test_a_thread_that_decoded_runs_passing_work_itself_and_adds_no_pool(tiny_pa
     assert ran == here
     here, ran = seen["never decodes"]
     assert ran != here
+
+
+def test_a_background_price_measurement_waits_out_a_live_thread_that_decoded(monkeypatch, tiny_pair, tmp_path):
+    """Beside a live pooled thread (a caller decoding in a long-lived thread) a measurement between requests would
+    read a slow step (serve/prices.py: beside a pool): it measures nothing and the curve stays; once that thread
+    has ended, it measures."""
+    import ears_core.serve.prices as prices_mod
+    from ears_core import GreedyRule
+    from ears_core.decode.api import stream
+    from ears_core.pair import ModelPair
+    from ears_core.policy.costs import PriceCurve
+    from ears_core.serve.runs import ActivityLog
+    from ears_core.serve.session import Session
+
+    measured = []
+    monkeypatch.setattr(prices_mod, "load_or_measure", lambda *a, **k: measured.append(k.get("refresh"))
+                        or PriceCurve([10.0] * 9, 0.4, measured_at="background" if k.get("refresh") else "cached"))
+    target, draft = tiny_pair
+    session = Session(ModelPair(target, draft, None, torch.device("cpu"), torch.float32, "tiny", 96, "tiny-draft"),
+                      ActivityLog(), cache_dir=tmp_path, background_prices=True)
+    assert session.prices.measured_at == "cached"
+    decoded, release = threading.Event(), threading.Event()
+
+    def long_lived():
+        torch.set_num_threads(2)
+        next(iter(stream(target, draft, torch.tensor([[1, 2, 3]]), rule=GreedyRule(), temperature=0.0,
+                         max_new_tokens=2, k=2)))
+        decoded.set()
+        release.wait(30)
+        torch.set_num_threads(1)
+
+    worker = threading.Thread(target=long_lived)
+    worker.start()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the background thread takes the requester's count
+    try:
+        assert decoded.wait(30)
+        session.pricing.refresh()
+        assert session.pricing.wait(30)
+        assert measured == [None] and session.prices.measured_at == "cached"  # nothing measured beside the pool
+        release.set()
+        worker.join()
+        session.pricing.refresh()
+        assert session.pricing.wait(30)
+        assert measured == [None, True] and session.prices.measured_at == "background"
+    finally:
+        release.set()
+        torch.set_num_threads(before)
+        session.close()
 
 
 _EXIT_SCRIPT = """

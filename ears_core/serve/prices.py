@@ -21,22 +21,30 @@ background  ``background=True`` (a server's sessions): the curve is also measure
             request begins, tried again at the next quiet), after a warm-up (which then only reads the
             cached profile) and whenever the rounds find it stale. Without it (the CLI, the bench,
             scripts) a warm-up measures at once, before any request, and a stale curve is only folded in.
+beside a pool  while a thread that decoded is alive (threads.py: pooled; a caller decoding in a long-lived
+            thread), a background measurement would run beside its OpenMP pool and read the step ~1.6x too
+            long (docs/measurements.md): it measures nothing then, and the curve stays as the rounds move it.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from typing import Any, Sequence
 
+import torch
+
 from ears_core.events import StepRecord
-from ears_core.threads import in_passing_thread
+from ears_core.threads import in_passing_thread, pooled_elsewhere
 from ears_core.policy.costs import PriceCurve, RunningPrices
 from ears_core.policy.profile import load_or_measure
 from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
 from ears_core.timing import MachineBusy
+
+LOG = logging.getLogger("ears_studio")
 
 __all__ = ["SessionPrices", "STALE", "ON_PATH"]
 
@@ -79,11 +87,15 @@ class SessionPrices:
         with self._lock:
             return sum(max(0.0, end - max(start, since)) for start, end in self._on_path)
 
-    def measure(self, piece: Any = None, strict: bool = False) -> PriceCurve:
+    def measure(self, piece: Any = None, strict: bool = False) -> PriceCurve | None:
         """This machine's curve measured afresh (``piece``: pass by pass, for the background), after the pair's
         provisional choices are settled (they change the passes' prices: pair.py, ``ModelPair.settle``). In a
         caller's thread (no ``piece``) a choice the busy cores spoil keeps its default and stays provisional,
-        unless ``strict`` (then ``timing.MachineBusy`` reaches the caller); in the background it is put aside."""
+        unless ``strict`` (then ``timing.MachineBusy`` reaches the caller); in the background it is put aside,
+        and beside a pool nothing is measured (None; module terms)."""
+        if piece is not None and torch.get_num_threads() > 1 and pooled_elsewhere():
+            LOG.info("price measurement skipped: a thread that decoded is alive, and its OpenMP pool would slow it")
+            return None
         settle = getattr(self.pair, "settle", None)
         if settle is not None:
             try:
@@ -100,7 +112,9 @@ class SessionPrices:
         curve = self.running.curve if self.running is not None else None
         return list(getattr(self.pair, "provisional", [])) + (["the price curve"] if curve and curve.provisional else [])
 
-    def install(self, curve: PriceCurve) -> None:
+    def install(self, curve: PriceCurve | None) -> None:
+        if curve is None:  # measured nothing (module terms: beside a pool)
+            return
         with self._lock:
             self._set(curve)
 
