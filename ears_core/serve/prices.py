@@ -93,7 +93,8 @@ class SessionPrices:
         caller's thread (no ``piece``) a choice the busy cores spoil keeps its default and stays provisional,
         unless ``strict`` (then ``timing.MachineBusy`` reaches the caller); in the background it is put aside,
         and beside a pool nothing is measured (None; module terms)."""
-        if piece is not None and torch.get_num_threads() > 1 and pooled_elsewhere():
+        on_cpu = torch.device(getattr(self.pair, "device", "cpu")).type == "cpu"  # OpenMP times the CPU's passes only
+        if piece is not None and on_cpu and torch.get_num_threads() > 1 and pooled_elsewhere():
             LOG.info("price measurement skipped: a thread that decoded is alive, and its OpenMP pool would slow it")
             return None
         settle = getattr(self.pair, "settle", None)
