@@ -89,7 +89,7 @@ class Exact:
     """Keys and values written where the pass's views say (``KVStore.views``); attention over the visible slice in
     ``dtype`` (module terms)."""
 
-    mask: Tensor | None  # (1, 1, m, >= end) bool, True where a row may attend; None: one row, no mask
+    mask: Tensor | None  # (1, 1, m, >= end): bool, True where a row may attend, or additive (0 / -inf); None: one row
     dtype: torch.dtype
     scale: float | None = None  # None: SDPA's 1 / sqrt(D)
 

@@ -92,6 +92,8 @@ class LeanLlama(nn.Module):
         cos, sin = d.angles(None if position_ids is None else position_ids.reshape(-1), n, m)  # (m, H + 2 Hkv, D)
         mask = (seen[..., : n + m] if seen is not None  # else causal after the cache; no mask for one row
                 else None if m == 1 else torch.ones(m, n + m, dtype=torch.bool).tril(n)[None, None])
+        if mask is not None:  # additive, once a pass: SDPA would turn a bool mask into this in every layer (the same bits)
+            mask = torch.zeros(mask.shape, dtype=self.attn_dtype).masked_fill_(~mask, float("-inf"))
         attend = Exact(mask, self.attn_dtype)
         x = self.embed(input_ids[0])  # (m, d)
         hidden = x.new_empty(len(self.layers) + 1, m, d.hidden) if output_hidden_states else None
