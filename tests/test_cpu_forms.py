@@ -51,6 +51,15 @@ def test_a_refused_op_and_a_wrong_answer_both_read_as_not_running(monkeypatch) -
     finally:
         monkeypatch.undo()
         cpu_forms._onednn_probe.cache_clear()
+    cpu_forms._float64_attention_probe.cache_clear()
+    try:  # the exact attention measured against the plain product: a kernel that runs but errs does not count
+        monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                            lambda q, k, v, **kw: torch.zeros_like(q))
+        assert not cpu_forms.float64_attention_runs()
+    finally:
+        monkeypatch.undo()
+        cpu_forms._float64_attention_probe.cache_clear()
+    assert cpu_forms.float64_attention_runs()
 
 
 def test_portable_turns_onednn_off_and_keeps_its_measurements_apart(monkeypatch) -> None:

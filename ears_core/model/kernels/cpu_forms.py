@@ -103,10 +103,14 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 
 @functools.cache
 def _float64_attention_probe() -> bool:
+    from ears_core.model.kernels.exact_rows import exact_attention
+
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(1, 4, 3, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
-    got = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), enable_gqa=True)  # (1, 4, 3, 8)
-    return bool(torch.allclose(got.float(), F.scaled_dot_product_attention(q, k, v, enable_gqa=True), atol=1e-5))
+    got = exact_attention(None, q, k, v, None)[0]  # (1, 3, 4, 8): grouped queries, in float64
+    keys, values = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # (1, 4, 5, 8) each: the plain reference
+    want = torch.softmax(q @ keys.transpose(-1, -2) * 8 ** -0.5, -1) @ values  # (1, 4, 3, 8)
+    return bool(torch.allclose(got, want.transpose(1, 2), atol=1e-5))
 
 
 def float64_attention_runs() -> bool:
