@@ -5,7 +5,7 @@ Terms
 form        one way to compute an op on a CPU: ``int4`` (PyTorch's int4 kernel on bfloat16 activations:
             kernels/gguf_q4.py), ``onednn`` (a linear layer's weight packed by oneDNN, per dtype:
             kernels/packed_linear.py, the lean target's output head), ``float64 attention`` (SDPA in float64:
-            kernels/exact_rows.py). A flag list lies both ways: oneDNN refuses bfloat16 packing without AVX512BW
+            passes/decoder.py: Exact, kernels/exact_rows.py). A flag list lies both ways: oneDNN refuses bfloat16 packing without AVX512BW
             even where the int4 kernel runs with bfloat16 activations (AVX2), and a CPU may have flags a VM hides.
 probe       the op run once on a tiny input inside ``try``, its result compared with a plain reference; a refusal,
             an error or a wrong answer all read "does not run". Asked once per process and form.
@@ -103,18 +103,22 @@ def onednn_packs(dtype: torch.dtype) -> bool:
 
 @functools.cache
 def _float64_attention_probe() -> bool:
-    from ears_core.model.kernels.exact_rows import exact_attention
+    from ears_core.model.passes.decoder import Exact
 
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(1, 4, 3, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
-    got = exact_attention(None, q, k, v, None)[0]  # (1, 3, 4, 8): grouped queries, in float64
-    keys, values = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)  # (1, 4, 5, 8) each: the plain reference
-    want = torch.softmax(q @ keys.transpose(-1, -2) * 8 ** -0.5, -1) @ values  # (1, 4, 3, 8)
-    return bool(torch.allclose(got, want.transpose(1, 2), atol=1e-5))
+    q = torch.randn(3, 4, 8, generator=g)  # (m, H, D): three rows, two query heads a key/value head
+    kv = torch.randn(2, 2, 5, 8, generator=g, dtype=torch.float64)  # (2, Hkv, n, D): two cached positions, three new
+    new = kv[:, :, 2:].clone()
+    kv[:, :, 2:] = 0
+    got = Exact(None, torch.float64)(q, new, (kv[:, :, 2:], kv[0][None], kv[1][None]))  # the lean target's, (m, H D)
+    keys, values = kv[0].repeat_interleave(2, 0).float(), kv[1].repeat_interleave(2, 0).float()  # (H, n, D) each
+    want = torch.softmax(q.transpose(0, 1) @ keys.transpose(1, 2) * 8 ** -0.5, -1) @ values  # (H, m, D): the plain product
+    return bool(torch.allclose(got, want.transpose(0, 1).reshape(3, 32), atol=1e-5))
 
 
 def float64_attention_runs() -> bool:
-    """Whether SDPA runs in float64 with grouped queries here (module terms: probe): the exact attention."""
+    """Whether SDPA runs in float64 with grouped queries here (module terms: probe): the exact attention, as the lean
+    target runs it (``decoder.Exact``) against the plain softmax product."""
     return tried(_float64_attention_probe)
 
 
