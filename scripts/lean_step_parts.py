@@ -1,14 +1,14 @@
 """Where a lean target step's time goes on this machine, taken apart by leaving pieces out (not a test).
 
 The embedded lean int4 target (model/passes/lean_llama.py, its layers run by model/passes/decoder.py) decodes a run of
-one-token passes after a 64-token prompt, as target-only decoding does; the mean pass is measured whole, then with the output head, the
+one-token passes after a prompt of ``--contexts`` tokens (64 by default), as target-only decoding does; the mean pass is measured whole, then with the output head, the
 int4 matrix calls, the attention and the RMSNorms left out in turn (each replaced by a ready tensor of the
 right shape, so what follows runs on the same shapes; each stays left out while the next is), each the best
 of ``--repeats`` runs. The
 differences are the pieces' prices; what is left is every other op and the Python around them. It also
 times the same int4 matrix calls back to back, outside a pass: what the kernel costs on its own.
 
-    python scripts/lean_step_parts.py [--steps 96] [--repeats 5] [--threads 2] [--widths 1,2,3,4,5]
+    python scripts/lean_step_parts.py [--steps 96] [--repeats 5] [--threads 2] [--widths 1,2,3,4,5] [--contexts 64,512,1000]
 
 Run it alone on the machine.
 """
@@ -29,16 +29,16 @@ from ears_core.model.kernels.gguf_q4 import GROUP
 from ears_core.model.loading.target_path import lean_embedded
 
 
-def mean_pass_ms(model: Any, steps: int, repeats: int, width: int = 1) -> float:
+def mean_pass_ms(model: Any, steps: int, repeats: int, width: int = 1, context: int = 64) -> float:
     """Best of ``repeats`` runs of the mean pass over ``width`` tokens (all rows' logits, as a verify pass
-    keeps them) over ``steps`` consecutive passes, each cut back to one new position as a round that keeps
-    one token would."""
-    ids = torch.randint(0, 49000, (1, 64), generator=torch.Generator().manual_seed(0))
+    keeps them) over ``steps`` consecutive passes after a ``context``-token prompt, each cut back to one new
+    position as a round that keeps one token would."""
+    ids = torch.randint(0, 49000, (1, context), generator=torch.Generator().manual_seed(0))
     step = torch.full((1, width), 7)
     best = float("inf")
     with torch.inference_mode():
         for _ in range(repeats):
-            cache = model.new_cache()
+            cache = model.new_cache(context + steps + width)  # no growing inside the timing
             model(ids, past_key_values=cache, logits_to_keep=1)
             t0 = time.perf_counter()
             for _ in range(steps):
@@ -104,22 +104,25 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widths", type=lambda v: [int(w) for w in v.split(",")], default=[1],
                     help="pass widths to take apart, e.g. 1,2,3,4,5 (a verify pass over m tokens keeps m rows)")
+    ap.add_argument("--contexts", type=lambda v: [int(c) for c in v.split(",")], default=[64],
+                    help="prompt lengths before the passes, e.g. 64,256,512,1000 (attention reads the whole cache)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     model = lean_embedded(prepare_embedded())
     if model is None:
         raise SystemExit("the lean target does not run on this CPU (its int4 kernel does not run here or rows are not exact)")
-    for width in a.widths:
-        whole = mean_pass_ms(model, a.steps, a.repeats, width)
-        print(f"a pass over {width} token(s): {whole:.2f} ms (mean of {a.steps} after a 64-token prompt, best of {a.repeats})")
-        rest = whole
-        with ExitStack() as gone:  # each piece stays left out while the next is
-            for piece in ("the output head", "the int4 matrix calls", "attention", "the RMSNorms"):
-                gone.enter_context(left_out(model, piece))
-                without = mean_pass_ms(model, a.steps, a.repeats, width)
-                print(f"  {piece}: {rest - without:.2f} ms")
-                rest = without
-        print(f"  every other op: {rest:.2f} ms")
+    for context in a.contexts:
+        for width in a.widths:
+            whole = mean_pass_ms(model, a.steps, a.repeats, width, context)
+            print(f"a pass over {width} token(s) after {context}: {whole:.2f} ms (mean of {a.steps}, best of {a.repeats})")
+            rest = whole
+            with ExitStack() as gone:  # each piece stays left out while the next is
+                for piece in ("the output head", "the int4 matrix calls", "attention", "the RMSNorms"):
+                    gone.enter_context(left_out(model, piece))
+                    without = mean_pass_ms(model, a.steps, a.repeats, width, context)
+                    print(f"  {piece}: {rest - without:.2f} ms")
+                    rest = without
+            print(f"  every other op: {rest:.2f} ms")
     print(f"the same int4 calls back to back: {int4_back_to_back_ms(model, a.repeats):.2f} ms")
 
 
