@@ -5,8 +5,9 @@ Terms
 form        one way to compute an op on a CPU: ``int4`` (PyTorch's int4 kernel on bfloat16 activations:
             kernels/gguf_q4.py), ``onednn`` (a linear layer's weight packed by oneDNN, per dtype:
             kernels/packed_linear.py, the lean target's output head), ``float64 attention`` (SDPA in float64:
-            passes/decoder.py: Exact, kernels/exact_rows.py). A flag list lies both ways: oneDNN refuses bfloat16 packing without AVX512BW
-            even where the int4 kernel runs with bfloat16 activations (AVX2), and a CPU may have flags a VM hides.
+            passes/decoder.py's ``Exact``, kernels/exact_rows.py). A flag list lies both ways: oneDNN refuses
+            bfloat16 packing without AVX512BW even where the int4 kernel runs with bfloat16 activations (AVX2), and a
+            CPU may have flags a VM hides.
 probe       the op run once on a tiny input inside ``try``, its result compared with a plain reference; a refusal,
             an error or a wrong answer all read "does not run". Asked once per process and form.
 portable    ``EARS_CPU_KERNELS=portable``: only the forms every CPU that PyTorch supports has, plain ATen ops
