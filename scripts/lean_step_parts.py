@@ -4,8 +4,9 @@ The embedded lean int4 target (model/passes/lean_llama.py, its layers run by mod
 of one-token passes after a prompt of each of ``--contexts`` tokens (64 by default), as target-only decoding does;
 the mean pass is measured whole, then with the output head, the int4 matrix calls, the attention and the RMSNorms left
 out in turn (each replaced by a ready tensor of the right shape, so what follows runs on the same shapes; each stays
-left out while the next is), each the best of ``--repeats`` runs. The differences are the pieces' prices; what is left is every other op and the Python around them. It also
-times the same int4 matrix calls back to back, outside a pass: what the kernel costs on its own.
+left out while the next is), each the best of ``--repeats`` runs. The differences are the pieces' prices; what is
+left is every other op and the Python around them. It also times the same int4 matrix calls back to back, outside a
+pass: what the kernel costs on its own.
 
     python scripts/lean_step_parts.py [--steps 96] [--repeats 5] [--threads 2] [--widths 1,2,3,4,5] [--contexts 64,512,1000]
 
