@@ -4,8 +4,8 @@ Each scenario runs in a fresh Python process, as a server start does, over ``$EA
 holds only the prepared embedded target (what `make demo` and the Docker image leave) or, for ``cached``, what a
 previous start left there. The process times ``import ears_core``, ``load_pair()``, a Session's warm-up with
 background prices (as the app's pair slot makes it), then a first request (the app's defaults, EARS 0.1 at
-T = 0.9, ``--tokens`` new tokens, decoded in a thread of its own as the app's are), waits for the background measurements (the pair's provisional choices and
-the price curve) and decodes the same request again, warmed. ``contended`` starts two busy-looping processes
+T = 0.9, ``--tokens`` new tokens, decoded in a thread of its own as the app's are), waits for the background
+measurements (the pair's provisional choices and the price curve) and decodes the same request again, warmed. ``contended`` starts two busy-looping processes
 beside the start (a browser loading would do the same to two cores) and stops them once the first request
 is served; the background measurements then run on a quiet machine. ``app cold`` and ``app cached`` start the
 app as ``python app.py`` does (``app.start``: the pair loading while Gradio is imported, the page built) and
