@@ -43,7 +43,7 @@ DOCKER_TESTS := tests/test_docker_image.py
 # ATen's kernels take their AVX2 code and oneDNN its AVX2 ceiling (it then refuses bfloat16 packing, as on such a
 # CPU); their tests run once per kernel mode (tests/conftest.py, cpu_form), the portable one included.
 AVX2_TESTS := tests/test_lean.py tests/test_exact_head.py tests/test_cpu_forms.py tests/test_int4_linear.py \
-              tests/test_exact_rows.py
+              tests/test_exact_rows.py tests/test_row_walk.py
 test: install browser
 	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder --ignore=$(DOCKER_TESTS)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $(PY) -m pytest -n 2 --dist loadfile $(AVX2_TESTS)

@@ -9,6 +9,8 @@ plain step     k = 0: the token from the rule's bonus distribution at position 0
                draw, exactly as verify() would emit it, without its bookkeeping.
 host read      the verdict's row 0 in one float64 vector (``RoundHost.read``); on the CPU, where a host read
                is free, verify() reads n early and skips the work no emitted token needs (``emitted_only``).
+walk           where the target's head costs grow with its rows, score runs the head row by row up to the first
+               draft that falls (row_walk.py): the same verdict for fewer head rows.
 size policy    (``policy``, a ``costs.DraftPolicy``, with a ``calibration``) asked by the drafter before each
                draw: verify one more position? It reads only the draft side, so every rule stays exactly as
                lossless (or as distorted) as without it. It backs off where drafting does not pay: a probe
@@ -28,6 +30,7 @@ from transformers import DynamicCache
 from ears_core.decode.next_token import draw_after
 from ears_core.decode.packed import CHAIN_READ
 from ears_core.decode.rounds import Round, RoundContext
+from ears_core.decode.row_walk import score_walking, walks
 from ears_core.decode.verify import KIND_NAMES, DraftKind, argmax_path, check_enabled, verify
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, TokenEvent
@@ -53,6 +56,8 @@ class ChainShape:
         drafter = ctx.drafter
         self.check = check_enabled(ctx.device)  # verify()'s drafter guard: a host read, skipped on CUDA
         self.emitted_only = ctx.device.type == "cpu"
+        self.walk = walks(ctx)  # module terms: walk
+        self.scored = 0  # rows of the last verify pass whose probabilities were computed
         self.support = getattr(drafter, "support", None)  # (N,) tokens outside which the drafter's q is 0, or None
         self.free_positions = bool(getattr(drafter, "free_positions", False))  # n-gram: no model step per position
 
@@ -81,12 +86,18 @@ class ChainShape:
             self.policy.prior = self.calibration.means(k)  # per depth for a DepthCalibration
             tokens, probs = ctx.drafter.propose(k, ctx.probs_fn, draft_u, keep=lambda c: self._keep(c, k))
         self.tokens, self.draft_probs = tokens, probs  # (1, k') long, (1, k', V): a drafter may stop early
-        self.k = tokens.shape[1]
+        self.k, self.produced = tokens.shape[1], produced
 
     def score(self, cache: DynamicCache, last: Tensor) -> Tensor:
         ctx, k = self.ctx, self.k
-        self.out = ctx.target(torch.cat([last, self.tokens], dim=1), past_key_values=cache, use_cache=True,
-                              logits_to_keep=k + 1, output_hidden_states=ctx.need_hidden)
+        inp = torch.cat([last, self.tokens], dim=1)  # (1, k + 1)
+        if self.walk and k > 0:
+            accept_u = ctx.draws[Stream.ACCEPT][None, self.produced: self.produced + k]  # (1, k)
+            self.out, probs, self.scored = score_walking(ctx, inp, cache, self.tokens, self.draft_probs, accept_u)
+            return probs  # (1, k+1, V): 0 past the first draft that fell
+        self.out = ctx.target(inp, past_key_values=cache, use_cache=True, logits_to_keep=k + 1,
+                              output_hidden_states=ctx.need_hidden)
+        self.scored = k + 1
         return ctx.probs_fn(self.out.logits)  # (1, k+1, V)
 
     def verify(self, target_probs: Tensor, produced: int, step: int) -> Round:
@@ -101,6 +112,9 @@ class ChainShape:
                        with_distortion=ctx.with_distortion, check=self.check, emitted_only=self.emitted_only,
                        draft_support=self.support)
             next_token, host = v.next_token, RoundHost.read(v, self.tokens)  # the round's one host sync
+            if host.num_accepted >= self.scored:  # the walk stopped before a draft verify() let stand
+                raise RuntimeError(f"the verify pass scored {self.scored} rows but {host.num_accepted} drafts stood: "
+                                   f"{type(ctx.rule).__name__} decides from other rows; set its row_by_row = False")
         events, drafts = host.records(k, produced, step)
         pardoned = sum(1 for d in drafts if d.kind == "pardoned")
         return Round(k, host.num_accepted, next_token, events, drafts, pardoned)

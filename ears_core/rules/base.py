@@ -72,6 +72,9 @@ class AcceptanceRule:
     lossless: bool = True
     argmax_only: bool = False  # decides and emits by the target's argmax alone (verify's greedy path)
     looks_ahead: bool = False  # a position's decision and acceptance read the drafts after it (FLy)
+    # a position's decision reads its own row of P_target alone, so a verify pass may be scored up to the first draft
+    # that falls (decode/row_walk.py); False for a rule that reads other rows (FLy's look-ahead, the budget's beta)
+    row_by_row: bool = True
 
     def tolerance(self, target_probs: Tensor, max_p: Tensor) -> Tensor:
         """(B, K, V), (B, K) -> (B, K) tolerance subtracted from U."""

@@ -135,6 +135,7 @@ class FLyRule(AcceptanceRule):
 
     name = "fly"
     looks_ahead = True  # a rejection is deferred when the next drafts stand
+    row_by_row = False
 
     def __init__(self, gate: float = 0.3, window: float = 2, top_n: float = 3) -> None:
         if not isinstance(gate, (int, float)) or gate != gate or gate < 0:
@@ -222,6 +223,7 @@ class BudgetEARSRule(EARSRule):
     """
 
     name = "ears-budget"
+    row_by_row = False  # a round's beta reads every row's max P_target
     SLOP = 1e-6  # per position: float32 rounding of the exact TV, kept out of the budget
 
     def __init__(self, epsilon: float = 0.01, beta_max: float = 1.0) -> None:

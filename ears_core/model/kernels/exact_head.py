@@ -17,6 +17,11 @@ choice        every layout that runs: its exact width, then its chunk costs c(w)
               least over r in ``MEASURED_M``; cached per machine (measured.py). A load measures nothing: with
               nothing cached it takes the first layout here at its exact width, untimed, and a session measures
               the choice between requests (pair.py: provisional); the new layout serves the requests after it.
+growth        whether the head's cost grows with its rows: two rows cost ``GROWTH`` times one or more as measured
+              (bfloat16 emulated on AVX2: 1.7 ms a row, 5.9 for four), one row at a time (exact width 1), or, unmeasured,
+              any layout but oneDNN's packed one (which takes several rows for about the price of one). Where it
+              grows, a chain's verify pass runs its head row by row up to the first draft that falls
+              (decode/row_walk.py).
 """
 
 from __future__ import annotations
@@ -35,11 +40,12 @@ from ears_core.model.kernels.output_head import run_layout
 from ears_core.model.kernels.packed_linear import PackedLinear
 from ears_core.model.measuring.measured import MEASURED_M, Measured, interleaved, machine_tag, quietly
 
-__all__ = ["CHUNKS", "ExactHead", "HeadForm", "choose_head_form", "exact_width", "install_exact_head", "layouts_here"]
+__all__ = ["CHUNKS", "GROWTH", "ExactHead", "HeadForm", "choose_head_form", "exact_width", "install_exact_head", "layouts_here"]
 
 CHUNKS = (1, 2, 3, 4, 8, 16)  # chunk widths checked and planned (module terms: exact width)
 MAX_ROWS = 17  # rows planned: a chain's verify pass (K + 1 <= 9) and a tree's (budget + 1 <= 17)
 PRUNE = 3.0  # module terms: choice
+GROWTH = 1.5  # module terms: growth
 ROUNDS = 5
 
 
@@ -97,6 +103,15 @@ class HeadForm(Measured):
     widths: dict[str, int] = field(default_factory=dict)
     ms: dict[str, dict[str, float]] = field(default_factory=dict)
     KIND = "lean_head"
+
+    def grows_with_rows(self) -> bool:
+        """Whether the head's cost grows with its rows here (module terms: growth)."""
+        cost = self.ms.get(self.layout, {})
+        if self.width == 1:
+            return True
+        if "1" in cost and "2" in cost:
+            return cost["2"] >= GROWTH * cost["1"]
+        return self.layout != "packed"
 
     def plan(self, rows: int) -> list[int]:
         """Chunk sizes for ``rows`` rows: the plan's, or chunks of the exact width past it."""

@@ -24,12 +24,14 @@ __all__ = ["PassOutput", "avoid_replanning_attention", "pass_inputs"]
 
 @dataclass
 class PassOutput:
-    """logits (1, kept, V); hidden_states (the embeddings, each layer's output, the last after the final norm,
-    each (1, m, d)) or None; past_key_values the cache (a KVBuffer)."""
+    """logits (1, kept, V), or None for a pass asked for its states alone; hidden_states (the embeddings, each
+    layer's output, the last after the final norm, each (1, m, d)) or None; past_key_values the cache (a KVBuffer);
+    states (1, kept, d): the kept rows after the final norm, where the head was left for the caller."""
 
-    logits: torch.Tensor
+    logits: torch.Tensor | None
     hidden_states: tuple[torch.Tensor, ...] | None
     past_key_values: Any
+    states: torch.Tensor | None = None
 
 
 def avoid_replanning_attention(device: torch.device) -> None:

@@ -77,15 +77,26 @@ class LeanLlama(nn.Module):
         """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
         return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype, exact=True)))
 
-    def _logits(self, h: Tensor) -> Tensor:  # (r, d) -> (r, V)
+    def head_logits(self, h: Tensor) -> Tensor:
+        """(r, d) final-normed states -> (r, V) logits, each row the bits of a one-row pass (exact rows)."""
         if self.head_form is None:  # not installed by the loader (lean_target.py): this machine's form, untimed
             from ears_core.model.kernels.exact_head import install_exact_head
             install_exact_head(self, measure=False)
         return self.head_form(h)
 
+    @property
+    def head_grows_with_rows(self) -> bool:
+        """Whether this machine's head costs about its row count in rows (exact_head.py: growth)."""
+        if self.head_form is None:
+            from ears_core.model.kernels.exact_head import install_exact_head
+            install_exact_head(self, measure=False)
+        return self.head_form.form.grows_with_rows()
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
-                output_hidden_states: bool = False, **unused: Any) -> PassOutput:
+                output_hidden_states: bool = False, head: bool = True, **unused: Any) -> PassOutput:
+        """transformers' calling convention; ``head`` False: no logits, the kept rows' states instead (a caller that
+        runs the head row by row: ``head_logits``)."""
         # seen (1, 1, m, >= n + m) bool, True where a row may attend; or None
         m, cache, seen = pass_inputs(self, input_ids, attention_mask, past_key_values, "the lean target")
         n, d = cache.length, self.decoder
@@ -100,9 +111,11 @@ class LeanLlama(nn.Module):
         with cache.kv.lock:  # kv_cache.py: threads
             x = d.run(x, cos, sin, attend, cache.layer_views(m), int4_kind(m, self.row_plan), hidden)  # (m, d)
             cache.length = n + m
-        logits = self._logits(x if not logits_to_keep else x[-logits_to_keep:])  # (kept, V)
+        kept = x if not logits_to_keep else x[-logits_to_keep:]  # (kept, d)
         states = None if hidden is None else tuple(t[None] for t in hidden[:-1]) + (x[None],)  # each (1, m, d)
-        return PassOutput(logits[None], states, cache)  # logits (1, kept, V)
+        if not head:
+            return PassOutput(None, states, cache, kept[None])
+        return PassOutput(self.head_logits(kept)[None], states, cache)  # logits (1, kept, V)
 
     @torch.inference_mode()
     def generate(self, input_ids: Tensor, attention_mask: Tensor | None = None, max_new_tokens: int = 20,
