@@ -55,3 +55,15 @@ def test_an_end_of_sequence_token_inside_a_read_ends_the_stream_there(monkeypatc
     stop = greedy.index(eos)  # its first occurrence: inside the first read of 8
     events, steps, waits = run(target, 0.0, 20, 8, frozenset([eos]))
     assert [e.token_id for e in events] == greedy[: stop + 1] and len(steps) == stop + 1 and waits.read == 1
+
+
+def test_a_greedy_token_is_the_target_s_argmax_with_p_and_max_p_one():
+    """At T = 0 the baseline takes the logits' first argmax and records p = max P = 1 without building the one-hot
+    distribution: the tokens of transformers' greedy search."""
+    target = tiny_llama(0)
+    events, _, _ = run(target, 0.0, 12, 1)
+    ids = torch.tensor([PROMPTS[2]])
+    with torch.inference_mode():
+        want = target.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0)[0, ids.shape[1]:].tolist()
+    assert [e.token_id for e in events] == want
+    assert all(e.p == 1.0 and e.max_p == 1.0 and e.kind == "target" for e in events)

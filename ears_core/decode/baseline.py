@@ -56,6 +56,7 @@ def target_only_events(target: PreTrainedModel, ids: Tensor, cfg: DecodeConfig, 
     clock = StepClock(ids.device)
     u_all = counter_uniforms(cfg.seed, torch.arange(cfg.max_new_tokens, device=ids.device), Stream.TARGET)  # (N,)
     decided = torch.empty(cfg.max_new_tokens, 3, dtype=torch.float64, device=ids.device)  # (N, 3): token, p, max P
+    certain = torch.ones(2, dtype=torch.float64, device=ids.device)  # p and max P of a greedy token
     marks: list[tuple[object, object]] = []  # each pass's clock marks, read with the tokens
     cache = new_cache(target)
     inp, first, last_read = ids, 0, time.perf_counter()  # first: the first position not read yet
@@ -63,12 +64,15 @@ def target_only_events(target: PreTrainedModel, ids: Tensor, cfg: DecodeConfig, 
         with torch.inference_mode():
             t0 = clock.mark()
             logits = target(inp, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, : cfg.vocab_size]
-            probs = logits_to_probs(logits, cfg.sampling)  # (1, V)
-            # (1,): at T = 0 probs is one-hot, and the draw from it is its argmax
-            tok = first_argmax(probs) if cfg.sampling.greedy else sample_with_uniforms(probs, u_all[n: n + 1])
+            if cfg.sampling.greedy:  # (1,): the argmax, where the one-hot probabilities put p = max P = 1
+                tok = first_argmax(logits.float())
+                p_and_max = certain
+            else:
+                probs = logits_to_probs(logits, cfg.sampling)  # (1, V)
+                tok = sample_with_uniforms(probs, u_all[n: n + 1])  # (1,)
+                p_and_max = torch.cat([probs.gather(1, tok.view(1, 1))[0], probs.amax(1)]).double()  # (2,)
             marks.append((t0, clock.mark()))
-            decided[n] = torch.cat([tok.double(), probs.gather(1, tok.view(1, 1))[0].double(),
-                                    probs.amax(1).double()])  # (3,), on the device
+            decided[n] = torch.cat([tok.double(), p_and_max])  # (3,), on the device
         inp = tok.view(1, 1)
         if n + 1 - first < every and n + 1 < cfg.max_new_tokens and (time.perf_counter() - last_read) * 1e3 < READ_MS:
             continue
