@@ -14,6 +14,7 @@ from ears_core import generate
 from ears_core.decode.row_walk import walks
 from ears_core.decode.verify import decide_drafts
 from ears_core.draft.drafters import ModelDrafter
+from ears_core.draft.eagle import DraftHead, EagleDrafter, head_config_from_target
 from ears_core.model.kernels import cpu_forms
 from ears_core.model.kernels.exact_head import HeadForm
 from ears_core.model.loading.lean_target import from_float_model
@@ -39,12 +40,14 @@ def lean_pair():
 
 
 def _decode(lean, draft, rule, temperature: float, walk: bool, monkeypatch) -> tuple[list, list, int]:
-    """Tokens, events and head rows of one speculative run, the walk forced on or off."""
+    """Tokens, events and head rows of one speculative run, the walk forced on or off; ``draft`` a model, or a
+    DraftHead (an EAGLE-style drafter: it reads the verify pass's hidden states)."""
     rows = []
     head = LeanLlama.head_logits
     monkeypatch.setattr(LeanLlama, "head_grows_with_rows", property(lambda self: walk))
     monkeypatch.setattr(LeanLlama, "head_logits", lambda self, h: rows.append(h.shape[0]) or head(self, h))
-    g = generate(lean, ModelDrafter(draft, V), torch.tensor([[3, 17, 17, 60, 2, 88, 11, 4]]), rule=rule,
+    drafter = EagleDrafter(draft, lean) if isinstance(draft, DraftHead) else ModelDrafter(draft, V)
+    g = generate(lean, drafter, torch.tensor([[3, 17, 17, 60, 2, 88, 11, 4]]), rule=rule,
                  temperature=temperature, max_new_tokens=40, k=4, seed=3)
     events = [(e.kind, e.token_id, e.p, e.q, e.ratio, e.u, e.tolerance, e.max_p, e.distortion) for e in g.events]
     return g.token_ids, events, sum(rows)
@@ -62,6 +65,17 @@ def test_a_walked_head_gives_the_whole_pass_s_tokens_and_events_for_fewer_rows(l
     assert walked[:2] == whole[:2]
     assert any(kind in ("resampled",) for kind, *_ in whole[1])  # some rounds stopped early...
     assert walked[2] < whole[2]  # ... and those paid fewer head rows
+
+
+@needs_int4
+def test_a_walked_head_feeds_an_eagle_head_the_whole_pass_s_hidden_states(lean_pair, monkeypatch) -> None:
+    lean, _ = lean_pair
+    torch.manual_seed(5)
+    head = DraftHead(head_config_from_target(lean.config), torch.arange(0, V, 2)).eval()  # even ids only
+    for name, temperature in (("greedy", 0.0), ("ears", 0.9)):
+        whole = _decode(lean, head, make_rule(name), temperature, False, monkeypatch)
+        walked = _decode(lean, head, make_rule(name), temperature, True, monkeypatch)
+        assert walked[:2] == whole[:2] and walked[2] < whole[2]
 
 
 @pytest.mark.parametrize("name", list(RULES))
