@@ -6,8 +6,9 @@ Terms
 row        row j of a chain's verify pass over [last, x_1 .. x_k] (rounds.py) judges draft x_{j+1}; row k is the
            bonus position.
 growth     the target's head costs grow with its rows (``head_grows_with_rows``: model/kernels/exact_head.py): on
-           a CPU without native bfloat16 the head's (V, d) product takes about 1.7 ms a row and 5.9 for four, where
-           oneDNN's packed head on native bfloat16 takes several rows for about the price of one.
+           a CPU without native bfloat16 the head's (V, d) product is arithmetic, about its row count times one
+           row, where oneDNN's packed head on native bfloat16 takes several rows for about the price of one
+           (docs/measurements.md, "A verify pass's head, row by row").
 walk       the pass runs without its head (``head=False``: the kept rows' final states); row 0's probabilities are
            computed, then, while the drafts so far stand, the next row's. A draft is decided from its own row
            alone (the rule's ``row_by_row``), so the walk stops at the first draft that falls and the rows after it

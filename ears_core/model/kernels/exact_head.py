@@ -18,10 +18,10 @@ choice        every layout that runs: its exact width, then its chunk costs c(w)
               nothing cached it takes the first layout here at its exact width, untimed, and a session measures
               the choice between requests (pair.py: provisional); the new layout serves the requests after it.
 growth        whether the head's cost grows with its rows: two rows cost ``GROWTH`` times one or more as measured
-              (bfloat16 emulated on AVX2: 1.7 ms a row, 5.9 for four), one row at a time (exact width 1), or, unmeasured,
+              (bfloat16 emulated, as on AVX2: the cost is arithmetic), one row at a time (exact width 1), or, unmeasured,
               any layout but oneDNN's packed one (which takes several rows for about the price of one). Where it
               grows, a chain's verify pass runs its head row by row up to the first draft that falls
-              (decode/row_walk.py).
+              (decode/row_walk.py; figures: docs/measurements.md, "A verify pass's head, row by row").
 """
 
 from __future__ import annotations
