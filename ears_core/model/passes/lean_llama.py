@@ -77,20 +77,21 @@ class LeanLlama(nn.Module):
         """An empty cache for this model, on a store of its own in the attention's dtype (module terms)."""
         return KVBuffer(KVStore(self.decoder.new_kv(capacity, self.attn_dtype, exact=True)))
 
-    def head_logits(self, h: Tensor) -> Tensor:
-        """(r, d) final-normed states -> (r, V) logits, each row the bits of a one-row pass (exact rows)."""
-        if self.head_form is None:  # not installed by the loader (lean_target.py): this machine's form, untimed
+    def _head(self) -> Any:
+        """The output head's ExactHead (kernels/exact_head.py): the loader's, else this machine's form, untimed."""
+        if self.head_form is None:  # not installed by the loader (lean_target.py)
             from ears_core.model.kernels.exact_head import install_exact_head
             install_exact_head(self, measure=False)
-        return self.head_form(h)
+        return self.head_form
+
+    def head_logits(self, h: Tensor) -> Tensor:
+        """(r, d) final-normed states -> (r, V) logits, each row the bits of a one-row pass (exact rows)."""
+        return self._head()(h)
 
     @property
     def head_grows_with_rows(self) -> bool:
         """Whether this machine's head costs about its row count in rows (exact_head.py: growth)."""
-        if self.head_form is None:
-            from ears_core.model.kernels.exact_head import install_exact_head
-            install_exact_head(self, measure=False)
-        return self.head_form.form.grows_with_rows()
+        return self._head().form.grows_with_rows()
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 past_key_values: KVBuffer | None = None, use_cache: bool = True, logits_to_keep: int = 0,
