@@ -217,6 +217,8 @@ def main() -> None:
     result = {"machine": f"{platform.processor() or platform.machine()}, {a.threads} threads, torch {torch.__version__}",
               "cpu": _cpu_name(), "kernel_forms": report(),
               "heads": {dt: str(getattr(s.pair.target, "head_form", None)) for dt, s in sessions.items()},
+              # decode/row_walk.py: chain rounds run the head row by row up to the first draft that falls
+              "head_walked": {dt: bool(getattr(s.pair.target, "head_grows_with_rows", False)) for dt, s in sessions.items()},
               "prompts": len(prompts), "tokens": a.tokens, "repeats": a.repeats, "minutes": round((time.time() - t0) / 60, 1),
               "stolen_share": None if whole is None else round(whole, 3),  # timing.py, stolen: high = a noisy run
               "stolen_share_per_prompt": [None if x is None else round(x, 3) for x in steal],
