@@ -82,14 +82,14 @@ def test_a_walked_head_feeds_an_eagle_head_the_whole_pass_s_hidden_states(lean_p
 def test_row_by_row_says_whether_a_position_s_decision_reads_later_rows(name) -> None:
     """A rule that decides row by row decides positions before j alike when the rows from j on are zeroed (what
     the walk leaves there); FLy and the budget read later rows, and some seed shows it."""
-    rule_at = lambda: make_rule(name, **({"epsilon": 0.3} if name == "ears-budget" else {}))
+    rule_at = lambda: make_rule(name, **({"epsilon": 0.5} if name == "ears-budget" else {}))
     differs = False
-    for seed in range(40):
+    for seed in range(60):  # FLy parts on 16 cases, the budget on 5
         g = torch.Generator().manual_seed(seed)
         k = 4
         logits = 3 * torch.randn(1, k + 1, V, generator=g)
         target = torch.softmax(logits, -1)  # (1, K+1, V)
-        draft = torch.softmax(logits[:, :k] + torch.randn(1, k, V, generator=g), -1)  # close: most drafts stand
+        draft = torch.softmax(logits[:, :k] + 1.5 * torch.randn(1, k, V, generator=g), -1)  # near the target
         tokens = torch.multinomial(draft[0], 1, generator=g).T  # (1, K)
         u = torch.rand(1, k, generator=g)
         full = decide_drafts(target, draft, tokens, rule_at(), u, check=False).kinds
