@@ -30,7 +30,7 @@ from transformers import DynamicCache
 from ears_core.decode.next_token import draw_after
 from ears_core.decode.packed import CHAIN_READ
 from ears_core.decode.rounds import Round, RoundContext
-from ears_core.decode.row_walk import score_walking, walks
+from ears_core.decode.row_walk import walk_rows, walks
 from ears_core.decode.verify import KIND_NAMES, DraftKind, argmax_path, check_enabled, verify
 from ears_core.draft.drafters import target_features
 from ears_core.events import DraftRecord, TokenEvent
@@ -90,13 +90,14 @@ class ChainShape:
 
     def score(self, cache: DynamicCache, last: Tensor) -> Tensor:
         ctx, k = self.ctx, self.k
-        inp = torch.cat([last, self.tokens], dim=1)  # (1, k + 1)
-        if self.walk and k > 0:
+        walking = self.walk and k > 0  # module terms: walk; the pass leaves its head to the walk
+        self.out = ctx.target(torch.cat([last, self.tokens], dim=1), past_key_values=cache, use_cache=True,
+                              logits_to_keep=k + 1, output_hidden_states=ctx.need_hidden,
+                              **({"head": False} if walking else {}))
+        if walking:
             accept_u = ctx.draws[Stream.ACCEPT][None, self.produced: self.produced + k]  # (1, k)
-            self.out, probs, self.scored = score_walking(ctx, inp, cache, self.tokens, self.draft_probs, accept_u)
+            probs, self.scored = walk_rows(ctx, self.out.states[0], self.tokens, self.draft_probs, accept_u)
             return probs  # (1, k+1, V): 0 past the first draft that fell
-        self.out = ctx.target(inp, past_key_values=cache, use_cache=True, logits_to_keep=k + 1,
-                              output_hidden_states=ctx.need_hidden)
         self.scored = k + 1
         return ctx.probs_fn(self.out.logits)  # (1, k+1, V)
 

@@ -21,15 +21,12 @@ walks      where a chain walks: a CPU target with ``head_logits`` whose head gro
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
 from torch import Tensor
 
 from ears_core.decode.rounds import RoundContext
 from ears_core.decode.verify import decide_drafts
 
-__all__ = ["score_walking", "walks"]
+__all__ = ["walk_rows", "walks"]
 
 
 def walks(ctx: RoundContext) -> bool:
@@ -39,15 +36,12 @@ def walks(ctx: RoundContext) -> bool:
             and bool(getattr(target, "head_grows_with_rows", False)) and ctx.rule.row_by_row)
 
 
-def score_walking(ctx: RoundContext, inp: Tensor, cache: Any, tokens: Tensor, draft_probs: Tensor,
-                  accept_u: Tensor) -> tuple[Any, Tensor, int]:
-    """The verify pass over ``inp`` (1, k + 1) = [last, tokens (1, k)] with its head walked (module terms);
-    draft_probs (1, k, V), accept_u (1, k) the round's acceptance draws. -> the pass's output, the target
-    probabilities (1, k + 1, V) with 0 in the rows after the first draft that fell, and the rows scored."""
+def walk_rows(ctx: RoundContext, states: Tensor, tokens: Tensor, draft_probs: Tensor, accept_u: Tensor
+              ) -> tuple[Tensor, int]:
+    """The head walked over a verify pass's kept rows (module terms): states (k + 1, d) from the pass run with
+    ``head=False``, tokens (1, k) its drafts, draft_probs (1, k, V), accept_u (1, k) the round's acceptance draws.
+    -> the target probabilities (1, k + 1, V), 0 in the rows after the first draft that fell, and the rows scored."""
     target, k = ctx.target, tokens.shape[1]
-    out = target(inp, past_key_values=cache, use_cache=True, logits_to_keep=k + 1,
-                 output_hidden_states=ctx.need_hidden, head=False)
-    states = out.states[0]  # (k + 1, d)
     first = ctx.probs_fn(target.head_logits(states[:1])[None])  # (1, 1, V)
     probs = first.new_zeros(1, k + 1, first.shape[-1])  # (1, k + 1, V)
     probs[:, :1] = first
@@ -59,4 +53,4 @@ def score_walking(ctx: RoundContext, inp: Tensor, cache: Any, tokens: Tensor, dr
             break
         probs[:, j + 1: j + 2] = ctx.probs_fn(target.head_logits(states[j + 1: j + 2])[None])
         scored += 1
-    return out, probs, scored
+    return probs, scored
