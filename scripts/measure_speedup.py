@@ -6,7 +6,8 @@ decoding of the same prompt and seed: T = 0 (greedy), the ordinary rule at T = 0
 T = 0.9. Several target forms (``--dtypes``: ``lean`` for the int4 target from the GGUF, the default where it
 runs; ``float32`` or ``bfloat16`` for the float target) load side by side and take turns prompt by prompt, so a
 slow spell of the machine falls on all of them; several drafts (``--drafts``: "auto" for the shipped head,
-or head folders) do the same, each with every dtype. Reported per dtype and setting: tokens/s of both, the
+or head folders) do the same, each with every dtype. Reported per dtype and setting: tokens/s of both (and after the
+first token, the prompt's pass left out: what llama.cpp's generation figure measures), the
 ratio on the decode clock and on the wall clock (each run's request-to-last-token time), the lowest
 per-prompt ratio beside its noise floor (two target-only runs of the same prompt against each other: ``--repeats``
 runs each prompt that many times, the order of speculative and target-only swapped each time), tokens a round, time to first token, and the dtype's price curve and draft step;
@@ -51,7 +52,7 @@ def _drain(run: Any) -> dict[str, Any]:
     s = run.stats()
     steps = getattr(getattr(run, "gen", None), "steps", [])  # a speculative run's rounds (none for target-only)
     return {"tokens": tokens, "n": s.new_tokens, "decode_s": s.decode_s, "wall_s": s.wall_s or s.decode_s,
-            "ttft_s": s.ttft_s, "rounds": s.steps, "drafted": s.drafted, "accepted": s.accepted,
+            "ttft_s": s.ttft_s, "first_s": s.first_token_decode_s or 0.0, "rounds": s.steps, "drafted": s.drafted, "accepted": s.accepted,
             "crowded": int(getattr(run, "crowded", False)),  # other work crowded it onto one thread (serve/crowding.py)
             **{part: sum(getattr(r, part) for r in steps) for part in ROUND_PARTS}}
 
@@ -79,7 +80,7 @@ def _merged(reps: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     out = {}
     for key, first in reps[0].items():
         rows = [r[key] for r in reps]
-        out[key] = {**first, **{f: sum(x[f] for x in rows) for f in ("n", "decode_s", "wall_s", "rounds", "drafted",
+        out[key] = {**first, **{f: sum(x[f] for x in rows) for f in ("n", "decode_s", "first_s", "wall_s", "rounds", "drafted",
                                                                         "accepted", "crowded", *ROUND_PARTS)},
                     "ttft_s": sum(x["ttft_s"] or 0 for x in rows) / len(rows), "all_tokens": [x["tokens"] for x in rows],
                     "repeat_tok_s": [x["n"] / x["decode_s"] for x in rows]}
@@ -121,6 +122,12 @@ def _fold(runs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
         rounds = max(tot(spec, "rounds"), 1)
         table[name]["round_in_steps"] = {part.removesuffix("_ms"): tot(spec, part) / rounds / step_ms for part in ROUND_PARTS}
         table[name]["target_only_ms_a_token"] = step_ms
+        # after the first token (the prompt's pass and the first round left out): what llama-bench's generation
+        # figure (`-p 0`) measures, so the one to set beside it
+        after_first = lambda rows: (tot(rows, "n") - len(rows) * len(rows[0]["all_tokens"])) / (  # noqa: E731
+            tot(rows, "decode_s") - tot(rows, "first_s"))
+        table[name]["target_only_after_first_tokens_per_s"] = after_first(base)
+        table[name]["speculative_after_first_tokens_per_s"] = after_first(spec)
     return table
 
 
@@ -240,8 +247,10 @@ def main() -> None:
     for dt, r in result["dtypes"].items():
         print(f"\n{dt}: {r['profile']}")
         for name, row in r["settings"].items():
-            print(f"  {name:16} target-only {row['target_only_tokens_per_s']:.1f} tok/s, speculative "
-                  f"{row['speculative_tokens_per_s']:.1f}: {row['ratio_decode']:.2f}x decode, {row['ratio_wall']:.2f}x wall, "
+            print(f"  {name:16} target-only {row['target_only_tokens_per_s']:.1f} tok/s "
+                  f"({row['target_only_after_first_tokens_per_s']:.1f} after the first token), speculative "
+                  f"{row['speculative_tokens_per_s']:.1f} ({row['speculative_after_first_tokens_per_s']:.1f}): "
+                  f"{row['ratio_decode']:.2f}x decode, {row['ratio_wall']:.2f}x wall, "
                   f"lowest prompt {row['lowest_prompt_ratio']:.2f}x"
                   + (f" (target-only twice: {row['target_only_twice_lowest_prompt_ratio']:.2f}x)"
                      if row["target_only_twice_lowest_prompt_ratio"] is not None else "")
