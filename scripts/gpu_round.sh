@@ -7,7 +7,7 @@
 #   scripts/gpu_round.sh                 # on the GPU machine
 #   scripts/gpu_round.sh --device cpu    # the CPU form (small sizes; the test suite runs it)
 #
-# Arguments go to python -m ears_core.gpu_check (--quick, --synthetic, --speed-only, --device).
+# Arguments go to python -m ears_core.gpu_check (--quick, --synthetic, --speed-only, --space-shapes, --device).
 # Environment: OUT (default out/gpu_round), LIMIT (seconds, default 480), PY (default .venv/bin/python
 # where there is one, else python3). Nothing is fetched: wheels carried in .whl/ (transformers 5.23.0 where
 # the machine has another version; scripts/draft_on_gpu.sh says how to bring them) are installed from

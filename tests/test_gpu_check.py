@@ -39,7 +39,7 @@ EXPECTED = ("greedy equality float32", "greedy equality bfloat16", "greedy equal
             "lossless, device verify", "EARS exact, device verify", "same decisions as CPU",
             "device round decides as CPU", "device round = today's, T = 0.9", "bad draft ids", "KV rollback float32",
             "KV rollback bfloat16", "price curve", "tokens/s T = 0", "tokens/s EARS 0.1, T = 0.9", "round waits",
-            "target-only waits")
+            "target-only waits", "Space shapes")
 
 
 @pytest.mark.slow

@@ -27,6 +27,10 @@ What it checks (each module defines its terms):
                    under ``set_sync_debug_mode("error")``).
   captured.py      on CUDA, the same pair with its passes as captured CUDA graphs (the default) and eager:
                    capture time, both price curves and tokens/s, and the same greedy tokens.
+  space_shapes.py  (left out by ``--quick``; alone with ``--space-shapes``) the ZeroGPU Space's default pair at its
+                   real shapes (Qwen2.5-7B-Instruct drafted by Qwen2.5-0.5B-Instruct) with seeded random weights:
+                   memory, a cold request's first token, capture, V(m), the draft step, the step against its
+                   weights' read time at the measured bandwidth, a chain round's cost in target steps.
 """
 
 from __future__ import annotations
@@ -49,7 +53,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="correctness only: leave out the speed part")
     ap.add_argument("--synthetic", action="store_true",
                     help="the speed part on the synthetic skip pair even where a real pair is present")
-    ap.add_argument("--speed-only", action="store_true", help="the speed part alone (no correctness checks)")
+    ap.add_argument("--speed-only", action="store_true",
+                    help="the speed part and the Space's shapes alone (no correctness checks)")
+    ap.add_argument("--space-shapes", action="store_true",
+                    help="the Space's default pair at its real shapes, random weights, alone (space_shapes.py)")
     ap.add_argument("--json", type=Path, default=None,
                     help="the report's JSON file (default: gpu_check.json in $OUT where that is set, else here)")
     return ap.parse_args(argv)
@@ -72,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ears_core.gpu_check.plan import run_all
 
     report = run_all(torch.device(args.device), quick=args.quick, synthetic=args.synthetic,
-                     speed_only=args.speed_only, json_path=json_path(args.json))
+                     speed_only=args.speed_only, json_path=json_path(args.json), shapes_only=args.space_shapes)
     print(report.summary_line(), flush=True)
     print(report.json_line(), flush=True)
     print(f"the report as JSON: {report.json_path}", flush=True)

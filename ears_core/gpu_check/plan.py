@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ears_core.decode.device_round import device_verify
-from ears_core.gpu_check import captured, correctness, device_rounds, real_pairs, speed, waits
+from ears_core.gpu_check import captured, correctness, device_rounds, real_pairs, space_shapes, speed, waits
 from ears_core.gpu_check.outcome import Check, Report
 from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
 from ears_core.model.cuda.graphed import graphed_or_eager
@@ -167,10 +167,11 @@ def _speed(report: Report, device: torch.device, present: list[tuple[str, str, i
 
 
 def run_all(device: torch.device, quick: bool = False, synthetic: bool = False, speed_only: bool = False,
-            json_path: Path | None = None) -> Report:
+            json_path: Path | None = None, shapes_only: bool = False) -> Report:
     """Every check on ``device``, in order: correctness (the device round's included), real pairs, then (unless
-    ``quick``) speed. ``synthetic``: the speed part on the synthetic skip pair even where a real pair is present;
-    ``speed_only``: the speed part alone. ``json_path``: the report's JSON file, written after every check."""
+    ``quick``) speed and the Space's shapes. ``synthetic``: the speed part on the synthetic skip pair even where a
+    real pair is present; ``speed_only``: the speed part and the Space's shapes alone; ``shapes_only``: the Space's
+    shapes alone. ``json_path``: the report's JSON file, written after every check."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the report's lines only
@@ -179,12 +180,14 @@ def run_all(device: torch.device, quick: bool = False, synthetic: bool = False, 
     print(f"gpu_check on {report.context['device_name']} ({device}), torch {torch.__version__}, "
           f"transformers {report.context['transformers']}", flush=True)
     present: list[tuple[str, str, int]] = []
-    if not speed_only:
+    if not speed_only and not shapes_only:
         _correctness(report, device, sizes)
         present = _real(report, device, sizes)
-    elif not synthetic:
+    elif not synthetic and not shapes_only:
         present = real_pairs.present_pairs()
-    if not quick:
+    if not quick and not shapes_only:
         _speed(report, device, present, sizes, synthetic)
+    if not quick or shapes_only:
+        report.run("Space shapes", lambda: space_shapes.check_space_shapes(device, repeats=sizes.price_repeats))
     report.finish()
     return report
