@@ -132,6 +132,19 @@ def test_a_bank_off_cuda_calls_through_and_captures_nothing() -> None:
     assert calls == [1] and not bank.graphs and not bank.capture
 
 
+def test_under_the_sync_debug_mode_a_new_key_runs_eagerly_and_is_captured_after(monkeypatch) -> None:
+    bank = GraphBank(torch.device("cpu"), capture=True)
+    bank.capture = True  # as on CUDA; here a capture itself fails (no CUDA)
+    mode = [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode[0])
+    assert bank.run((1, 256), lambda: 5) == 5  # gpu_check's waits: no capture, which would synchronize
+    assert bank.capture and bank.failed is None and not bank.graphs
+    mode[0] = 0
+    assert bank.run((1, 256), lambda: 6) == 6  # outside it the capture is tried (and fails here: eager after)
+    assert not bank.capture and bank.failed.startswith("capture failed: ")
+
+
 def test_models_the_static_pass_cannot_run_are_named_with_the_reason() -> None:
     assert supports(tiny_llama(0)) is None
     cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

@@ -35,6 +35,9 @@ KV            the target's and the drafter's caches are cut once, by the n of th
 rules         every registered rule decides with tensor operations (standard, ears, greedy, ears-entropy,
               typical, fly, ears-budget; the budget's beta comes from the events of earlier rounds).
 
+decide graph  on CUDA, device_verify and the packing as one captured graph per key (verify_graphs.py); eager elsewhere
+              and for a rule with per-run state.
+
 Users select it with ``stream(..., device_round=True)`` (and ``generate``); it is off by default. For a fixed k
 its tokens, decisions and events are the chain round's, draw for draw (tests/test_device_round.py).
 """
@@ -48,6 +51,7 @@ from ears_core.decode.chain import ChainShape, RoundHost
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.next_token import draw_next
 from ears_core.decode.verify import Verdict, check_read, decide_drafts, next_probs
+from ears_core.decode.verify_graphs import graphs_for
 from ears_core.metrics import expected_tokens
 from ears_core.rules import AcceptanceRule
 from ears_core.sampling import Stream
@@ -108,6 +112,7 @@ class DeviceChainShape(ChainShape):
         self.reader = HostReader()
         self.wants_confidence = self.policy is not None and bool(getattr(ctx.drafter, "device_confidence", False))
         self.planned = 0  # the size policy's planned k for the current round
+        self.graphs = graphs_for(ctx.device, ctx.rule)  # the decide captured, where it can be (verify_graphs.py)
 
     def plan(self, limit: int) -> int:
         """The size policy's k for a round that may draft ``limit`` (module terms: planned k)."""
@@ -134,17 +139,25 @@ class DeviceChainShape(ChainShape):
 
     def verify(self, target_probs: Tensor, produced: int, step: int) -> Round:
         ctx, k = self.ctx, self.k
-        v = device_verify(target_probs, self.draft_probs, self.tokens, ctx.rule,
-                          ctx.draws[Stream.ACCEPT][None, produced: produced + k],  # (1, k)
-                          ctx.draws[Stream.TARGET][None, produced: produced + k + 1],  # (1, k+1)
-                          with_distortion=ctx.with_distortion, check=self.check, draft_support=self.support)
+        inputs = dict(target_probs=target_probs, draft_probs=self.draft_probs, tokens=self.tokens,
+                      uniforms=ctx.draws[Stream.ACCEPT][None, produced: produced + k],  # (1, k)
+                      sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + k + 1],  # (1, k+1)
+                      support=self.support, confidences=self.conf_t)
+        graphs = self.graphs if k > 0 else None
+        if graphs is not None:  # the decide as one captured graph (verify_graphs.py)
+            packed, next_token = graphs.decide(device_verify, ctx.rule, inputs, ctx.with_distortion, RoundHost.pack)
+        else:
+            v = device_verify(inputs["target_probs"], inputs["draft_probs"], inputs["tokens"], ctx.rule,
+                              inputs["uniforms"], inputs["sample_uniforms"], with_distortion=ctx.with_distortion,
+                              check=self.check, draft_support=self.support)
+            packed, next_token = RoundHost.pack(v, self.tokens, self.conf_t), v.next_token
         c = 0 if self.conf_t is None else k  # the drafter's confidences, read with the verdict
-        host = RoundHost.unpack(self.reader.read(RoundHost.pack(v, self.tokens, self.conf_t)), k, c)  # the one read
+        host = RoundHost.unpack(self.reader.read(packed), k, c)  # the one read
         check_read(host.tokens, host.q, target_probs.shape[-1])  # the input guard, on what was read
         self.confidences = host.confidences if c else list(getattr(ctx.drafter, "confidence", []))[:k]
         events, drafts = host.records(k, produced, step)
         pardoned = sum(1 for d in drafts if d.kind == "pardoned")
-        return Round(k, host.num_accepted, v.next_token, events, drafts, pardoned)
+        return Round(k, host.num_accepted, next_token, events, drafts, pardoned)
 
     def paid(self, rnd: Round) -> bool:
         return self.planned > 0 or self.policy.keep_going([self.calibration.means(1)[0]], self.depth)

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from ears_core.decode import verify_graphs
 from ears_core.decode.device_round import device_verify
 from ears_core.gpu_check import captured, correctness, device_rounds, real_pairs, space_shapes, speed, waits
 from ears_core.gpu_check.outcome import Check, Report
@@ -137,6 +138,16 @@ def _capture(pair: ModelPair, prompt: torch.Tensor) -> Check:
                  {"capture_s": round(seconds, 3), "graphs": graphs, "models": len(parts)})
 
 
+def _all_told(pair: ModelPair, device: torch.device) -> Check:
+    """The seconds capturing the pair's passes over the whole check, and the device rounds' decide graphs
+    (decode/verify_graphs.py): how many, their capture, and a failure that left them eager."""
+    decide = verify_graphs.status(device)
+    failed = f"; decide graphs left eager: {decide['failed']}" if decide["failed"] else ""
+    return Check("", "pass", f"{captured.capture_seconds(pair):.2f} s capturing passes over the whole check; "
+                 f"{decide['graphs']} decide graphs in {decide['capture_s']:.2f} s{failed}",
+                 {"capture_s": captured.capture_seconds(pair), "decide": decide})
+
+
 def _speed(report: Report, device: torch.device, present: list[tuple[str, str, int]], sizes: Sizes,
            synthetic: bool = False) -> None:
     pair, prompts, k = _subject(device, present, sizes, synthetic)
@@ -162,8 +173,7 @@ def _speed(report: Report, device: torch.device, present: list[tuple[str, str, i
         report.run(f"tokens/s eager {speed.SETTINGS[0].label}",
                    lambda: speed.tokens_per_second(eager_session, prompts, setting=speed.SETTINGS[0], **timed))
     report.run("captured = eager", lambda: captured.same_tokens(pair, eager, prompts, sizes.speed_tokens))
-    report.run("capture, all told", lambda: Check("", "pass", f"{captured.capture_seconds(pair):.2f} s capturing "
-                                                  "over the whole check", {"capture_s": captured.capture_seconds(pair)}))
+    report.run("capture, all told", lambda: _all_told(pair, device))
 
 
 def run_all(device: torch.device, quick: bool = False, synthetic: bool = False, speed_only: bool = False,

@@ -8,7 +8,8 @@ graph bank    ``GraphBank``: one CUDA graph per key (a pass's width and KV bucke
 bucket        the KV slots a pass attends over: the smallest power of two >= 256 holding the cache after the pass.
 switch        ``EARS_CUDA_GRAPHS``: 1 (the default) captures on CUDA, 0 keeps every pass eager.
 fallback      a capture that fails turns capture off for that bank (eager from then on, the same kernels), and
-              ``failed`` says why.
+              ``failed`` says why. Under ``torch.cuda.set_sync_debug_mode`` (gpu_check's waits) a key not captured yet
+              runs eagerly and is captured at its next use outside it: capturing synchronizes the device.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class GraphBank:
         if not self.capture:
             return fn()
         hit = self.graphs.get(key)
+        if hit is None and torch.cuda.is_available() and torch.cuda.get_sync_debug_mode() != 0:
+            return fn()  # a capture synchronizes, which that mode would raise at: eager this once (module terms)
         if hit is None:
             t0 = time.perf_counter()
             try:
