@@ -4,8 +4,9 @@ Terms (device round, packed read: device_round.py; graph bank: model/cuda/cuda_g
 -----
 decide       what a device chain round computes between its target pass and its one host read: ``device_verify``
              (the rule's tests, the leading run n, the next token's draw, p / q / max P / distortion) and the packed
-             vector (``RoundHost.pack``). Some 60-100 small kernels: on a GPU each costs the host a launch, a few
-             microseconds, which for a small pair is a sizeable part of a round.
+             vector (``RoundHost.pack``): at K = 4, 99 operations greedy and 136 for EARS with its distortion (views
+             among them). On a GPU each kernel costs the host a launch, a few microseconds: for a small pair a
+             sizeable part of a round.
 static       the inputs (P_target (1, k+1, V), P_draft (1, k, V), the drafted ids (1, k), the round's draws, the
              drafter's support and confidences) copied into buffers kept per key; the decide reads only those, so
              a graph captured over them replays for any round of that key.
