@@ -51,7 +51,7 @@ from ears_core.decode.chain import ChainShape, RoundHost
 from ears_core.decode.rounds import Round, RoundContext
 from ears_core.decode.next_token import draw_next
 from ears_core.decode.verify import Verdict, check_read, decide_drafts, next_probs
-from ears_core.decode.verify_graphs import graphs_for
+from ears_core.decode.verify_graphs import decide_once, graphs_for
 from ears_core.metrics import expected_tokens
 from ears_core.rules import AcceptanceRule
 from ears_core.sampling import Stream
@@ -143,14 +143,9 @@ class DeviceChainShape(ChainShape):
                       uniforms=ctx.draws[Stream.ACCEPT][None, produced: produced + k],  # (1, k)
                       sample_uniforms=ctx.draws[Stream.TARGET][None, produced: produced + k + 1],  # (1, k+1)
                       support=self.support, confidences=self.conf_t)
-        graphs = self.graphs if k > 0 else None
-        if graphs is not None:  # the decide as one captured graph (verify_graphs.py)
-            packed, next_token = graphs.decide(device_verify, ctx.rule, inputs, ctx.with_distortion, RoundHost.pack)
-        else:
-            v = device_verify(inputs["target_probs"], inputs["draft_probs"], inputs["tokens"], ctx.rule,
-                              inputs["uniforms"], inputs["sample_uniforms"], with_distortion=ctx.with_distortion,
-                              check=self.check, draft_support=self.support)
-            packed, next_token = RoundHost.pack(v, self.tokens, self.conf_t), v.next_token
+        # the decide as one captured graph where it can be (verify_graphs.py); the input guard reads the packed read
+        decide = self.graphs.decide if self.graphs is not None and k > 0 else decide_once
+        packed, next_token = decide(device_verify, ctx.rule, inputs, ctx.with_distortion, RoundHost.pack)
         c = 0 if self.conf_t is None else k  # the drafter's confidences, read with the verdict
         host = RoundHost.unpack(self.reader.read(packed), k, c)  # the one read
         check_read(host.tokens, host.q, target_probs.shape[-1])  # the input guard, on what was read

@@ -30,7 +30,7 @@ from torch import Tensor
 from ears_core.model.cuda.cuda_graphs import GraphBank, graphs_wanted
 from ears_core.rules import AcceptanceRule
 
-__all__ = ["VerifyGraphs", "rule_key", "graphs_for", "status"]
+__all__ = ["VerifyGraphs", "decide_once", "rule_key", "graphs_for", "status"]
 
 _PLAIN = (bool, int, float, str)
 
@@ -41,6 +41,15 @@ def rule_key(rule: AcceptanceRule) -> tuple | None:
     if any(not isinstance(v, _PLAIN) for _, v in items):
         return None
     return (type(rule).__module__, type(rule).__qualname__, tuple(items))
+
+
+def decide_once(verifier: Any, rule: AcceptanceRule, inputs: dict[str, Tensor | None], with_distortion: bool,
+                pack: Any) -> tuple[Tensor, Tensor]:
+    """(packed vector, next token (1,)): the decide (module terms) run once on ``inputs``, without a graph."""
+    v = verifier(inputs["target_probs"], inputs["draft_probs"], inputs["tokens"], rule, inputs["uniforms"],
+                 inputs["sample_uniforms"], with_distortion=with_distortion, check=False,
+                 draft_support=inputs["support"])
+    return pack(v, inputs["tokens"], inputs["confidences"]), v.next_token
 
 
 def _spec(t: Tensor | None) -> tuple | None:
@@ -75,13 +84,7 @@ class VerifyGraphs:
                 if t is not None:
                     io[name].copy_(t)
 
-            def fn() -> tuple[Tensor, Tensor]:
-                v = verifier(io["target_probs"], io["draft_probs"], io["tokens"], rule, io["uniforms"],
-                             io["sample_uniforms"], with_distortion=with_distortion, check=False,
-                             draft_support=io["support"])
-                return pack(v, io["tokens"], io["confidences"]), v.next_token
-
-            packed, next_token = self.bank.run(key, fn)
+            packed, next_token = self.bank.run(key, lambda: decide_once(verifier, rule, io, with_distortion, pack))
             return packed, next_token.clone()  # module terms: outputs
 
 
