@@ -32,7 +32,7 @@ from ears_core.model.loading.embedded import CACHE_SUBDIR, MARKER, cache_root
 from ears_core.pair import EMBEDDED, PRESETS, ModelPair, load_pair
 from ears_core.rules import EARSRule, GreedyRule
 
-__all__ = ["present_pairs", "check_real_pair", "REAL_PROMPTS"]
+__all__ = ["present_pairs", "check_real_pair", "REAL_PROMPTS", "gib"]
 
 REAL_PROMPTS = ("What is the capital of France? Answer in one sentence.", "Write a haiku about the sea.",
                 "Explain in two sentences why the sky is blue.", "List three prime numbers greater than 10.",
@@ -87,7 +87,7 @@ def _greedy_parts(pair: ModelPair, new_tokens: int) -> list[str]:
     return parts
 
 
-def _gib(n: int) -> float:
+def gib(n: int) -> float:
     return round(n / 2**30, 3)
 
 
@@ -108,8 +108,8 @@ def cold_start(target: str, draft: str, device: torch.device) -> tuple[ModelPair
         pass
     captured = sum(float(getattr(m, "capture_s", 0.0) or 0.0) for m in (pair.target, pair.draft) if m is not None)
     return pair, {"load_s": round(loaded - t0, 2), "first_token_s": round(first - t0, 2),
-                  "capture_s": round(captured, 2), "gpu_allocated_gib": _gib(allocated),
-                  "gpu_peak_gib": _gib(torch.cuda.max_memory_allocated(device)) if cuda else 0.0}
+                  "capture_s": round(captured, 2), "gpu_allocated_gib": gib(allocated),
+                  "gpu_peak_gib": gib(torch.cuda.max_memory_allocated(device)) if cuda else 0.0}
 
 
 def check_real_pair(target: str, draft: str, device: torch.device, new_tokens: int = 48) -> Check:

@@ -31,6 +31,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from ears_core.gpu_check import captured, speed
 from ears_core.gpu_check.outcome import Check
+from ears_core.gpu_check.real_pairs import gib
 from ears_core.model.cuda.graphed import graphed_or_eager
 from ears_core.pair import ModelPair
 from ears_core.serve.session import RunConfig, Session
@@ -170,10 +171,6 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
 
 
-def _gib(n: int) -> float:
-    return round(n / 2**30, 2)
-
-
 def _memory(device: torch.device) -> tuple[int, int]:
     if device.type != "cuda":
         return 0, 0
@@ -206,7 +203,7 @@ def check_space_shapes(device: torch.device, shape: SpaceShape | None = None, re
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     pair, figures = space_pair(device, shape)
-    figures["allocated_after_build_gib"] = _gib(_memory(device)[0])
+    figures["allocated_after_build_gib"] = gib(_memory(device)[0])
     prompt = torch.randint(0, shape.tokens, (1, 32), generator=torch.Generator().manual_seed(0)).to(device)
     figures["cold_request"] = _cold_request(pair, prompt)
     captured.prepare(pair, prompt)  # every width 1..16 captured, after what the cold request captured
@@ -221,7 +218,7 @@ def check_space_shapes(device: torch.device, shape: SpaceShape | None = None, re
                    draft_in_steps=round(draft_ms / step_ms, 3), **bw, read_ms=round(read_ms, 3),
                    step_over_read=round(step_ms / read_ms, 2), read_goal_met=step_ms <= READ_GOAL * read_ms,
                    chain_round_k=ROUND_K, chain_round_steps=round(round_steps, 2),
-                   allocated_gib=_gib(allocated), peak_gib=_gib(peak))
+                   allocated_gib=gib(allocated), peak_gib=gib(peak))
     h2d = (f", weights in over {bw['h2d_gb_s']} GB/s: {figures['target_bytes'] / bw['h2d_gb_s'] / 1e9:.2f} s"
            if "h2d_gb_s" in bw else "")
     detail = (f"{shape.name}: {_count(figures['target_params'])} <- {_count(figures['draft_params'])} parameters built in "
