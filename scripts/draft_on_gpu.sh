@@ -21,7 +21,7 @@
 #   scripts/draft_on_gpu.sh check            # there: stage 1 and 4 only (the CUDA check on the embedded pair,
 #                                            # captured and eager), its JSON line in $OUT/gpu_check.json
 #
-# Knobs (environment): EPOCHS (default 16), LR (3e-4), UNROLL (3), BATCH_TOKENS (16384).
+# Knobs (environment): EPOCHS (default 16), LR (3e-4), UNROLL (3), BATCH_TOKENS (16384); LIMIT (check's seconds, 480).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/ears_gpu}
@@ -71,7 +71,7 @@ setup() {
 
 check() {
   setup
-  TAIL=40 stage gpu_check 300 $PY -m ears_core.gpu_check
+  TAIL=40 stage gpu_check "${LIMIT:-480}" $PY -m ears_core.gpu_check
   grep '^gpu_check: ' "$OUT/gpu_check.log" | sed 's/^gpu_check: //' >"$OUT/gpu_check.json" || true
 }
 
