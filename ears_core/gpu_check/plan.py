@@ -190,13 +190,14 @@ def run_all(device: torch.device, quick: bool = False, synthetic: bool = False, 
     print(f"gpu_check on {report.context['device_name']} ({device}), torch {torch.__version__}, "
           f"transformers {report.context['transformers']}", flush=True)
     present: list[tuple[str, str, int]] = []
-    if not speed_only and not shapes_only:
-        _correctness(report, device, sizes)
-        present = _real(report, device, sizes)
-    elif not synthetic and not shapes_only:
-        present = real_pairs.present_pairs()
-    if not quick and not shapes_only:
-        _speed(report, device, present, sizes, synthetic)
+    if not shapes_only:
+        if not speed_only:
+            _correctness(report, device, sizes)
+            present = _real(report, device, sizes)
+        elif not synthetic:
+            present = real_pairs.present_pairs()
+        if not quick:
+            _speed(report, device, present, sizes, synthetic)
     if not quick or shapes_only:
         report.run("Space shapes", lambda: space_shapes.check_space_shapes(device, repeats=sizes.price_repeats))
     report.finish()

@@ -36,8 +36,8 @@ from ears_core.model.cuda.graphed import graphed_or_eager
 from ears_core.pair import ModelPair
 from ears_core.serve.session import RunConfig, Session
 
-__all__ = ["ModelShape", "SpaceShape", "SPACE_GPU", "SPACE_CPU", "space_pair", "stand_in_tokenizer", "weight_bytes", "bandwidth_gb_s",
-           "check_space_shapes", "READ_GOAL", "ROUND_K"]
+__all__ = ["ModelShape", "SpaceShape", "SPACE_GPU", "SPACE_CPU", "space_pair", "stand_in_tokenizer", "weight_bytes",
+           "bandwidth_gb_s", "check_space_shapes", "READ_GOAL", "ROUND_K"]
 
 READ_GOAL = 1.3  # a captured step within this many read times (module terms: read time)
 ROUND_K = 4  # the chain round whose cost is stated in target steps
@@ -128,11 +128,11 @@ def space_pair(device: torch.device, shape: SpaceShape, dtype: torch.dtype = tor
     target = _built(shape.target, device, dtype, seed)
     draft = _built(shape.draft, device, dtype, seed + 1)
     _sync(device)
+    target_bytes, step_bytes = weight_bytes(target)
     built = {"build_s": round(time.perf_counter() - t0, 2),
              "target_params": sum(p.numel() for p in target.parameters()),
              "draft_params": sum(p.numel() for p in draft.parameters()),
-             "target_bytes": weight_bytes(target)[0], "target_step_bytes": weight_bytes(target)[1],
-             "draft_bytes": weight_bytes(draft)[0]}
+             "target_bytes": target_bytes, "target_step_bytes": step_bytes, "draft_bytes": weight_bytes(draft)[0]}
     pair = ModelPair(graphed_or_eager(target), graphed_or_eager(draft), stand_in_tokenizer(shape.tokens), device, dtype,
                      shape.name, shape.tokens, "synthetic")
     return pair, built
