@@ -158,3 +158,17 @@ def crowded_cores(seconds: float = 5):
         for proc in others:
             proc.kill()
             proc.wait()
+
+
+def prices_for(model: torch.nn.Module, measure):
+    """A stand-in for ``measure_prices`` that answers ``measure(...)`` for ``model`` only. Another test's server
+    may still be measuring its own pair between its requests (serve/between.py) in this worker, and the
+    module-level stand-in answers it too: it gets a flat curve, uncounted, so what a test counts is its own."""
+    from ears_core.policy.costs import PriceCurve
+
+    def stand_in(target, *args, **kwargs):
+        if target is not model:
+            return PriceCurve([1.0] * kwargs.get("max_m", 9), 0.1, measured_at="another test's pair")
+        return measure(target, *args, **kwargs)
+
+    return stand_in

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPTS
+from conftest import PROMPTS, prices_for
 from ears_core.policy.costs import PriceCurve
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.pair import ModelPair
@@ -173,12 +173,10 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
     threads = []
 
     def measure(model, *a, **k):
-        if model is not target:  # another test's server, measuring its own pair between its requests
-            return PriceCurve([1.0] * 9, 0.1, measured_at="other")
         threads.append(threading.current_thread().name)
         return next(curves)
 
-    monkeypatch.setattr(costs, "measure_prices", measure)
+    monkeypatch.setattr(costs, "measure_prices", prices_for(target, measure))
     Session(pair, cache_dir=tmp_path).prices  # noqa: B018  (writes the "cached" profile)
     fresh = Session(pair, cache_dir=tmp_path)
     assert fresh.prices.measured_at == "cached"
