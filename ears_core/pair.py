@@ -316,8 +316,9 @@ def _float_target(target: str, dev: torch.device, dt: torch.dtype, cache_dir: An
 
 def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
     """The embedded target's lean int4 form (model/loading/target_path.py) where ``EARS_LEAN`` and this machine call
-    for it, else None; nothing is timed. ``fall_back``: the dtype is the default, not the caller's (a dtype
-    asked for means the float target in it)."""
+    for it, else None; only the int4 kernel's one-row price against float32 is timed (kernels/cpu_forms.py: pays).
+    ``fall_back``: the dtype is the default, not the caller's (a dtype asked for means the float target in it)."""
+    from ears_core.model.kernels.cpu_forms import int4_pays
     from ears_core.model.loading.embedded import EMBEDDED_PIP
     from ears_core.model.loading.target_path import lean_embedded, requested
 
@@ -325,7 +326,7 @@ def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
         want = requested()
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
-    if want == "float" or (want == "auto" and not fall_back):
+    if want == "float" or (want == "auto" and not (fall_back and int4_pays())):
         return None
     lean = lean_embedded(Path(_resolve(EMBEDDED, "target", cache_dir)[0]), cache_dir)
     if lean is None and want == "lean":

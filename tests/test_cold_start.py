@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import ears_core.timing
+from ears_core.model.kernels import cpu_forms
 from ears_core.model.measuring import lean_plan
 from ears_core.model.loading.lean_target import from_float_model, supported
 from ears_core.pair import ModelPair, Pending
@@ -223,8 +224,10 @@ def test_a_row_plan_is_default_until_measured_and_the_same_bits_either_way(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not supported(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 activations")
+@pytest.mark.skipif(not cpu_forms.int4_pays(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 "
+                    "activations and outrunning float32 (the lean target as the default)")
 def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_path):
+    """Nothing but the int4 kernel's one-row price (kernels/cpu_forms.py: pays, ~10 ms)."""
     from ears_core import pair as em
     from ears_core.draft import head_kernels
     from ears_core.model.loading.embedded import CACHE_SUBDIR, prepare_embedded
@@ -267,8 +270,9 @@ def test_a_lean_load_and_its_first_request_import_no_transformers_llama_module()
     """From a fresh process: the embedded pair loads, answers and keys its prices by the model's folder with the
     model's config read as transformers' base config, the draft head's body as plain weights (plain_body.py) and
     the tokenizer as its own class: none of the imports that cost a cold start 5 s."""
-    if not supported():
-        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations (the lean target)")
+    if not cpu_forms.int4_pays():
+        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations and outrunning float32 "
+                    "(the lean target as the default)")
     env = {k: v for k, v in os.environ.items() if k not in ("EARS_LEAN", "EARS_DTYPE", "EARS_DRAFT_DTYPE")}
     out = subprocess.run([sys.executable, "-c", _LOAD_AND_DECODE % (HEAVY,)], capture_output=True, text=True,
                          timeout=600, env=env, stdin=subprocess.DEVNULL)

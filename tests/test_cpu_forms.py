@@ -96,3 +96,17 @@ def test_the_probes_agree_with_the_ops_themselves() -> None:
         elif cpu_forms.mode() == "best" and torch.backends.mkldnn.is_available():
             with pytest.raises(Exception):
                 torch.ops.mkldnn._reorder_linear_weight(w.to(dtype), None)
+
+
+def test_the_int4_kernel_pays_where_aten_vectorises_and_not_with_its_scalar_kernels() -> None:
+    """cpu_forms.py, pays: the ratio is timed here. ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``, as the
+    suite's DEFAULT leg runs) take 11x float32's time at one row, AVX512 0.45x, AVX2 0.9x on two threads and 1.6x on one (docs/measurements.md)."""
+    if not cpu_forms.int4_runs():
+        assert cpu_forms.int4_ratio() is None and not cpu_forms.int4_pays()
+        return
+    ratio = cpu_forms.int4_ratio()
+    assert ratio > 0 and cpu_forms.report()["int4_over_float32"] == round(ratio, 2)
+    if cpu_forms.cpu_class() == "DEFAULT":
+        assert ratio > 2 * cpu_forms.INT4_PAYS and not cpu_forms.int4_pays()
+    elif cpu_forms.cpu_class() in ("AVX2", "AVX512"):
+        assert ratio < cpu_forms.INT4_PAYS and cpu_forms.int4_pays()

@@ -14,6 +14,11 @@ portable    ``EARS_CPU_KERNELS=portable``: only the forms every CPU that PyTorch
             (``F.linear``, matrix products, SDPA) and the int4 kernel; no oneDNN packing. ``best`` (the default):
             every form that runs here, the fastest chosen by measurement where the code chooses. Tests force
             ``portable`` so a machine of one class proves the code another class runs.
+pays        the int4 kernel pays where its one-row pass through a (1536, 576) weight takes at most ``INT4_PAYS``
+            times float32's ``F.linear`` (``int4_ratio``, timed once a process, best of ``RATIO_REPEATS``
+            interleaved, ~10 ms, on torch's threads): 0.45 on AVX512, 0.9 on AVX2 (1.6 on one thread, where the
+            lean target still runs 1.8x as fast) and 11 with ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``),
+            where the lean target takes 0.45 s a token against the float one's 70 ms (docs/measurements.md).
 class       what ATen's own kernels were built for here (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``,
             ``AVX512``, ``DEFAULT`` on ARM without SVE, ...; ``ATEN_CPU_CAPABILITY=avx2`` lowers it).
 """
@@ -27,10 +32,12 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["MODES", "cpu_class", "float64_attention_runs", "int4_runs", "mode", "onednn_packs", "report", "tag",
+__all__ = ["INT4_PAYS", "MODES", "cpu_class", "float64_attention_runs", "int4_pays", "int4_ratio", "int4_runs", "mode", "onednn_packs", "report", "tag",
            "tried"]
 
 MODES = ("best", "portable")
+INT4_PAYS = 3.0  # module terms: pays. The lean step spends ~6 ms beside its linears, the float one ~35 (AVX2 kernels)
+RATIO_REPEATS = 5
 ENV = "EARS_CPU_KERNELS"
 
 
@@ -85,6 +92,38 @@ def int4_runs() -> bool:
 
 
 @functools.cache
+def int4_ratio() -> float | None:
+    """The int4 kernel's one-row time over float32 ``F.linear``'s through the same (1536, 576) weight (module terms:
+    pays); None where the kernel does not run here."""
+    import time
+
+    from ears_core.model.kernels.int4_linear import q4_1_blocks
+    from ears_core.model.kernels.gguf_q4 import int4_linear, pack_q4_1
+
+    if not int4_runs():
+        return None
+    w = torch.randn(1536, 576, generator=torch.Generator().manual_seed(0)) / 24  # (N, K) float32
+    packed = pack_q4_1(*q4_1_blocks(w))
+    x = torch.randn(1, 576, generator=torch.Generator().manual_seed(1))  # (1, K)
+    xb = x.to(torch.bfloat16)
+    calls = (lambda: int4_linear(xb, packed), lambda: F.linear(x, w))
+    best = [float("inf")] * 2
+    with torch.inference_mode():
+        for _ in range(RATIO_REPEATS + 1):  # the first round warms both up; interleaved, so a busy moment hits both
+            for i, call in enumerate(calls):
+                start = time.perf_counter()
+                call()
+                best[i] = min(best[i], time.perf_counter() - start)
+    return best[0] / best[1]
+
+
+def int4_pays() -> bool:
+    """Whether the int4 kernel runs here and pays against float32 (module terms): the embedded target's default."""
+    ratio = int4_ratio()
+    return ratio is not None and ratio <= INT4_PAYS
+
+
+@functools.cache
 def _onednn_probe(dtype: torch.dtype) -> bool:
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -125,6 +164,8 @@ def float64_attention_runs() -> bool:
 
 def report() -> dict[str, object]:
     """What this machine runs, for the docs and the bench: the class, the mode and each form's probe."""
+    ratio = int4_ratio()
     return {"cpu_class": cpu_class(), "mode": mode(), "int4": int4_runs(),
+            "int4_over_float32": None if ratio is None else round(ratio, 2),
             "onednn_bfloat16": onednn_packs(torch.bfloat16), "onednn_float32": onednn_packs(torch.float32),
             "float64_attention": float64_attention_runs()}

@@ -2,14 +2,15 @@
 
 Terms
 -----
-lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.supported``, untimed (it beat the
-              float target on every CPU measured: docs/benchmarks.md); it must pass ``rows_agree`` at every load,
+lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.supported`` and the int4 kernel pays
+              against float32 (kernels/cpu_forms.py: pays; it beat the float target on every CPU class measured
+              but ATen's scalar one: docs/benchmarks.md); it must pass ``rows_agree`` at every load,
               for the verify passes' widths (exact_rows.py: ``VERIFY_WIDTHS``; a prompt's pass is the same one in
               every method, and its int4 chunks are those of a 17-row pass: 2.8 s of a cold load with a 40-row
               pass checked too, 1.3 s without). A load of the same target in the same process (``_rows_key``: the
               same file, row plan, head form, kernel mode and threads) reuses the answer.
 float path    transformers' model from the prepared cache with the project's CPU kernels: the reference.
-EARS_LEAN     ``auto`` (unset): lean where supported; ``1``: lean, or a clear error; ``0``: the float path, as is
+EARS_LEAN     ``auto`` (unset): lean where supported and it pays; ``1``: lean, or a clear error; ``0``: the float path, as is
               a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
 row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set.
 head form     the cached one, else the first layout here, untimed (kernels/exact_head.py), with
