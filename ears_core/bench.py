@@ -62,6 +62,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ears_core.deprecated import add_renamed_option
+from ears_core.model.kernels.cpu_forms import cpu_model
 from ears_core.report import bench_report
 from ears_core.report.bench_plan import (OWN_SECTIONS, SECTIONS, BenchSettings, Config, Job, build_plan, final_answer,
                                          load_prompts, parse_frontier)
@@ -271,7 +272,7 @@ def _float_reference(bench: Bench) -> tuple[str, Any] | None:
 def machine(model: torch.nn.Module) -> dict[str, Any]:
     dev = next(model.parameters()).device
     info = dict(device=str(dev), torch=torch.__version__, python=platform.python_version(),
-                threads=torch.get_num_threads(), cpu=platform.processor() or platform.machine())
+                threads=torch.get_num_threads(), cpu=cpu_model())
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
     return info

@@ -153,7 +153,8 @@ def _pending(pair: ModelPair, head_folder: Path | None, cache_dir: Any) -> list[
     if getattr(target, "ears_head_provisional", False):
         def head_form(piece: Any) -> None:  # its layout sets the logits' bits: the requests after it run the new one
             from ears_core.model.kernels.exact_head import install_exact_head
-            install_exact_head(target, cache_dir, measure=True, piece=piece)
+            # measured afresh: a cached form may be the one whose rows failed (model/loading/target_path.py)
+            install_exact_head(target, cache_dir, refresh=True, measure=True, piece=piece)
         found.append(Pending("the output head's form", head_form))
     if getattr(target, "ears_kernels_provisional", False):
         def kernels(piece: Any) -> None:  # the float target's head layouts and linear kernels, measured on it

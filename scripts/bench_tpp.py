@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,18 +26,9 @@ from pathlib import Path
 import torch
 
 from ears_core.tpp.processes import PROCESSES
+from ears_core.model.kernels.cpu_forms import cpu_model
 from ears_core.tpp.run import prices_for, sample
 from ears_core.tpp.transformer import load_pair
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def bench_process(name: str, events: int, repeats: int, fixed: list[int]) -> dict:
@@ -105,7 +95,7 @@ def main() -> None:
         raise SystemExit("--events, --repeats and every --fixed length must be >= 1")
     torch.set_num_threads(1)
     names = list(PROCESSES) if args.process == "all" else [args.process]
-    res = dict(cpu=_cpu_name(), cores=os.cpu_count(), threads=1, torch=torch.__version__, events=args.events,
+    res = dict(cpu=cpu_model(), cores=os.cpu_count(), threads=1, torch=torch.__version__, events=args.events,
                repeats=args.repeats, processes={})
     for name in names:
         res["processes"][name] = bench_process(name, args.events, args.repeats, args.fixed)

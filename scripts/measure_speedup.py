@@ -39,6 +39,7 @@ import torch
 from ears_core import load_pair
 from ears_core.policy.costs import describe
 from ears_core.serve.session import RunConfig, Session
+from ears_core.model.kernels.cpu_forms import cpu_model
 from ears_core.timing import cpu_ticks, stolen_share
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,11 +157,11 @@ def _cpu_name() -> str:
     try:
         info = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.machine()
-    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "")
+        return cpu_model()
+    name = cpu_model()
     flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
     wanted = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "avx_vnni")]
-    return f"{name or platform.machine()} ({' '.join(wanted) or 'no AVX2'})"
+    return f"{name} ({' '.join(wanted) or 'no AVX2'})"
 
 
 def main() -> None:

@@ -110,3 +110,23 @@ def test_the_int4_kernel_pays_where_aten_vectorises_and_not_with_its_scalar_kern
         assert ratio > 2 * cpu_forms.INT4_PAYS and not cpu_forms.int4_pays()
     elif cpu_forms.cpu_class() in ("AVX2", "AVX512"):
         assert ratio < cpu_forms.INT4_PAYS and cpu_forms.int4_pays()
+
+
+def test_measurements_are_kept_apart_per_cpu_model_and_onednn_ceiling(monkeypatch) -> None:
+    """cpu_forms.py, machine: two CPUs of one class sharing a cache, or the AVX2 emulation beside the native run,
+    never read each other's measurements."""
+    from conftest import tiny_llama
+    from ears_core.policy.profile import profile_key
+
+    model = tiny_llama(0)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    assert cpu_forms.machine() == cpu_forms.cpu_model() != ""
+    plain_tag, plain_key = machine_tag(torch.bfloat16), profile_key(model)
+    assert f"|{cpu_forms.cpu_model()}|" in plain_tag and f"|{cpu_forms.cpu_model()}|" in plain_key
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core")
+    assert cpu_forms.machine() == cpu_forms.cpu_model() + "|onednn<=AVX512_CORE"
+    assert machine_tag(torch.bfloat16) != plain_tag and profile_key(model) != plain_key
+    monkeypatch.setattr(cpu_forms, "cpu_model", lambda: "another CPU of this class")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
+    assert machine_tag(torch.bfloat16) != plain_tag and profile_key(model) != plain_key

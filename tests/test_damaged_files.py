@@ -230,3 +230,38 @@ def test_a_row_plan_whose_chunks_do_not_cover_each_width_is_measured_again(tmp_p
         assert all(sum(c) == m for m, c in model.row_plan.items())
     path.write_text(json.dumps(good))
     assert lean_plan.install_row_plan(model, tmp_path, measure=False) == plan
+
+
+@pytest.mark.slow
+def test_a_cached_head_form_whose_rows_fail_here_gives_way_and_is_measured_again(tmp_path, monkeypatch):
+    """model/loading/target_path.py, head form: a form cached by another CPU sharing the folder (a width its kernels
+    held to, which this one's do not) gives way to the untimed form chosen here, and the session's settle measures
+    the form afresh instead of reading the failed one back."""
+    import dataclasses
+
+    from ears_core.model.kernels import exact_head, exact_rows
+    from ears_core.model.loading import lean_target, target_path
+    from ears_core.model.loading.embedded import prepare_embedded
+    from ears_core.pair import _pending
+
+    if not lean_target.supported():
+        pytest.skip("needs PyTorch's CPU int4 kernel running with bfloat16 activations")
+    folder = prepare_embedded()
+    monkeypatch.setattr(target_path, "_ROWS_AGREED", {})
+    here = target_path.lean_embedded(folder, tmp_path).head_form.form  # nothing cached: untimed, chosen here
+    other = 8 if here.width != 8 else 4  # the other CPU's width: the rows fail under it here
+    cached = dataclasses.replace(here, width=other, widths={here.layout: other}, ms={here.layout: {"1": 1.0}},
+                                 chunks=exact_head._plan({c: 1.0 for c in exact_head.CHUNKS if c <= other}))
+    cached.save(tmp_path)
+    checked = []
+    monkeypatch.setattr(exact_rows, "rows_agree", lambda model, widths: checked.append(model.head_form.form.width)
+                        or model.head_form.form.width != other)
+    target_path._ROWS_AGREED.clear()  # both forms checked afresh
+    model = target_path.lean_embedded(folder, tmp_path)
+    assert model is not None and checked == [other, here.width]
+    assert model.ears_head_provisional and model.head_form.form.width == here.width
+    (settle,) = [p.settle for p in _pending(SimpleNamespace(target=model, draft=None), None, tmp_path)
+                 if p.what == "the output head's form"]
+    settle(None)
+    again = read_record(exact_head.HeadForm, exact_head.HeadForm.file(here.key, tmp_path))
+    assert again.ms and again.width != other and not model.ears_head_provisional

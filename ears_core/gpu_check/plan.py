@@ -24,6 +24,7 @@ from ears_core.decode import verify_graphs
 from ears_core.decode.device_round import device_verify
 from ears_core.gpu_check import captured, correctness, device_rounds, real_pairs, space_shapes, speed, waits
 from ears_core.gpu_check.outcome import Check, Report
+from ears_core.model.kernels.cpu_forms import cpu_model
 from ears_core.gpu_check.synthetic import SKIP_CPU, SKIP_GPU, skip_pair
 from ears_core.model.cuda.graphed import graphed_or_eager
 from ears_core.model.loading.hub import resolve_dtype
@@ -70,7 +71,7 @@ def context(device: torch.device) -> dict[str, Any]:
         ctx.update(device_name=props.name, capability=f"{props.major}.{props.minor}",
                    memory_gb=round(props.total_memory / 2**30, 1), bf16=torch.cuda.is_bf16_supported())
     else:
-        ctx.update(device_name=f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads")
+        ctx.update(device_name=f"{cpu_model()} CPU, {torch.get_num_threads()} threads")
     return ctx
 
 

@@ -43,9 +43,9 @@ def profile_key(model: torch.nn.Module, extra: str = "") -> str:
     name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
     shape = f"{getattr(cfg, 'num_hidden_layers', '?')}x{getattr(cfg, 'hidden_size', '?')}x{getattr(cfg, 'vocab_size', '?')}"
     kernels = getattr(model, "ears_kernels", "")  # "packed" when packed_linear chose oneDNN kernels
-    if p.device.type == "cpu":  # the class and mode its kernels run at (model/kernels/cpu_forms.py)
-        from ears_core.model.kernels.cpu_forms import tag
-        kernels += f"|{tag()}"
+    if p.device.type == "cpu":  # the machine, and the class and mode its kernels run at (model/kernels/cpu_forms.py)
+        from ears_core.model.kernels.cpu_forms import machine, tag
+        kernels += f"|{machine()}|{tag()}"
     return (f"{name}|{shape}|{p.device}|{str(p.dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}"
             f"{'|' + kernels.lstrip('|') if kernels else ''}{extra}")
 

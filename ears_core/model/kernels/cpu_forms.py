@@ -19,6 +19,10 @@ pays        the int4 kernel pays where its one-row pass through a (1536, 576) we
             interleaved, ~10 ms, on torch's threads): 0.45 on AVX512, 0.9 on AVX2 (1.6 on one thread, where the
             lean target still runs 1.8x as fast) and 11 with ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``),
             where the lean target takes 0.45 s a token against the float one's 70 ms (docs/measurements.md).
+machine     what else a measurement here depends on: the CPU's model name, and oneDNN's ISA ceiling where one is
+            set (``ONEDNN_MAX_CPU_ISA``, as the AVX2 emulation sets it). Two CPUs of one class may share a cache
+            folder (a home directory on a cluster's nodes) and block rows differently (oneDNN's native and emulated
+            bfloat16: exact_head.py), so what is measured on one never serves the other.
 class       what ATen's own kernels were built for here (``torch.backends.cpu.get_cpu_capability()``: ``AVX2``,
             ``AVX512``, ``DEFAULT`` on ARM without SVE, ...; ``ATEN_CPU_CAPABILITY=avx2`` lowers it).
 """
@@ -32,7 +36,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["INT4_PAYS", "MODES", "cpu_class", "float64_attention_runs", "int4_pays", "int4_ratio", "int4_runs", "mode", "onednn_packs", "report", "tag",
+__all__ = ["INT4_PAYS", "MODES", "cpu_class", "cpu_model", "machine", "float64_attention_runs", "int4_pays", "int4_ratio", "int4_runs", "mode", "onednn_packs", "report", "tag",
            "tried"]
 
 MODES = ("best", "portable")
@@ -54,6 +58,26 @@ def cpu_class() -> str:
     """The class ATen's kernels run at here (module terms), e.g. ``AVX2``."""
     get = getattr(getattr(torch.backends, "cpu", None), "get_cpu_capability", None)
     return str(get()) if get is not None else "unknown"
+
+
+@functools.cache
+def cpu_model() -> str:
+    """The CPU's model name, from /proc/cpuinfo where there is one, else the platform's word for it."""
+    import platform
+
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """The CPU's model and oneDNN's ISA ceiling where one is set (module terms)."""
+    ceiling = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    return cpu_model() + (f"|onednn<={ceiling.strip().upper()}" if ceiling else "")
 
 
 def tag() -> str:

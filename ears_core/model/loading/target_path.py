@@ -14,7 +14,9 @@ EARS_LEAN     ``auto`` (unset): lean where supported and it pays; ``1``: lean, o
               a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
 row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set.
 head form     the cached one, else the first layout here, untimed (kernels/exact_head.py), with
-              ``ears_head_provisional`` set.
+              ``ears_head_provisional`` set. A cached form under which the rows do not agree (measured on another
+              CPU sharing the cache, or before a change of kernels) gives way to the untimed one, checked in turn,
+              and the session measures the form again between requests.
 """
 
 from __future__ import annotations
@@ -61,7 +63,6 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
     from transformers import GenerationConfig
 
     from ears_core.model.loading.embedded import find_embedded_gguf
-    from ears_core.model.kernels.exact_rows import VERIFY_WIDTHS, rows_agree
     from ears_core.model.loading.hub import ModelLoadError
     from ears_core.model.kernels.exact_head import install_exact_head
     from ears_core.model.measuring.lean_plan import install_row_plan
@@ -79,11 +80,20 @@ def lean_embedded(folder: Path, cache_dir: str | os.PathLike | None = None) -> A
         model.generation_config = GenerationConfig.from_pretrained(folder)
     model.ears_rows_provisional = install_row_plan(model, cache_dir, measure=False) is None
     install_exact_head(model, cache_dir)  # the cached form, else an untimed one: ears_head_provisional
+    if not _rows_agree(source, model) and not model.ears_head_provisional:  # module terms: a head form that fails
+        install_exact_head(model, cache_dir, refresh=True)  # untimed, chosen here; measured between requests
+    return model if _rows_agree(source, model) else None
+
+
+def _rows_agree(source: Path, model: Any) -> bool:
+    """``rows_agree`` over the verify widths, once a process per ``_rows_key`` (module terms: lean path)."""
+    from ears_core.model.kernels.exact_rows import VERIFY_WIDTHS, rows_agree
+
     key = _rows_key(source, model)
     if key not in _ROWS_AGREED:  # a pair loaded again in this process (the app's picker): the same answer
         with torch.inference_mode():
             _ROWS_AGREED[key] = rows_agree(model, VERIFY_WIDTHS)
-    return model if _ROWS_AGREED[key] else None
+    return _ROWS_AGREED[key]
 
 
 _ROWS_AGREED: dict[tuple, bool] = {}  # ``_rows_key`` -> whether that lean target's rows agreed, in this process

@@ -14,7 +14,6 @@ quiet        ``quietly(what, fn)``: fn() under a watched run queue; busy cores r
 from __future__ import annotations
 
 import os
-import platform
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -34,12 +33,11 @@ R = TypeVar("R", bound="Measured")
 
 
 def machine_tag(dtype: torch.dtype) -> str:
-    """What a kernel measurement depends on besides the shapes: dtype, threads, CPU and the class and mode its
-    kernels run at (kernels/cpu_forms.py), torch."""
-    from ears_core.model.kernels.cpu_forms import tag
+    """What a kernel measurement depends on besides the shapes: dtype, threads, the machine and the class and mode
+    its kernels run at (kernels/cpu_forms.py), torch."""
+    from ears_core.model.kernels.cpu_forms import machine, tag
 
-    cpu = platform.processor() or platform.machine()
-    return (f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{cpu}|{tag()}"
+    return (f"{str(dtype).removeprefix('torch.')}|threads={torch.get_num_threads()}|{machine()}|{tag()}"
             f"|torch={torch.__version__}")
 
 
