@@ -227,7 +227,7 @@ def test_a_row_plan_is_default_until_measured_and_the_same_bits_either_way(tmp_p
 @pytest.mark.skipif(not cpu_forms.int4_pays(), reason="needs PyTorch's CPU int4 kernel running with bfloat16 "
                     "activations and outrunning float32 (the lean target as the default)")
 def test_a_cold_load_takes_the_lean_target_and_times_nothing(monkeypatch, tmp_path):
-    """Nothing but the int4 kernel's one-row price (kernels/cpu_forms.py: pays, ~10 ms)."""
+    """Nothing but the int4 kernel's one-row price (kernels/cpu_forms.py: pays, ~15 ms)."""
     from ears_core import pair as em
     from ears_core.draft import head_kernels
     from ears_core.model.loading.embedded import CACHE_SUBDIR, prepare_embedded

@@ -16,9 +16,10 @@ portable    ``EARS_CPU_KERNELS=portable``: only the forms every CPU that PyTorch
             ``portable`` so a machine of one class proves the code another class runs.
 pays        the int4 kernel pays where its one-row pass through a (1536, 576) weight takes at most ``INT4_PAYS``
             times float32's ``F.linear`` (``int4_ratio``, timed once a process, best of ``RATIO_REPEATS``
-            interleaved, ~10 ms, on torch's threads): 0.45 on AVX512, 0.9 on AVX2 (1.6 on one thread, where the
-            lean target still runs 1.8x as fast) and 11 with ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``),
-            where the lean target takes 0.45 s a token against the float one's 70 ms (docs/measurements.md).
+            interleaved, ~15 ms, on torch's threads): 0.45 on AVX512, 0.9 on AVX2 (1.6 on one thread, where the
+            lean target still runs 1.8x as fast) and 6.5-11 with ATen's scalar kernels
+            (``ATEN_CPU_CAPABILITY=default``), where the lean target decodes at 3.7 tok/s and the float one at 20.7
+            (docs/measurements.md).
 machine     what else a measurement here depends on: the CPU's model name, and oneDNN's ISA ceiling where one is
             set (``ONEDNN_MAX_CPU_ISA``, as the AVX2 emulation sets it). Two CPUs of one class may share a cache
             folder (a home directory on a cluster's nodes) and block rows differently (oneDNN's native and emulated
@@ -41,7 +42,7 @@ __all__ = ["INT4_PAYS", "MODES", "cpu_class", "cpu_model", "machine", "float64_a
 
 MODES = ("best", "portable")
 INT4_PAYS = 3.0  # module terms: pays. The lean step spends ~6 ms beside its linears, the float one ~35 (AVX2 kernels)
-RATIO_REPEATS = 5
+RATIO_REPEATS = 7
 ENV = "EARS_CPU_KERNELS"
 
 
