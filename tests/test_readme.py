@@ -30,7 +30,8 @@ def test_the_readme_library_example_runs_as_written(capsys):
     scope: dict = {}
     exec(compile(code, str(README), "exec"), scope)
     out, base = scope["out"], scope["base"]
-    assert len(out.token_ids) == 32 == len(base.token_ids)
+    for run in (out, base):  # 32 tokens, or fewer ending the answer (which target loads depends on the CPU class)
+        assert (run.stop, len(run.token_ids)) == ("length", 32) or (run.stop == "eos" and 0 < len(run.token_ids) < 32)
     assert scope["pair"].draft_spec == "embedded"  # load_pair() comes with its draft
     assert out.stats.drafted > 0  # the head drafted: this was speculative decoding
     assert capsys.readouterr().out.startswith(out.text)
