@@ -100,7 +100,8 @@ def test_the_probes_agree_with_the_ops_themselves() -> None:
 
 def test_the_int4_kernel_pays_where_aten_vectorises_and_not_with_its_scalar_kernels() -> None:
     """cpu_forms.py, pays: the ratio is timed here. ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``, as the
-    suite's DEFAULT leg runs) take 11x float32's time at one row, AVX512 0.45x, AVX2 0.9x on two threads and 1.6x on one (docs/measurements.md)."""
+    suite's DEFAULT leg runs) take 6.5-11x float32's time at one row, AVX512 0.45x, AVX2 0.9x on two threads and
+    1.6x on one (docs/measurements.md)."""
     if not cpu_forms.int4_runs():
         assert cpu_forms.int4_ratio() is None and not cpu_forms.int4_pays()
         return

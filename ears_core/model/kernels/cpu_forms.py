@@ -37,8 +37,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["INT4_PAYS", "MODES", "cpu_class", "cpu_model", "machine", "float64_attention_runs", "int4_pays", "int4_ratio", "int4_runs", "mode", "onednn_packs", "report", "tag",
-           "tried"]
+__all__ = ["INT4_PAYS", "MODES", "cpu_class", "cpu_model", "float64_attention_runs", "int4_pays", "int4_ratio",
+           "int4_runs", "machine", "mode", "onednn_packs", "report", "tag", "tried"]
 
 MODES = ("best", "portable")
 INT4_PAYS = 3.0  # module terms: pays. The lean step spends ~6 ms beside its linears, the float one ~35 (AVX2 kernels)
@@ -116,10 +116,14 @@ def int4_runs() -> bool:
     return tried(_int4_probe)
 
 
-@functools.cache
 def int4_ratio() -> float | None:
-    """The int4 kernel's one-row time over float32 ``F.linear``'s through the same (1536, 576) weight (module terms:
-    pays); None where the kernel does not run here."""
+    """The int4 kernel's one-row time over float32 ``F.linear``'s through the same (1536, 576) weight on torch's
+    threads (module terms: pays); None where the kernel does not run here."""
+    return _int4_ratio(torch.get_num_threads())
+
+
+@functools.cache
+def _int4_ratio(threads: int) -> float | None:
     import time
 
     from ears_core.model.kernels.int4_linear import q4_1_blocks
@@ -134,7 +138,7 @@ def int4_ratio() -> float | None:
     calls = (lambda: int4_linear(xb, packed), lambda: F.linear(x, w))
     best = [float("inf")] * 2
     with torch.inference_mode():
-        for _ in range(RATIO_REPEATS + 1):  # the first round warms both up; interleaved, so a busy moment hits both
+        for _ in range(RATIO_REPEATS + 1):  # one more round to warm both up; interleaved: a busy moment hits both
             for i, call in enumerate(calls):
                 start = time.perf_counter()
                 call()

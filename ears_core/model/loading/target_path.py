@@ -10,8 +10,8 @@ lean path     ``LeanLlama`` (lean_target.py): the default where ``lean_target.su
               pass checked too, 1.3 s without). A load of the same target in the same process (``_rows_key``: the
               same file, row plan, head form, kernel mode and threads) reuses the answer.
 float path    transformers' model from the prepared cache with the project's CPU kernels: the reference.
-EARS_LEAN     ``auto`` (unset): lean where supported and it pays; ``1``: lean, or a clear error; ``0``: the float path, as is
-              a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
+EARS_LEAN     ``auto`` (unset): lean where supported and it pays; ``1``: lean, or a clear error; ``0``: the float
+              path, as is a dtype asked for (``dtype=`` or ``EARS_DTYPE``).
 row plan      the cached one, else the default (measuring/lean_plan.py) with ``ears_rows_provisional`` set.
 head form     the cached one, else the first layout here, untimed (kernels/exact_head.py), with
               ``ears_head_provisional`` set. A cached form under which the rows do not agree (measured on another
