@@ -337,6 +337,18 @@ def _lean_target(fall_back: bool, cache_dir: Any) -> torch.nn.Module | None:
     return lean
 
 
+def _why_not_lean() -> str:
+    """Why the default left the embedded CPU target's lean form for the float one, for people."""
+    from ears_core.model.kernels.cpu_forms import INT4_PAYS, int4_ratio
+
+    ratio = int4_ratio()
+    if ratio is None:
+        return "PyTorch's int4 kernel does not run here"
+    if ratio > INT4_PAYS:
+        return f"the int4 kernel takes {ratio:.1f}x float32's time here"
+    return "the lean target did not pass its load checks here"
+
+
 def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtype, cache_dir: Any,
                allow_download: bool, fall_back: bool = False) -> ModelPair:
     """The pair in ``dt``. ``fall_back``: ``dt`` is the default, not the caller's, so a bfloat16 CPU target
@@ -357,6 +369,10 @@ def _load_pair(target: str, draft: str | None, dev: torch.device, dt: torch.dtyp
         dt, rows_exact = torch.bfloat16, True
     else:
         target_model, dt, rows_exact = _float_target(target, dev, dt, cache_dir, allow_download, device_map, fall_back)
+        if target == EMBEDDED and dev.type == "cpu" and fall_back:
+            from ears_core.model.loading.target_path import requested
+            if requested() == "auto":  # shown with the device (hub.describe_device)
+                target_model.ears_lean_skipped = _why_not_lean()
     in_dev = target_model.get_input_embeddings().weight.device
     draft_model: Any = None
     head_folder = embedded_draft_dir() if draft == EMBEDDED else Path(str(draft)).expanduser() if is_head_dir(draft) \

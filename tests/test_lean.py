@@ -19,7 +19,7 @@ from ears_core.model.loading import lean_target, target_path
 from ears_core.model.kernels.exact_rows import rows_agree
 from ears_core.model.kernels.gguf_q4 import (dequantize_q4_1, int4_linear, pack_q4_1, q4_1_parts, q8_0_to_tensor,
                                      rotary_row_order)
-from ears_core.model.loading.hub import ModelLoadError
+from ears_core.model.loading.hub import ModelLoadError, describe_device
 from ears_core.model.passes.kv_cache import drop_last_positions, keep_tail_positions, new_cache
 from ears_core.model.passes.kv_cache import KVBuffer, KVStore
 from ears_core.model.kernels.int4_linear import q4_1_blocks
@@ -296,6 +296,7 @@ def test_a_cpu_without_the_kernel_keeps_the_float_target(monkeypatch) -> None:
     monkeypatch.delenv("EARS_LEAN", raising=False)
     pair = load_pair(draft=None)
     assert type(pair.target).__name__ == "LlamaForCausalLM"
+    assert describe_device(pair.target).endswith("; not the lean int4 target: PyTorch's int4 kernel does not run here)")
     monkeypatch.setenv("EARS_LEAN", "1")
     with pytest.raises(ModelLoadError, match="EARS_LEAN=1 but the lean int4 target cannot run here"):
         load_pair(draft=None)
@@ -309,7 +310,9 @@ def test_a_kernel_slower_than_float32_keeps_the_float_target_unless_lean_is_aske
     """cpu_forms.py, pays: ATen's scalar kernels run the int4 pass 11x slower than float32's (docs/measurements.md)."""
     monkeypatch.delenv("EARS_LEAN", raising=False)
     monkeypatch.setattr(cpu_forms, "int4_ratio", lambda: cpu_forms.INT4_PAYS * 1.5)
-    assert type(load_pair(draft=None).target).__name__ == "LlamaForCausalLM"
+    target = load_pair(draft=None).target
+    assert type(target).__name__ == "LlamaForCausalLM"
+    assert describe_device(target).endswith("; not the lean int4 target: the int4 kernel takes 4.5x float32's time here)")
     monkeypatch.setenv("EARS_LEAN", "1")
     assert load_pair(draft=None).target.ears_kernels == "lean-int4"
     monkeypatch.delenv("EARS_LEAN")

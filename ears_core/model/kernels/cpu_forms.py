@@ -119,18 +119,16 @@ def int4_runs() -> bool:
 def int4_ratio() -> float | None:
     """The int4 kernel's one-row time over float32 ``F.linear``'s through the same (1536, 576) weight on torch's
     threads (module terms: pays); None where the kernel does not run here."""
-    return _int4_ratio(torch.get_num_threads())
+    return _int4_ratio(torch.get_num_threads()) if int4_runs() else None
 
 
 @functools.cache
-def _int4_ratio(threads: int) -> float | None:
+def _int4_ratio(threads: int) -> float:
     import time
 
     from ears_core.model.kernels.int4_linear import q4_1_blocks
     from ears_core.model.kernels.gguf_q4 import int4_linear, pack_q4_1
 
-    if not int4_runs():
-        return None
     w = torch.randn(1536, 576, generator=torch.Generator().manual_seed(0)) / 24  # (N, K) float32
     packed = pack_q4_1(*q4_1_blocks(w))
     x = torch.randn(1, 576, generator=torch.Generator().manual_seed(1))  # (1, K)

@@ -47,6 +47,8 @@ def describe_device(model: torch.nn.Module) -> str:
         dtype += f", eager: {failed}" if failed else ", captured CUDA graphs"
     elif getattr(model, "ears_eager_reason", None):
         dtype += f", eager: {model.ears_eager_reason}"
+    elif getattr(model, "ears_lean_skipped", None):  # pair.py: the embedded target's float form, and why
+        dtype += f"; not the lean int4 target: {model.ears_lean_skipped}"
     name = f" {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""
     return f"{dev}{name} ({dtype})"
 
