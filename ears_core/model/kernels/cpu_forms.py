@@ -15,11 +15,11 @@ portable    ``EARS_CPU_KERNELS=portable``: only the forms every CPU that PyTorch
             every form that runs here, the fastest chosen by measurement where the code chooses. Tests force
             ``portable`` so a machine of one class proves the code another class runs.
 pays        the int4 kernel pays where its one-row pass through a (1536, 576) weight takes at most ``INT4_PAYS``
-            times float32's ``F.linear`` (``int4_ratio``, timed once a process, best of ``RATIO_REPEATS``
-            interleaved, ~15 ms, on torch's threads): 0.45 on AVX512, 0.9 on AVX2 (1.6 on one thread, where the
-            lean target still runs 1.8x as fast) and 6.5-11 with ATen's scalar kernels
-            (``ATEN_CPU_CAPABILITY=default``), where the lean target decodes at 3.7 tok/s and the float one at 20.7
-            (docs/measurements.md).
+            times float32's ``F.linear`` (``int4_ratio``, timed once a process per thread count, best of
+            ``RATIO_REPEATS`` interleaved, on torch's threads): under 1 on AVX512 and on AVX2's two threads, under 2
+            on one thread, several times ``INT4_PAYS`` with ATen's scalar kernels (``ATEN_CPU_CAPABILITY=default``),
+            where the float target decodes several times as fast (docs/measurements.md, "Where the int4 kernel
+            does not pay").
 machine     what else a measurement here depends on: the CPU's model name, and oneDNN's ISA ceiling where one is
             set (``ONEDNN_MAX_CPU_ISA``, as the AVX2 emulation sets it). Two CPUs of one class may share a cache
             folder (a home directory on a cluster's nodes) and block rows differently (oneDNN's native and emulated
@@ -41,7 +41,7 @@ __all__ = ["INT4_PAYS", "MODES", "cpu_class", "cpu_model", "float64_attention_ru
            "int4_runs", "machine", "mode", "onednn_packs", "report", "tag", "tried"]
 
 MODES = ("best", "portable")
-INT4_PAYS = 3.0  # module terms: pays. The lean step spends ~6 ms beside its linears, the float one ~35 (AVX2 kernels)
+INT4_PAYS = 3.0  # module terms: pays. The lean step's other work is a fraction of the float one's (docs/measurements.md)
 RATIO_REPEATS = 7
 ENV = "EARS_CPU_KERNELS"
 
