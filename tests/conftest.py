@@ -160,7 +160,7 @@ def crowded_cores(seconds: float = 5):
             proc.wait()
 
 
-def prices_for(model: torch.nn.Module, measure):
+def stand_in_for(model: torch.nn.Module, measure):
     """A stand-in for ``measure_prices`` that answers ``measure(...)`` for ``model`` only. Another test's server
     may still be measuring its own pair between its requests (serve/between.py) in this worker, and the
     module-level stand-in answers it too: it gets a flat curve, uncounted, so what a test counts is its own."""

@@ -25,7 +25,7 @@ from ears_core.policy import costs, profile
 from ears_core.policy.costs import Calibration, DepthCalibration, DraftPolicy, PriceCurve, RunningPrices, round_value
 from ears_core.draft.drafters import ModelDrafter
 from ears_core.sampling import SamplingConfig, logits_to_probs, sample_with_uniforms
-from conftest import PROMPTS, prices_for
+from conftest import PROMPTS, stand_in_for
 
 
 def virtual_clock(now: list[float], ms_per_unit: float) -> type:
@@ -306,7 +306,7 @@ def test_load_or_measure_caches_the_profile_per_machine_key(tmp_path, monkeypatc
     assert len(first.verify_ms) == 4 and all(v > 0 for v in first.verify_ms)
     files = list((tmp_path / "costs").glob("*.json"))
     assert len(files) == 1 and "threads=" in json.loads(files[0].read_text())["key"]
-    monkeypatch.setattr(profile, "measure_prices", prices_for(model, lambda *a, **k: pytest.fail("measured again")))
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(model, lambda *a, **k: pytest.fail("measured again")))
     assert profile.load_or_measure(model, max_m=4, cache_dir=tmp_path).verify_ms == first.verify_ms
 
 
@@ -317,7 +317,7 @@ def test_a_slower_refresh_is_used_but_not_cached(tmp_path, monkeypatch):
     model = tiny_llama(0)
     curves = iter([PriceCurve([10.0, 11.0], 1.0, measured_at="a"), PriceCurve([30.0, 20.0], 1.0, measured_at="b"),
                    PriceCurve([25.0, 26.0], 1.0, measured_at="b2"), PriceCurve([8.0, 9.0], 1.0, measured_at="c")])
-    monkeypatch.setattr(profile, "measure_prices", prices_for(model, lambda *a, **k: next(curves)))
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(model, lambda *a, **k: next(curves)))
     assert profile.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.0, 11.0]
     # much slower: measured once more, the faster of the two per m serves this process only
     assert profile.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [25.0, 20.0]
@@ -333,7 +333,7 @@ def test_a_refresh_caught_in_a_slow_moment_is_measured_again(tmp_path, monkeypat
     model = tiny_llama(0)
     curves = iter([PriceCurve([10.0, 11.0], 1.0, measured_at="a"), PriceCurve([16.0, 18.0], 1.0, measured_at="b"),
                    PriceCurve([10.5, 12.5], 1.0, measured_at="c")])
-    monkeypatch.setattr(profile, "measure_prices", prices_for(model, lambda *a, **k: next(curves)))
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(model, lambda *a, **k: next(curves)))
     profile.load_or_measure(model, max_m=2, cache_dir=tmp_path)
     assert profile.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [10.5, 12.5]
     assert profile.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [10.5, 12.5]
@@ -344,7 +344,7 @@ def test_a_refresh_a_little_slower_replaces_the_cached_shape(tmp_path, monkeypat
     from conftest import tiny_llama
     model = tiny_llama(0)
     curves = iter([PriceCurve([10.0, 10.5], 1.0, measured_at="a"), PriceCurve([11.0, 13.2], 1.0, measured_at="b")])
-    monkeypatch.setattr(profile, "measure_prices", prices_for(model, lambda *a, **k: next(curves)))
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(model, lambda *a, **k: next(curves)))
     profile.load_or_measure(model, max_m=2, cache_dir=tmp_path)
     assert profile.load_or_measure(model, max_m=2, cache_dir=tmp_path, refresh=True).verify_ms == [11.0, 13.2]
     assert profile.load_or_measure(model, max_m=2, cache_dir=tmp_path).verify_ms == [11.0, 13.2]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_models import _save_tiny
 
-from conftest import prices_for, tiny_llama
+from conftest import stand_in_for, tiny_llama
 from ears_core.draft.head_kernels import HeadChoice, Variant, choose_head_variant
 from ears_core.model.kernels.output_head import HeadPlan
 from ears_core.model.kernels.packed_linear import KernelChoice
@@ -167,7 +167,7 @@ def test_a_damaged_price_file_is_measured_again_and_replaced(tmp_path, monkeypat
         measured.append(1)
         return PriceCurve([10.0, 12.0], 1.0, measured_at="now")
 
-    monkeypatch.setattr(profile, "measure_prices", prices_for(model, measure))
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(model, measure))
     profile.load_or_measure(model, max_m=2, cache_dir=tmp_path)
     (path,) = (tmp_path / "costs").glob("*.json")
     path.write_text(garbage)
@@ -179,7 +179,7 @@ def test_a_damaged_price_file_is_measured_again_and_replaced(tmp_path, monkeypat
 def test_a_cache_that_cannot_be_written_keeps_a_measurement_for_this_process(tmp_path, monkeypatch, caplog):
     (tmp_path / "costs").write_text("")  # a file where the folder goes: no write succeeds, even as root
     model = tiny_llama(0)
-    monkeypatch.setattr(profile, "measure_prices", prices_for(model, lambda *a, **k: PriceCurve([10.0, 12.0], 1.0)))
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(model, lambda *a, **k: PriceCurve([10.0, 12.0], 1.0)))
     with caplog.at_level(logging.WARNING, logger="ears_studio"):
         curve = profile.load_or_measure(model, max_m=2, cache_dir=tmp_path)
     assert curve.verify_ms == [10.0, 12.0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import PROMPTS, prices_for
+from conftest import PROMPTS, stand_in_for
 from ears_core.policy.costs import PriceCurve
 from ears_core.draft.drafters import NGramDrafter
 from ears_core.pair import ModelPair
@@ -176,7 +176,7 @@ def test_warm_up_measures_the_prices_again_unless_the_caller_gave_them(tiny_pair
         threads.append(threading.current_thread().name)
         return next(curves)
 
-    monkeypatch.setattr(costs, "measure_prices", prices_for(target, measure))
+    monkeypatch.setattr(costs, "measure_prices", stand_in_for(target, measure))
     Session(pair, cache_dir=tmp_path).prices  # noqa: B018  (writes the "cached" profile)
     fresh = Session(pair, cache_dir=tmp_path)
     assert fresh.prices.measured_at == "cached"
