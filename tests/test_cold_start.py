@@ -25,7 +25,7 @@ from ears_core.serve.between import BetweenRequests
 from ears_core.serve.runs import ActivityLog
 from ears_core.timing import MachineBusy, RunQueue, cores_crowded
 
-from conftest import crowded_cores, tiny_llama
+from conftest import crowded_cores, stand_in_for, tiny_llama
 
 
 def _busy(monkeypatch, shares):
@@ -107,7 +107,7 @@ def test_measurements_made_while_the_hypervisor_took_the_cores_are_made_again_or
 
     _ticks(monkeypatch, (0, 0), (500, 1000), (500, 1000), (510, 2000))
     calls = []
-    monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: calls.append(1) or "curve")
+    monkeypatch.setattr(profile, "measure_prices", stand_in_for(None, lambda *a, **k: calls.append(1) or "curve"))
     assert profile.measured_quietly(None, max_m=3, key="k") == ("curve", False) and len(calls) == 2
     _ticks(monkeypatch, (0, 0), (500, 1000))
     with pytest.raises(MachineBusy, match="measuring the head's form"):
@@ -191,7 +191,8 @@ def test_price_tries_given_up_partway_leave_a_quick_provisional_curve_never_cach
     _schedstat_growing(monkeypatch, 0.5)
     calls = []
     real = profile.measure_prices
-    monkeypatch.setattr(profile, "measure_prices", lambda *a, **k: calls.append(k.get("repeats")) or real(*a, **k))
+    monkeypatch.setattr(profile, "measure_prices",
+                        stand_in_for(model, lambda *a, **k: calls.append(k.get("repeats")) or real(*a, **k)))
     curve = profile.load_or_measure(model, max_m=3, cache_dir=tmp_path)
     assert calls == [5] * profile.BUSY_TRIES + [1]  # each try given up, then one pass per width, unwatched
     assert curve.provisional and len(curve.verify_ms) == 3 and not list(tmp_path.glob("costs/*.json"))
