@@ -128,22 +128,20 @@ def _int4_ratio(threads: int) -> float:
 
     from ears_core.model.kernels.int4_linear import q4_1_blocks
     from ears_core.model.kernels.gguf_q4 import int4_linear, pack_q4_1
-    from ears_core.model.measuring.measured import interleaved
 
     w = torch.randn(1536, 576, generator=torch.Generator().manual_seed(0)) / 24  # (N, K) float32
     packed = pack_q4_1(*q4_1_blocks(w))
     x = torch.randn(1, 576, generator=torch.Generator().manual_seed(1))  # (1, K)
     xb = x.to(torch.bfloat16)
-    calls = {"int4": lambda: int4_linear(xb, packed), "float32": lambda: F.linear(x, w)}
-
-    def once(name: str) -> float:
-        start = time.perf_counter()
-        calls[name]()
-        return time.perf_counter() - start
-
-    with torch.inference_mode():  # one more round to warm both up; interleaved: a busy moment hits both
-        times = interleaved(list(calls), once, RATIO_REPEATS + 1)
-    return min(times["int4"]) / min(times["float32"])
+    calls = (lambda: int4_linear(xb, packed), lambda: F.linear(x, w))
+    best = [float("inf")] * 2
+    with torch.inference_mode():
+        for _ in range(RATIO_REPEATS + 1):  # one more round to warm both up; interleaved: a busy moment hits both
+            for i, call in enumerate(calls):
+                start = time.perf_counter()
+                call()
+                best[i] = min(best[i], time.perf_counter() - start)
+    return best[0] / best[1]
 
 
 def int4_pays() -> bool:
